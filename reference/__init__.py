@@ -1,10 +1,16 @@
 """gptspec.reference — literal float64 NumPy transcriptions, one function per spec entry.
 
 The functions are re-exported flat (as in JAX's lax_reference) so that a spec entry's
-``reference`` name is looked up as ``getattr(gptspec.reference, name)``.
+``reference`` name is looked up as ``getattr(gptspec.reference, name)``. Each module
+lists its spec functions in ``__all__``; helpers that are not spec entries stay out.
 """
 
+from gptspec.reference import backward, forward, optim, sampling, tokenizer
+from gptspec.reference.backward import *  # noqa: F401,F403
 from gptspec.reference.forward import *  # noqa: F401,F403
-from gptspec.reference.forward import __all__ as _forward_all
+from gptspec.reference.optim import *  # noqa: F401,F403
+from gptspec.reference.sampling import *  # noqa: F401,F403
+from gptspec.reference.tokenizer import *  # noqa: F401,F403
 
-__all__ = list(_forward_all)
+MODULES = (forward, tokenizer, backward, optim, sampling)
+__all__ = [name for module in MODULES for name in module.__all__]

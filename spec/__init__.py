@@ -8,6 +8,12 @@ from gptspec.spec import (  # noqa: F401  (each module declares its entries)
     attention,
     block,
     output,
+    tokenizer,
+    loss,
+    gradients,
+    optimizer,
+    sampling,
+    costs,
 )
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 from gptspec.spec.equation import GROUPS, REGISTRY, Decision, Equation, Reading, Symbol, Tolerance

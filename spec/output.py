@@ -1,1 +1,1 @@
-"""placeholder"""
+"""Spec entries: output."""

@@ -1,0 +1,1 @@
+"""Benchmarks run by ``nox -s bench`` (see benchmarks/run.py)."""

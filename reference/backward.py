@@ -1,0 +1,3 @@
+"""Reference: backward (filled by its issue)."""
+
+__all__: list[str] = []

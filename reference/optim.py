@@ -1,0 +1,3 @@
+"""Reference: optim (filled by its issue)."""
+
+__all__: list[str] = []

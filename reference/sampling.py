@@ -1,0 +1,3 @@
+"""Reference: sampling (filled by its issue)."""
+
+__all__: list[str] = []

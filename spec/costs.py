@@ -1,0 +1,1 @@
+"""Spec entries: costs (declared by its issue; empty until then)."""

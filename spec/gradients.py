@@ -1,0 +1,1 @@
+"""Spec entries: gradients (declared by its issue; empty until then)."""

@@ -1,0 +1,1 @@
+"""Spec entries: loss (declared by its issue; empty until then)."""

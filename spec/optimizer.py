@@ -1,0 +1,1 @@
+"""Spec entries: optimizer (declared by its issue; empty until then)."""

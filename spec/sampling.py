@@ -1,0 +1,1 @@
+"""Spec entries: sampling (declared by its issue; empty until then)."""

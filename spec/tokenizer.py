@@ -1,0 +1,1 @@
+"""Spec entries: tokenizer (declared by its issue; empty until then)."""
