@@ -4,7 +4,8 @@ An entry is data plus executable meaning. Its meaning is ``sympy``: a Python fun
 written with sympy that computes the equation's output from sympy matrices (or
 scalars). That source is the truth; ``latex`` is how it is displayed, never parsed.
 The reference function named by ``reference`` transcribes it in float64 NumPy, and
-the conformance checks named in ``checks`` test backends against that reference.
+the conformance checks (each names the entry it covers, see
+gptspec.conformance.registry) test backends against that reference.
 """
 
 from __future__ import annotations
@@ -81,7 +82,6 @@ class Equation:
     sources: tuple[Source, ...]
     sympy: Callable[..., Any]
     reference: str  # name of the function in gptspec.reference
-    checks: tuple[str, ...]  # ids of conformance checks (or project tests) that cover it
     tolerance: Tolerance | None = None
     decisions: tuple[Decision, ...] = ()
     notes: str = ""
