@@ -6,11 +6,13 @@ lists its spec functions in ``__all__``; helpers that are not spec entries stay 
 """
 
 from gptspec.reference import backward, forward, optim, sampling, tokenizer
+from gptspec.reference import loss
 from gptspec.reference.backward import *  # noqa: F401,F403
 from gptspec.reference.forward import *  # noqa: F401,F403
+from gptspec.reference.loss import *  # noqa: F401,F403
 from gptspec.reference.optim import *  # noqa: F401,F403
 from gptspec.reference.sampling import *  # noqa: F401,F403
 from gptspec.reference.tokenizer import *  # noqa: F401,F403
 
-MODULES = (forward, tokenizer, backward, optim, sampling)
+MODULES = (forward, tokenizer, backward, optim, sampling, loss)
 __all__ = [name for module in MODULES for name in module.__all__]
