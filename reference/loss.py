@@ -43,7 +43,7 @@ def cross_entropy_mean(logits, targets) -> float:
     return float(-log_p.sum() / log_p.size)
 
 
-def cross_entropy_gradient(logits, targets, reduction: str = "mean") -> Array:
+def cross_entropy_gradient(logits, targets, reduction: str = "sum") -> Array:
     """∂L/∂z_t = softmax(z_t) − onehot(y_t); divided by N for the per-token mean."""
     logits = np.asarray(logits, dtype=np.float64)
     grad = softmax(logits, axis=-1) - one_hot(targets, logits.shape[-1])
