@@ -188,7 +188,8 @@ def compare(actual, expected, bound) -> Comparison:
         return Comparison(math.inf, idx, float(actual[idx]), float(expected[idx]),
                           float(bound[idx]), f"got {actual[idx]!r} at {idx}, reference "
                           f"{expected[idx]!r}")
-    diff = np.where(infinite, 0.0, np.abs(actual - expected))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(infinite, 0.0, np.abs(actual - expected))
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(diff == 0, 0.0, diff / bound)
     if frac.size == 0:

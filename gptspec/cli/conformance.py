@@ -49,8 +49,12 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None
     targets = []
     for spec in backends:
         for device in devices:
-            dtypes = args.dtype or (["float32", "float64"] if device != "cuda"
-                                    else ["float32", "bfloat16"])
+            if args.dtype:
+                dtypes: list[str | None] = list(args.dtype)
+            elif args.backend:
+                dtypes = [None]  # the backend's own
+            else:
+                dtypes = ["float32", "float64"] if device != "cuda" else ["float32", "bfloat16"]
             for dtype in dtypes:
                 targets.append((spec, device, dtype))
     return targets
