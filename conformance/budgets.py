@@ -23,7 +23,9 @@ Each ``*_bound`` function mirrors the reference function of the same name, takes
 error scales of its inputs and returns (value, error scale); values come from
 :mod:`gptspec.reference`, so this module adds only error terms. 16-bit backends must
 accumulate reductions in float32 (the usual mixed-precision contract); their budget
-uses u_acc = 2⁻²⁴ for sums and their own u for every stored result.
+uses u_acc = 2⁻²⁴ for sums and for the internals of LayerNorm, softmax and the
+activations (which 16-bit kernels compute in float32), and their own u for every stored
+result.
 
 A comparison reports the fraction of the budget used: max |actual − expected| / budget.
 """
@@ -242,7 +244,7 @@ def activation_bound(name: str, x, ex, p: Precision) -> tuple[Array, Array]:
         slope = np.where(np.abs(x) <= LAMBDA * ex, 1.0, _slope(name, x))
     else:
         slope = _slope(name, x) + 2e-3 + LAMBDA * ex
-    local = ROUNDINGS[name] * p.u * (np.abs(y) + np.abs(x))
+    local = ROUNDINGS[name] * p.u_acc * (np.abs(y) + np.abs(x))
     return y, _q(slope * ex, local, p.store(y))
 
 
@@ -254,10 +256,10 @@ def softmax_bound(z, ez, p: Precision, axis: int = -1) -> tuple[Array, Array]:
     y = ref.softmax(z, axis=axis)
     finite = np.isfinite(z)
     shift = np.where(finite, np.abs(z - np.max(z, axis=axis, keepdims=True)), 0.0)
-    dz = np.where(finite, _q(ez, p.u * shift), 0.0)
+    dz = np.where(finite, _q(ez, p.u_acc * shift), 0.0)
     inherited = y * _q(dz, np.sqrt(np.sum(np.square(y * dz), axis=axis, keepdims=True)))
     n = z.shape[axis]
-    local = y * ((ROUNDINGS["exp"] + ROUNDINGS["softmax_normalise"]) * p.u + p.sum_scale(n))
+    local = y * ((ROUNDINGS["exp"] + ROUNDINGS["softmax_normalise"]) * p.u_acc + p.sum_scale(n))
     return y, _q(inherited, local, p.store(y))
 
 
@@ -275,13 +277,13 @@ def layer_norm_bound(x, ex, gamma, beta, eps: float, p: Precision) -> tuple[Arra
     xhat = (x - mu) / s
     rms = lambda a: np.sqrt(np.mean(np.square(a), axis=-1, keepdims=True))
     e_mu = _q(rms(ex) / math.sqrt(n), p.sum_scale(n) * np.mean(np.abs(x), -1, keepdims=True))
-    e_centered = _q(ex, e_mu, p.u * np.abs(x - mu))
+    e_centered = _q(ex, e_mu, p.u_acc * np.abs(x - mu))
     # σ² = mean((x − μ)²): first order 2·mean((x − μ)·δ(x − μ)), plus the sum's rounding.
     e_var = _q(2 * rms(np.abs(x - mu) * e_centered) / math.sqrt(n),
-               (p.sum_scale(n) + 2 * p.u) * var)
-    rel_s = _q(0.5 * e_var / (var + eps), 2 * p.u)  # the root, and ε's addition
-    e_xhat = _q(e_centered / s, np.abs(xhat) * rel_s, p.u * np.abs(xhat))
-    e = _q(np.abs(gamma) * e_xhat, p.u * (np.abs(gamma * xhat) + np.abs(beta)))
+               (p.sum_scale(n) + 2 * p.u_acc) * var)
+    rel_s = _q(0.5 * e_var / (var + eps), 2 * p.u_acc)  # the root, and ε's addition
+    e_xhat = _q(e_centered / s, np.abs(xhat) * rel_s, p.u_acc * np.abs(xhat))
+    e = _q(np.abs(gamma) * e_xhat, p.u_acc * (np.abs(gamma * xhat) + np.abs(beta)))
     return y, _q(e, p.store(y))
 
 

@@ -34,7 +34,7 @@ def _block_check(norm: str):
 
         @ctx.given(config=configs(max_layers=1, norms=(norm,)), data=st.data())
         def _(config, data):
-            bp = block_parameters(_rounded(data.draw(parameter_recipes(config)), p.dtype), 0)
+            bp = block_parameters(_rounded(data.draw(parameter_recipes(config, ctx.precision.dtype)), p.dtype), 0)
             T = data.draw(st.integers(1, config.n_ctx), label="T")
             H = B.round_to(data.draw(arrays((T, config.d_model), p.dtype)), p.dtype)
             y, e = B.block_bound(H, 0 * H, bp, config, p)
@@ -55,7 +55,7 @@ block_guide = _block_check("guide")
 def gpt_forward(backend, ctx):
     """The whole model's logits against the reference, over configurations of every
     variant (norm placement, FFN, tied or untied, biases, final LayerNorm)."""
-    @ctx.given(case=model_cases())
+    @ctx.given(case=model_cases(ctx.precision.dtype))
     def _(case):
         config, recipe, tokens = case
         params = _rounded(recipe, ctx.precision.dtype)
@@ -72,7 +72,7 @@ def batch_independence(backend, ctx):
     """Batch independence: the logits of a sequence computed alone equal its logits
     computed inside a batch of other sequences of the same length, within twice the
     model's budget (a backend may change its summation order with the batch size)."""
-    @ctx.given(case=model_cases(), data=st.data())
+    @ctx.given(case=model_cases(ctx.precision.dtype), data=st.data())
     def _(case, data):
         config, recipe, batch = case
         params = _rounded(recipe, ctx.precision.dtype)
@@ -93,7 +93,7 @@ def dimensionality(backend, ctx):
     T ≤ n_ctx. Blocks are checked where the backend exposes them."""
     p = ctx.precision
 
-    @ctx.given(case=model_cases())
+    @ctx.given(case=model_cases(ctx.precision.dtype))
     def _(case):
         config, recipe, tokens = case
         params = _rounded(recipe, p.dtype)

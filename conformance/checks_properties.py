@@ -94,7 +94,7 @@ def mask_causality(backend, ctx):
         row_budget = B.budget(eA.sum(axis=-1)) + B.budget(ctx.precision.sum_scale(T))
         ctx.record("row sums of A", B.compare(A.sum(axis=-1), np.ones(T), row_budget))
 
-    @ctx.given(case=model_cases(), data=st.data())
+    @ctx.given(case=model_cases(ctx.precision.dtype), data=st.data())
     def _(case, data):
         config, recipe, tokens = case
         T = tokens.shape[1]
@@ -136,7 +136,7 @@ def residual_identity(backend, ctx):
     """
     p = ctx.precision
 
-    @ctx.given(case=model_cases(max_layers=1), data=st.data())
+    @ctx.given(case=model_cases(ctx.precision.dtype, max_layers=1), data=st.data())
     def _(case, data):
         config, recipe, tokens = case
         params = {k: B.round_to(v, p.dtype) for k, v in recipe.make().items()}
@@ -160,7 +160,7 @@ def residual_identity(backend, ctx):
     @ctx.given(config=configs(norms=("pre",)), data=st.data())
     def _(config, data):
         params = {k: B.round_to(v, p.dtype)
-                  for k, v in data.draw(parameter_recipes(config)).make().items()}
+                  for k, v in data.draw(parameter_recipes(config, ctx.precision.dtype)).make().items()}
         for layer in range(config.n_layers):
             prefix = f"blocks.{layer}."
             for name, value in _zero_branch_outputs(block_parameters(params, layer), "pre").items():
