@@ -139,6 +139,13 @@ def round_to(x, dtype: str) -> Array:
     raise ValueError(f"cannot round to dtype {dtype!r}")
 
 
+def representable(x, dtype: str) -> bool:
+    """Whether every finite entry of x stays finite when rounded to ``dtype``."""
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    return bool(np.all(np.abs(x[finite]) <= LARGEST[str(dtype).replace("torch.", "")]))
+
+
 # --- comparing -------------------------------------------------------------------------
 
 
