@@ -404,6 +404,27 @@ def test_padded_prefill_then_chunked_feed_keeps_positions() -> None:
         assert result.passed, result.describe()
 
 
+def test_padding_never_overwrites_cached_positions() -> None:
+    """A finished sequence (0 new tokens) at the end of its cache and padding past it:
+    its cached keys and values stay as they were, and the other sequence stays exact."""
+    config = TINY
+    params = random_parameters(config, seed=8)
+    model = GPT.from_parameters(config, params, dtype="float64")
+    seqs = random_tokens(config, 2, 6, seed=9)
+    cache = model.new_cache(2, max_len=6)
+    model(torch.as_tensor(seqs), cache=cache, lengths=torch.tensor([6, 3]))
+    k0, v0 = cache.k[:, 0].clone(), cache.v[:, 0].clone()
+    k1 = cache.k[:, 1, :, :3].clone()
+    pad = torch.tensor([[0, 0], [int(seqs[1, 3]), int(seqs[1, 4])]])
+    out = model(pad, cache=cache, lengths=torch.tensor([0, 2]))  # sequence 0: positions 6, 7
+    assert cache.lengths.tolist() == [6, 5]
+    assert torch.equal(cache.k[:, 0], k0) and torch.equal(cache.v[:, 0], v0)
+    assert torch.equal(cache.k[:, 1, :, :3], k1)
+    want, bound = reference_and_budget(seqs[1:2, :5], params, config, "float64")
+    result = B.compare(as_numpy(out[1]), want[0, 3:5], bound[0, 3:5])
+    assert result.passed, result.describe()
+
+
 def test_cache_refuses_bad_input() -> None:
     model = GPT(TINY)
     cache = model.new_cache(2)
