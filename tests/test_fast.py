@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import gptspec.reference as R
 import numpy as np
 import pytest
 import torch
@@ -25,8 +26,6 @@ from gptspec.spec import (
     parameter_count,
     parameter_schema,
 )
-
-from gptspec import reference as R
 
 TINY = PRESETS["tiny"]
 VARIANTS: dict[str, GPTConfig] = {
