@@ -384,6 +384,28 @@ def test_batch_of_different_lengths_equals_each_sequence_alone(dtype: torch.dtyp
         assert torch.equal(batched.argmax(-1), alone.argmax(-1))  # the same greedy tokens
 
 
+def test_last_only_gives_each_sequences_last_real_logits() -> None:
+    config = TINY
+    params = random_parameters(config, seed=10)
+    model = GPT.from_parameters(config, params, dtype="float64")
+    tokens = random_tokens(config, 3, 6, seed=11)
+    want, bound = reference_and_budget(tokens, params, config, "float64")
+    last = model(torch.as_tensor(tokens), last_only=True)
+    assert last.shape == (3, 1, config.vocab_size)
+    result = B.compare(as_numpy(last), want[:, -1:], bound[:, -1:])
+    assert result.passed, result.describe()
+    lengths = [6, 2, 4]
+    cache = model.new_cache(3)
+    last = model(torch.as_tensor(tokens), cache=cache, lengths=torch.tensor(lengths),
+                 last_only=True)
+    assert last.shape == (3, 1, config.vocab_size)
+    for b, n in enumerate(lengths):
+        result = B.compare(as_numpy(last[b, 0]), want[b, n - 1], bound[b, n - 1])
+        assert result.passed, f"sequence {b}: {result.describe()}"
+    with pytest.raises(ValueError, match="last_only needs at least one token"):
+        model(torch.as_tensor(tokens[:, :0]), last_only=True)
+
+
 def test_padded_prefill_then_chunked_feed_keeps_positions() -> None:
     """After a padded prefill, a multi-token feed with its own lengths stays exact."""
     config = PRESETS["tiny-post"]
