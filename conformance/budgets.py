@@ -167,7 +167,8 @@ class Comparison:
     def describe(self) -> str:
         if self.problem:
             return self.problem
-        return (f"worst at {self.worst_index}: got {self.actual!r}, reference {self.expected!r}, "
+        return (f"worst at {self.worst_index}: got {self.actual:.9g}, reference "
+                f"{self.expected:.9g}, "
                 f"|diff| {abs(self.actual - self.expected):.3g} vs budget {self.bound:.3g} "
                 f"({100 * self.fraction:.1f}% of budget)")
 
@@ -189,14 +190,14 @@ def compare(actual, expected, bound) -> Comparison:
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         return Comparison(math.inf, idx, math.nan, float(expected[idx]), float(bound[idx]),
-                          f"NaN at {idx} where the reference is {expected[idx]!r}")
+                          f"NaN at {idx} where the reference is {float(expected[idx]):.9g}")
     infinite = ~np.isfinite(expected) | ~np.isfinite(actual)
     mismatch = infinite & (actual != expected) & ~(np.isnan(actual) & np.isnan(expected))
     if mismatch.any():
         idx = tuple(int(i) for i in np.argwhere(mismatch)[0])
         return Comparison(math.inf, idx, float(actual[idx]), float(expected[idx]),
-                          float(bound[idx]), f"got {actual[idx]!r} at {idx}, reference "
-                          f"{expected[idx]!r}")
+                          float(bound[idx]), f"got {float(actual[idx]):.9g} at {idx}, "
+                          f"reference {float(expected[idx]):.9g}")
     with np.errstate(invalid="ignore"):
         diff = np.where(infinite, 0.0, np.abs(actual - expected))
     with np.errstate(divide="ignore", invalid="ignore"):
