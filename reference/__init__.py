@@ -11,6 +11,8 @@ from gptspec.reference.forward import *  # noqa: F401,F403
 from gptspec.reference.optim import *  # noqa: F401,F403
 from gptspec.reference.sampling import *  # noqa: F401,F403
 from gptspec.reference.tokenizer import *  # noqa: F401,F403
+from gptspec.reference import costs
+from gptspec.reference.costs import *  # noqa: F401,F403
 
-MODULES = (forward, tokenizer, backward, optim, sampling)
+MODULES = (forward, tokenizer, backward, optim, sampling, costs)
 __all__ = [name for module in MODULES for name in module.__all__]
