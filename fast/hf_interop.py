@@ -233,6 +233,9 @@ def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping
     model = to_hf_model(config, params, dtype)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the temporary name only
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         for f in tmp.iterdir():

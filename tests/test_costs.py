@@ -158,3 +158,25 @@ def test_a_planted_mistake_in_a_component_is_caught():
     config = PRESETS["tiny"]
     assert attention_without_biases(config) * config.n_layers != schema_elements(
         config, lambda n: ".attn." in n)
+
+
+def test_info_command_prints_the_published_count(capsys):
+    from gptspec.cli import main
+
+    assert main(["info", "gpt2-medium"]) == 0
+    out = capsys.readouterr().out
+    assert "354,823,168" in out
+    assert f"{reference.forward_flops_per_token(PRESETS['gpt2-medium']):,}" in out
+    assert main(["info", "no-such-preset"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+
+
+def test_info_reads_a_checkpoints_config(tmp_path, capsys):
+    from gptspec.cli import main
+    from gptspec.fast.checkpoint import save_model
+    from gptspec.spec import init_parameters
+
+    config = PRESETS["tiny-guide"]
+    save_model(tmp_path, config, init_parameters(config))
+    assert main(["info", str(tmp_path)]) == 0
+    assert f"{reference.param_count_total(config):,}" in capsys.readouterr().out

@@ -202,3 +202,33 @@ def test_bad_directories(tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(InteropError, match="already exists"):
         save_hf_dir(out, config, params)
+
+
+def test_convert_command_round_trip(tmp_path, capsys):
+    from gptspec.cli import main
+    from gptspec.fast.checkpoint import load_model, save_model
+
+    config = PRESETS["tiny"]
+    from gptspec.conformance.budgets import round_to
+    from gptspec.spec import init_parameters
+
+    params = {k: round_to(v, "float32") for k, v in init_parameters(config, seed=7).items()}
+    save_model(tmp_path / "ck", config, params)
+    assert main(["convert", "--to-hf", str(tmp_path / "ck"), str(tmp_path / "hf")]) == 0
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf"))
+    assert from_hf_model(loaded)[0] == config
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    config2, params2 = load_model(tmp_path / "back")
+    assert config2 == config
+    for k in params:
+        np.testing.assert_array_equal(params2[k], params[k])
+    capsys.readouterr()
+    # refusals: an existing output, a missing source, an inexpressible model
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 2
+    assert main(["convert", "--to-hf", str(tmp_path / "none"), str(tmp_path / "x")]) == 2
+    save_model(tmp_path / "post", PRESETS["tiny-post"], init_parameters(PRESETS["tiny-post"]))
+    assert main(["convert", "--to-hf", str(tmp_path / "post"), str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("gptspec convert: error:") for line in err)
+    assert "already exists" in err[0] and "not found" in err[1] and "norm='post'" in err[2]
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
