@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from gptspec.spec.config import ConfigError, GPTConfig
 from gptspec.spec.parameters import check_parameters
 

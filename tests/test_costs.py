@@ -7,10 +7,10 @@ import inspect
 import numpy as np
 import pytest
 import sympy as sp
-
-from gptspec import reference
 from gptspec.spec import PRESETS, REGISTRY, GPTConfig, parameter_schema
 from gptspec.spec import costs as spec_costs
+
+from gptspec import reference
 
 COST_IDS = [e.id for e in REGISTRY.by_group("costs")]
 
@@ -100,12 +100,11 @@ def test_symbolic_forward_flops_matches_kaplan_plus_the_unembedding():
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_count_equals_the_fast_backends_parameters(name):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from gptspec.fast.model import GPT
 
     config = PRESETS[name]
-    with torch.device("meta"):  # no memory: gpt2-xl would need 6 GB
-        model = GPT(config)
+    model = GPT(config, device="meta")  # no memory: gpt2-xl would need 6 GB
     numel = sum(p.numel() for p in model.parameters())
     assert numel == reference.param_count_total(config)
     names = {n for n, _ in model.named_parameters()}
@@ -118,22 +117,36 @@ def test_forward_flops_agree_with_torchs_flop_counter(name):
     products are full T × T (masked entries are computed too): 4·L·T²·d, where our
     per-token causal convention counts half, 2·L·n_ctx·d per token."""
     torch = pytest.importorskip("torch")
-    from torch.utils.flop_counter import FlopCounterMode
-
     from gptspec.fast.model import GPT
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
 
     config = PRESETS[name]
     T = config.n_ctx
     model = GPT(config)
     tokens = torch.zeros((1, T), dtype=torch.long)
     counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
+    # the math kernel runs attention as two batched matmuls the counter sees (the fused
+    # CPU kernel has no FLOP formula and would count zero)
+    with sdpa_kernel(SDPBackend.MATH), counter, torch.no_grad():
         model(tokens)
     measured = counter.get_total_flops()
     attention_full = 4 * config.n_layers * T * T * config.d_model
     attention_causal = 2 * config.n_layers * T * T * config.d_model
     expected = T * reference.forward_flops_per_token(config)
     assert measured - attention_full + attention_causal == expected
+
+
+@pytest.mark.parametrize("name, dtype, nbytes", [("tiny", "float32", 4),
+                                                 ("shakespeare-char", "bfloat16", 2)])
+def test_kv_cache_bytes_equal_the_fast_backends_cache(name, dtype, nbytes):
+    pytest.importorskip("torch")
+    from gptspec.fast.kv_cache import KVCache
+
+    config = PRESETS[name]
+    cache = KVCache(config, batch_size=3, dtype=dtype)
+    held = sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
+    assert held == reference.kv_cache_bytes(config, batch=3, bytes_per_element=nbytes)
 
 
 def test_kv_cache_and_activation_memory_scale_as_stated():
@@ -172,9 +185,10 @@ def test_info_command_prints_the_published_count(capsys):
 
 
 def test_info_reads_a_checkpoints_config(tmp_path, capsys):
-    from gptspec.cli import main
     from gptspec.fast.checkpoint import save_model
     from gptspec.spec import init_parameters
+
+    from gptspec.cli import main
 
     config = PRESETS["tiny-guide"]
     save_model(tmp_path, config, init_parameters(config))
