@@ -8,6 +8,10 @@ with the attention term at the measured sequence length.
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from gptspec.fast.model import GPT
@@ -35,14 +39,30 @@ def transformers_model(config: GPTConfig, params: dict, dtype: torch.dtype,
         return None
 
 
-def tokens_per_second(fn, n_tokens: int, repeats: int, device: str) -> float:
-    def step() -> None:
+def interleaved_seconds(fns: dict[str, Callable[[], object]], repeats: int, device: str
+                        ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """Median seconds of each contender, timed in turn within every repeat so that all
+    see the same machine load; and, for each pair, the median of the per-repeat ratios
+    of their times (the fairer comparison on a shared machine)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+
+    def timed(fn: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
         with torch.no_grad():
             fn()
         if device == "cuda":
             torch.cuda.synchronize()
+        return time.perf_counter() - t0
 
-    return n_tokens / median_seconds(step, repeats=repeats, warmup=1)
+    for fn in fns.values():  # warm-up
+        timed(fn)
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(timed(fn))
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    ratios = {(a, b): statistics.median(tb / ta for ta, tb in zip(times[a], times[b], strict=True))
+              for a in fns for b in fns if a != b}
+    return medians, ratios
 
 
 def run(report: Report, quick: bool) -> None:
@@ -69,41 +89,46 @@ def run(report: Report, quick: bool) -> None:
     # fast vs transformers on the CPU, float32, at the reference's shape and a longer one.
     hf_cpu = transformers_model(config, params, torch.float32, "cpu")
     shapes = [(1, 64)] if quick else [(1, 64), (4, 256)]
-    repeats = 3 if quick else 7
+    repeats = 5 if quick else 9
     for B, T in shapes:
         x = torch.as_tensor(np.random.default_rng(1).integers(0, config.vocab_size, (B, T)))
-        label = f"(cpu) float32, B={B} T={T}"
-        fast = tokens_per_second(lambda x=x: fast_cpu(x), B * T, repeats, "cpu")
-        report.metric(group, f"fast {label}", fast, "tokens/s")
-        report.metric(group, f"fast FLOP rate {label}",
-                      fast * flops_per_token(config, T) / 1e9, "GFLOP/s")
-        if hf_cpu is not None:
-            hf = tokens_per_second(lambda x=x: hf_cpu(x), B * T, repeats, "cpu")
-            report.metric(group, f"transformers {label}", hf, "tokens/s")
-            report.ratio(group, f"fast / transformers {label}", fast / hf)
+        fast_tps = compare_peers(report, f"(cpu) float32, B={B} T={T}", fast_cpu, hf_cpu, x,
+                                 config, repeats, "cpu")
         if (B, T) == (1, T_ref):
             report.ratio(group, f"fast float32 / reference float64, B=1 T={T_ref}",
-                         fast / ref_tps)
+                         fast_tps / ref_tps)
 
     if torch.cuda.is_available():
         run_cuda(report, config, params, quick)
 
 
+def compare_peers(report: Report, label: str, fast: torch.nn.Module,
+                  hf: torch.nn.Module | None, x: torch.Tensor, config: GPTConfig,
+                  repeats: int, device: str) -> float:
+    """Throughput of the fast model and transformers, timed in turn, and their ratio.
+    Returns the fast model's tokens/s."""
+    contenders: dict[str, Callable[[], object]] = {"fast": lambda: fast(x)}
+    if hf is not None:
+        contenders["transformers"] = lambda: hf(x)
+    medians, ratios = interleaved_seconds(contenders, repeats, device)
+    n_tokens = x.numel()
+    for name, seconds in medians.items():
+        report.metric("forward", f"{name} {label}", n_tokens / seconds, "tokens/s")
+    report.metric("forward", f"fast FLOP rate {label}",
+                  n_tokens / medians["fast"] * flops_per_token(config, x.shape[1]) / 1e9,
+                  "GFLOP/s")
+    if hf is not None:  # tokens/s ratio = inverse time ratio
+        report.ratio("forward", f"fast / transformers {label}",
+                     ratios[("fast", "transformers")])
+    return n_tokens / medians["fast"]
+
+
 def run_cuda(report: Report, config: GPTConfig, params: dict, quick: bool) -> None:
     """bf16 forward throughput on the CUDA device, fast vs transformers."""
-    group = "forward"
     fast = GPT.from_parameters(config, params, device="cuda", dtype=torch.bfloat16).eval()
     hf = transformers_model(config, params, torch.bfloat16, "cuda")
     B, T = (8, 1024)
     x = torch.as_tensor(np.random.default_rng(2).integers(0, config.vocab_size, (B, T)),
                         device="cuda")
-    repeats = 5 if quick else 20
-    label = f"(cuda) bf16, B={B} T={T}"
-    tps = tokens_per_second(lambda: fast(x), B * T, repeats, "cuda")
-    report.metric(group, f"fast {label}", tps, "tokens/s")
-    report.metric(group, f"fast FLOP rate {label}", tps * flops_per_token(config, T) / 1e9,
-                  "GFLOP/s")
-    if hf is not None:
-        hf_tps = tokens_per_second(lambda: hf(x), B * T, repeats, "cuda")
-        report.metric(group, f"transformers {label}", hf_tps, "tokens/s")
-        report.ratio(group, f"fast / transformers {label}", tps / hf_tps)
+    compare_peers(report, f"(cuda) bf16, B={B} T={T}", fast, hf, x, config,
+                  5 if quick else 20, "cuda")
