@@ -180,3 +180,24 @@ def test_reports_used_by_fakes_are_the_real_report():
     r = Report()
     r.metric("g", "n", 1.0, "s")
     assert r.to_dict()["metrics"][0]["value"] == 1.0
+
+
+def test_interleaved_timing_pairs_the_peers(monkeypatch):
+    """With a fake clock: each contender's median, and the median of per-repeat ratios."""
+    from benchmarks import forward
+
+    clock = [0.0]
+    monkeypatch.setattr(forward.time, "perf_counter", lambda: clock[0])
+    costs = {"fast": iter([1, 1, 2, 1, 5]), "peer": iter([3, 3, 4, 9, 10])}
+
+    def contender(name):
+        def fn():
+            clock[0] += next(costs[name])
+        return fn
+
+    medians, ratios = forward.interleaved_seconds(
+        {"fast": contender("fast"), "peer": contender("peer")}, repeats=4, device="cpu")
+    # the first call of each is the warm-up (1 and 3), then 1,2,1,5 and 3,4,9,10
+    assert medians == {"fast": 1.5, "peer": 6.5}
+    assert ratios[("fast", "peer")] == 2.5  # median of 3, 2, 9, 2
+    assert ratios[("peer", "fast")] == pytest.approx(0.41666666)  # median of 1/3,1/2,1/9,1/2
