@@ -51,3 +51,11 @@ def lint(session: nox.Session) -> None:
     install(session, "dev")
     session.run("ruff", "check", ".")
     session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Every benchmark, several rounds: medians, ratios and utilisation into out/bench
+    (bench.json, bench.md). Options after --: --quick, --corpus PATH, --out DIR."""
+    install(session, "interop")
+    session.run("python", "benchmarks/run.py", *session.posargs)
