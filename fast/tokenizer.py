@@ -30,8 +30,8 @@ from gptspec.reference.tokenizer import (
     Pair,
 )
 
-__all__ = ["Tokenizer", "TokenizerError", "train_merges", "resolve_pattern",
-           "GPT2_PATTERN", "CL100K_PATTERN", "ENDOFTEXT", "MAX_VOCAB_SIZE"]
+__all__ = ["Tokenizer", "TokenizerError", "FastTokenizerBackend", "train_merges",
+           "resolve_pattern", "GPT2_PATTERN", "CL100K_PATTERN", "ENDOFTEXT", "MAX_VOCAB_SIZE"]
 
 # Far beyond any BPE vocabulary in use (cl100k ≈ 100k, o200k ≈ 200k); a larger request
 # is a typo, and would mostly learn merges of count 1.
@@ -328,3 +328,18 @@ def _check_unicode(text: str) -> None:
         raise TokenizerError(
             f"text is not valid Unicode: lone surrogate {text[err.start]!r} at position "
             f"{err.start}") from None
+
+
+class FastTokenizerBackend:
+    """The fast tokenizer as a conformance tokenizer backend
+    (see gptspec.conformance.checks_tokenizer)."""
+
+    name = "fast"
+
+    def train(self, text: str, vocab_size: int, pattern: str) -> list[Pair]:
+        check_vocab_size(vocab_size)
+        return train_merges(text, vocab_size - 256, resolve_pattern(pattern))
+
+    def build(self, merges: Sequence[Pair], pattern: str,
+              special_tokens: Mapping[str, int]) -> Tokenizer:
+        return Tokenizer(merges, pattern, special_tokens)

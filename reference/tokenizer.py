@@ -149,11 +149,13 @@ def token_bytes(merges: Sequence[Pair], base: Sequence[int] = IDENTITY_BASE) -> 
     return vocab
 
 
-def bpe_chunk(chunk: bytes, merges: Sequence[Pair], base: Sequence[int] = IDENTITY_BASE
-              ) -> list[int]:
+def bpe_chunk(chunk: bytes, merges: Sequence[Pair] | Mapping[Pair, int],
+              base: Sequence[int] = IDENTITY_BASE) -> list[int]:
     """Encode one chunk: start from its byte tokens; while some adjacent pair is a merge,
-    replace the leftmost occurrence of the lowest-ranked such pair by its token."""
-    rank = {pair: k for k, pair in enumerate(merges)}
+    replace the leftmost occurrence of the lowest-ranked such pair by its token.
+
+    ``merges`` may also be given as its rank table {pair: k}, built once per text."""
+    rank = merges if isinstance(merges, Mapping) else {p: k for k, p in enumerate(merges)}
     token_of_byte = {b: i for i, b in enumerate(base)}
     ids = [token_of_byte[b] for b in chunk]
     while True:
@@ -205,13 +207,14 @@ def encode(text: str, merges: Sequence[Pair], pattern: str = GPT2_PATTERN,
            base: Sequence[int] = IDENTITY_BASE) -> list[int]:
     """Text → tokens: cut at allowed special tokens, pre-tokenize each ordinary segment,
     encode each chunk's UTF-8 bytes with bpe_chunk, and concatenate."""
+    rank = {pair: k for k, pair in enumerate(merges)}
     ids: list[int] = []
     for part in split_special(text, special_tokens or {}, allowed_special):
         if isinstance(part, int):
             ids.append(part)
             continue
         for chunk in pretokenize(part, pattern):
-            ids.extend(bpe_chunk(chunk.encode("utf-8"), merges, base))
+            ids.extend(bpe_chunk(chunk.encode("utf-8"), rank, base))
     return ids
 
 
