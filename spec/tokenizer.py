@@ -8,7 +8,7 @@ applies the learned merges in rank order inside the chunks of a pre-tokenization
 The meaning of each entry is its decorated function. The algorithms are discrete, so
 these are short Python definitions (sympy integers where a count is computed); they are
 written independently of ``gptspec.reference.tokenizer`` and the tests evaluate both on
-random inputs. The one-hot encoding of a token sequence, which comes next in the
+random inputs. One entry's definition uses another's as ``entry.sympy``. The one-hot encoding of a token sequence, which comes next in the
 pipeline, is the entry ``one_hot`` of the embedding group.
 
 Notation: a chunk is a tuple of token ids w = (w_1, …, w_n); merges are
@@ -159,11 +159,14 @@ def best_pair(c):
     notes="Left to right, without overlaps: (a, a, a) becomes (t, a).",
 )
 def merge_pair(w, pair, t):
-    if len(w) < 2:
-        return list(w)
-    if (w[0], w[1]) == tuple(pair):
-        return [t] + merge_pair(w[2:], pair, t)
-    return [w[0]] + merge_pair(w[1:], pair, t)
+    def mu(w):
+        if len(w) < 2:
+            return list(w)
+        if (w[0], w[1]) == tuple(pair):
+            return [t] + mu(w[2:])
+        return [w[0]] + mu(w[1:])
+
+    return mu(list(w))
 
 
 @equation(
@@ -183,15 +186,15 @@ def merge_pair(w, pair, t):
           "rank in encoding.",
 )
 def train(s, V, P=GPT2_PATTERN):
-    W = [list(chunk.encode("utf-8")) for chunk in pretokenize(s, P)]
+    W = [list(chunk.encode("utf-8")) for chunk in pretokenize.sympy(s, P)]
     merges = []
     for k in range(V - 256):
-        counts = pair_counts({tuple(w): sum(1 for v in W if v == w) for w in W})
-        m = best_pair(counts)
+        counts = pair_counts.sympy({tuple(w): sum(1 for v in W if v == w) for w in W})
+        m = best_pair.sympy(counts)
         if m is None:
             break
         merges.append(m)
-        W = [merge_pair(w, m, 256 + k) for w in W]
+        W = [merge_pair.sympy(w, m, 256 + k) for w in W]
     return merges
 
 
@@ -281,7 +284,7 @@ def split_special(s, special_tokens, allowed):
         if starting:
             sigma = starting[-1]
             head = [s[:p]] if p else []
-            return head + [special_tokens[sigma]] + split_special(
+            return head + [special_tokens[sigma]] + split_special.sympy(
                 s[p + len(sigma):], special_tokens, allowed)
     return [s] if s else []
 
@@ -301,12 +304,12 @@ def split_special(s, special_tokens, allowed):
 )
 def encode(s, merges, P=GPT2_PATTERN, special_tokens=None, allowed=()):
     tokens = []
-    for part in split_special(s, special_tokens or {}, allowed):
+    for part in split_special.sympy(s, special_tokens or {}, allowed):
         if isinstance(part, int):
             tokens.append(part)
         else:
-            for x in pretokenize(part, P):
-                tokens += bpe_chunk(x.encode("utf-8"), merges)
+            for x in pretokenize.sympy(part, P):
+                tokens += bpe_chunk.sympy(x.encode("utf-8"), merges)
     return tokens
 
 
@@ -324,7 +327,7 @@ def encode(s, merges, P=GPT2_PATTERN, special_tokens=None, allowed=()):
           "outside the vocabulary is an error.",
 )
 def decode(x, merges, special_tokens=None):
-    vocab = dict(enumerate(token_bytes(merges)))
+    vocab = dict(enumerate(token_bytes.sympy(merges)))
     vocab.update({i: sigma.encode("utf-8") for sigma, i in (special_tokens or {}).items()})
     return b"".join(vocab[t] for t in x).decode("utf-8", errors="replace")
 
