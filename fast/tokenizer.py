@@ -245,8 +245,8 @@ class Tokenizer:
         for special in self.special_tokens:
             if special not in allowed and special in text:
                 raise TokenizerError(
-                    f"text contains the special token {special!r}, which is not allowed here; "
-                    f"pass allowed_special to encode it as its id")
+                    f"text contains the special token {special!r}, which is not allowed here "
+                    f"(allow special tokens to encode it as its id)")
         if not allowed:
             return self.encode_ordinary(text)
         # longest first, so that where two start at one place the longer one wins
