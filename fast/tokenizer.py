@@ -102,42 +102,54 @@ def train_merges(text: str, n_merges: int, pattern: str = GPT2_PATTERN,
     merges: list[Pair] = []
     while len(merges) < n_merges and heap:
         neg, pair = heapq.heappop(heap)
-        if counts.get(pair, 0) != -neg:  # stale entry: the count changed since the push
+        count = counts.get(pair, 0)
+        if count != -neg:
+            # stale: counts only rise through a push, so this one fell since its push;
+            # put it back at its current count (ties between equal counts still go to
+            # the smaller pair, since every entry is ≥ the pair's count)
+            if count > 0:
+                heapq.heappush(heap, (-count, pair))
             continue
         new = 256 + len(merges)
         merges.append(pair)
         a, b = pair
-        touched: set[Pair] = set()
+        risen: set[Pair] = set()
         for w in where.pop(pair):
             word = words[w]
-            mult = freqs[w]
             n = len(word)
-            out: list[int] = []
+            starts = []  # where the pair occurs, left to right, without overlaps
             j = 0
-            while j < n:
-                if j + 1 < n and word[j] == a and word[j + 1] == b:
-                    out.append(new)
+            while j < n - 1:
+                if word[j] == a and word[j + 1] == b:
+                    starts.append(j)
                     j += 2
                 else:
-                    out.append(word[j])
                     j += 1
-            if len(out) == n:  # stale membership: the pair left this chunk earlier
+            if not starts:  # stale membership: the pair left this chunk earlier
                 continue
-            for p in zip(word, word[1:], strict=False):
-                counts[p] -= mult
-                touched.add(p)
-            for p in zip(out, out[1:], strict=False):
-                counts[p] = counts.get(p, 0) + mult
-                touched.add(p)
-                if p[0] == new or p[1] == new:
-                    where.setdefault(p, set()).add(w)
+            mult = freqs[w]
+            # old pairs that touch a merged position lose this chunk's count
+            gone = {i for p in starts for i in (p - 1, p, p + 1) if 0 <= i < n - 1}
+            for i in gone:
+                old = (word[i], word[i + 1])
+                counts[old] -= mult
+            out: list[int] = []
+            j = 0
+            for p in starts:
+                out += word[j:p]
+                out.append(new)
+                j = p + 2
+            out += word[j:]
+            # new pairs are exactly those with the new token on one side
+            for i in range(len(out) - 1):
+                if out[i] == new or out[i + 1] == new:
+                    q = (out[i], out[i + 1])
+                    counts[q] = counts.get(q, 0) + mult
+                    risen.add(q)
+                    where.setdefault(q, set()).add(w)
             words[w] = out
-        for p in touched:
-            c = counts[p]
-            if c > 0:
-                heapq.heappush(heap, (-c, p))
-            else:
-                del counts[p]
+        for q in risen:
+            heapq.heappush(heap, (-counts[q], q))
         counts.pop(pair, None)
         if progress is not None:
             progress(len(merges))
