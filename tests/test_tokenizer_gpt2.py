@@ -142,13 +142,13 @@ def test_fast_and_reference_equal_tiktoken_on_varied_text(kind, gpt2, judge, ran
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(st.characters(exclude_categories=("Cs",)), max_size=300))
+@given(st.text(st.characters(exclude_categories=["Cs"]), max_size=300))
 def test_fast_equals_tiktoken_on_random_unicode(gpt2, judge, s):
     assert gpt2.encode(s) == judge.encode_ordinary(s)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
+@given(st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
        | st.text(" \t\n\r'sdmtlvrea0123456789abcXYZ😀中.,!", max_size=30))
 def test_reference_equals_tiktoken_on_random_unicode(gpt2, judge, rank_table, s):
     assert reference_encode(s, gpt2, rank_table) == judge.encode_ordinary(s)
