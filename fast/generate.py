@@ -46,6 +46,7 @@ class Sampling:
 
 
 GREEDY = Sampling(temperature=0.0)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _sampling_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -239,7 +240,8 @@ def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     """The new tokens of every prompt (end-of-text included where it stopped a sequence).
 
     ``on_token(b, token)`` is called as each token is produced. With ``return_logits``,
-    also each sequence's (n_b, V) float tensor of the logits its tokens were drawn from."""
+    also each sequence's (n_b, V) tensor (float32 at least) of the logits its tokens were
+    drawn from."""
     out: list[list[int]] = [[] for _ in prompts]
     step_logits: list[list[Tensor]] = [[] for _ in prompts]
     for step in stream(model, prompts, max_new_tokens, sampling, eot_token=eot_token, seed=seed,
@@ -250,7 +252,8 @@ def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             out[b].append(token)
             if return_logits:
                 assert step.logits is not None
-                step_logits[b].append(step.logits[b].float().cpu())
+                z = step.logits[b]
+                step_logits[b].append((z.float() if z.dtype in _HALF else z).cpu())
             if on_token is not None:
                 on_token(b, token)
     if return_logits:

@@ -51,10 +51,10 @@ def check_sampling_settings(temperature: float, top_k: int | None, top_p: float 
 
 
 def temperature_softmax(z, temperature: float = 1.0) -> Array:
-    """q = softmax(z / τ), τ > 0."""
+    """q = softmax(z / τ), τ > 0, over the last axis."""
     if not temperature > 0:
         raise ValueError(f"temperature_softmax needs τ > 0, got {temperature!r} (τ = 0 is greedy)")
-    return softmax(_logits(z) / temperature)
+    return softmax(np.asarray(z, dtype=np.float64) / temperature)
 
 
 def greedy_token(z) -> int:
@@ -63,21 +63,26 @@ def greedy_token(z) -> int:
 
 
 def top_k_filter(z, k: int) -> Array:
-    """Keep z_i ≥ z_(k), the k-th largest logit counted with multiplicity; −∞ elsewhere."""
-    z = _logits(z)
+    """Keep z_i ≥ z_(k), the k-th largest logit counted with multiplicity; −∞ elsewhere.
+    Row by row over the last axis."""
+    z = np.asarray(z, dtype=np.float64)
     if k <= 0:
         raise ValueError(f"top-k must be a positive integer, got {k!r}")
-    k = min(int(k), z.size)
-    kth = np.sort(z)[::-1][k - 1]
+    k = min(int(k), z.shape[-1])
+    kth = np.sort(z, axis=-1)[..., ::-1][..., k - 1 : k]
     return np.where(z >= kth, z, -np.inf)
 
 
 def nucleus_filter(z, p: float) -> Array:
     """Keep the shortest prefix of tokens, by descending probability (ties: ascending id),
-    whose probability mass reaches p (the crossing token included); −∞ elsewhere."""
-    z = _logits(z)
+    whose probability mass reaches p (the crossing token included); −∞ elsewhere.
+    Row by row over the last axis."""
+    z = np.asarray(z, dtype=np.float64)
     if not 0 < p <= 1:
         raise ValueError(f"top-p must lie in (0, 1], got {p!r}")
+    if z.ndim > 1:
+        return np.stack([nucleus_filter(row, p) for row in z.reshape(-1, z.shape[-1])]
+                        ).reshape(z.shape)
     if p >= 1:
         return z.copy()
     probs = softmax(z)
@@ -94,12 +99,13 @@ def nucleus_filter(z, p: float) -> Array:
 
 def sampling_distribution(z, temperature: float = 1.0, top_k: int | None = None,
                           top_p: float | None = None) -> Array:
-    """q = softmax(nucleus_p(top_k(z / τ))) for τ > 0; the one-hot of greedy_token(z) for τ = 0."""
-    z = _logits(z)
+    """q = softmax(nucleus_p(top_k(z / τ))) for τ > 0; the one-hot of greedy_token(z) for τ = 0.
+    Row by row over the last axis."""
+    z = np.asarray(z, dtype=np.float64)
     check_sampling_settings(temperature, top_k, top_p)
     if temperature == 0:
-        q = np.zeros(z.size)
-        q[greedy_token(z)] = 1.0
+        q = np.zeros(z.shape)
+        np.put_along_axis(q, np.argmax(z, axis=-1)[..., None], 1.0, axis=-1)
         return q
     z = z / temperature
     if top_k is not None:

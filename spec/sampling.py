@@ -68,7 +68,7 @@ def _descending_order(values: Sequence) -> list[int]:
                 "makes the tie case deterministic instead of dividing by zero.",
         ),
     ),
-    sympy_inputs=(("z", "(1, n)"),),
+    sympy_inputs=(("z", "(1, n)"), ("tau", "() > 0")),
 )
 def temperature_softmax(z, tau=1):
     e = (z / tau).applyfunc(sp.exp)
