@@ -34,7 +34,7 @@ def install(session: nox.Session, extras: str = "") -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The project's own tests: spec ↔ reference, traceability, every component."""
-    install(session, "interop")
+    install(session, "interop,docs")
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -51,3 +51,16 @@ def lint(session: nox.Session) -> None:
     install(session, "dev")
     session.run("ruff", "check", ".")
     session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the spec site with --strict into site/ (`nox -s docs -- serve` serves it).
+
+    KaTeX is installed from the npm registry into .cache/katex on the first build; after
+    that the build needs no network."""
+    install(session, "docs")
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
