@@ -296,7 +296,8 @@ RAW_MATH_JS = r"""
   const left = [];
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
     if (n.parentElement.closest("pre, code, script, style, textarea, .katex")) continue;
-    if (/\\\(|\\\)|\\\[|\\\]|\$\$/.test(n.textContent)) left.push(n.textContent.trim().slice(0, 80));
+    const text = n.textContent;
+    if (/\\\(|\\\)|\\\[|\\\]|\$\$/.test(text)) left.push(text.trim().slice(0, 80));
   }
   return left;
 })()

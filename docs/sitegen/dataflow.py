@@ -105,32 +105,43 @@ def svg(href_for: Callable[[str], str | None]) -> str:
             for bx, step in zip(xs, row, strict=True):
                 parts.append(_box(bx, y, half, step, href(step)))
             prev_bottom = [bx + half // 2 for bx in xs]
-            shape = "(T, d) each"
+            shape = ""
         y += BOX_H + GAP
         if shape:
             parts.append(f'<text x="{CENTER + 8}" y="{y - GAP // 2 + 4}" class="gs-shape">'
                          f"{esc(shape)}</text>")
-    # The repeated block, inside a frame, with the two residual connections.
+    # The repeated block, inside a frame. The residual stream runs down the centre; each
+    # sub-layer's output is added back to it at a ⊕ (pre-LN: LN → sub-layer → add).
     top = y
     for px in prev_bottom:
         parts.append(_arrow(px, y - GAP, CENTER, y + 22))
     y += 22
     inner_w = box_w - 60
     ix = CENTER - inner_w // 2
+    rx = ix + inner_w + 26  # the bypass lane, right of the boxes
+    branch_y = y - 10  # where the stream branches off to bypass the next sub-layer
     for i, step in enumerate(BLOCK):
-        if i:
+        if i and i % 2 == 0:
+            parts.append(_arrow(CENTER, y - GAP, CENTER, y))
+        elif i:
             parts.append(_arrow(CENTER, y - GAP, CENTER, y))
         parts.append(_box(ix, y, inner_w, step, href(step)))
-        if i % 2 == 1:  # attention and FFN outputs are added back to the residual stream
-            start = y - 2 * (BOX_H + GAP) + BOX_H // 2 + (0 if i == 1 else 0)
-            end = y + BOX_H // 2
-            rx = ix + inner_w + 24
-            parts.append(f'<path d="M {ix + inner_w} {start - BOX_H // 2 - 6} H {rx} V {end} '
-                         f'H {ix + inner_w + 4}" class="gs-residual" '
-                         f'marker-end="url(#gs-arrow)"/>')
-            parts.append(f'<text x="{rx + 6}" y="{(start + end) // 2}" class="gs-shape">'
-                         f"+ residual</text>")
-        y += BOX_H + GAP
+        if i % 2 == 1:  # after attention and after the FFN: add the bypassed stream back
+            add_y = y + BOX_H + GAP // 2
+            parts.append(f'<path d="M {CENTER} {branch_y} H {rx} V {add_y} H {CENTER + 9}" '
+                         f'class="gs-residual" marker-end="url(#gs-arrow)"/>')
+            parts.append(f'<text x="{rx + 6}" y="{(branch_y + add_y) // 2}" '
+                         f'class="gs-shape">residual</text>')
+            parts.append(f'<circle cx="{CENTER}" cy="{add_y}" r="8" class="gs-box"/>'
+                         f'<text x="{CENTER}" y="{add_y + 5}" class="gs-label">+</text>')
+            parts.append(f'<line x1="{CENTER}" y1="{y + BOX_H}" x2="{CENTER}" '
+                         f'y2="{add_y - 8}" class="gs-edge"/>')
+            y = add_y + 8 + GAP - GAP // 2
+            branch_y = y - GAP // 2 + 4
+            y += GAP // 2
+        else:
+            y += BOX_H + GAP
+    y -= GAP // 2
     frame_h = y - top - GAP + 12
     parts.insert(0, f'<rect x="{x - 10}" y="{top}" width="{box_w + 20}" height="{frame_h}" '
                     f'rx="10" class="gs-frame"/>'

@@ -70,7 +70,6 @@ def build_model(config: Any) -> Any:
 def train(data: bytes) -> tuple[Any, dict[str, np.ndarray], dict[str, list[float]]]:
     """Train the tiny model; returns (config, float64 schema parameters, loss history)."""
     import torch
-
     from gptspec.spec import GPTConfig
 
     config = GPTConfig(**CONFIG)
@@ -84,7 +83,10 @@ def train(data: bytes) -> tuple[Any, dict[str, np.ndarray], dict[str, list[float
         torch.set_num_threads(threads)
 
 
-def _train(config: Any, tokens: np.ndarray) -> tuple[Any, dict[str, np.ndarray], dict[str, list[float]]]:
+History = dict[str, list[float]]
+
+
+def _train(config: Any, tokens: np.ndarray) -> tuple[Any, dict[str, np.ndarray], History]:
     import torch
     import torch.nn.functional as F
 
@@ -100,7 +102,8 @@ def _train(config: Any, tokens: np.ndarray) -> tuple[Any, dict[str, np.ndarray],
 
     def loss_of(x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         logits = model(torch.from_numpy(x))
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).reshape(-1))
+        targets = torch.from_numpy(y).reshape(-1)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
 
     batches = _batches(train_tokens, config.n_ctx, rng)
     for step in range(STEPS + 1):
@@ -127,8 +130,9 @@ def _train(config: Any, tokens: np.ndarray) -> tuple[Any, dict[str, np.ndarray],
 def attention_patterns(config: Any, params: dict[str, np.ndarray], tokens: np.ndarray
                        ) -> list[np.ndarray]:
     """Per layer, the (h, T, T) attention weights, computed with the reference functions."""
-    from gptspec import reference as ref
     from gptspec.reference.forward import BLOCK, block_parameters
+
+    from gptspec import reference as ref
 
     H = ref.input_representation(ref.token_embedding(tokens, params["wte"]),
                                  ref.positional_embedding(len(tokens), params["wpe"]))

@@ -35,7 +35,8 @@ def installed_version(package: Path) -> str | None:
 def ensure_katex(root: Path) -> Path:
     """The KaTeX package folder (with ``dist/``), installing it with npm if needed."""
     package = katex_package(root)
-    if installed_version(package) == KATEX_VERSION and (package / "dist" / "katex.min.js").is_file():
+    complete = (package / "dist" / "katex.min.js").is_file()
+    if installed_version(package) == KATEX_VERSION and complete:
         return package
     npm = shutil.which("npm")
     if npm is None:
