@@ -14,6 +14,8 @@ Registered in mkdocs.yml (``hooks: [docs/hooks.py]``). At each build:
 from __future__ import annotations
 
 import logging
+import posixpath
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ log = logging.getLogger("mkdocs.hooks.gptspec")
 GENERATED = DOCS / "generated"
 KATEX_FILES = ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js")
 DIAGRAM_MARKER = "<!-- gptspec:dataflow -->"
+FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
+SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
 _state: dict[str, Any] = {}
 
@@ -60,12 +64,12 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         log.info("no conformance report found: entry pages say 'not yet run'")
 
     try:
-        figures.make_figures(GENERATED / "assets" / "figures", root / ".cache" / "figures")
+        stats = figures.make_figures(GENERATED / "assets" / "figures", root / ".cache" / "figures")
         package = katex.ensure_katex(root)
     except (figures.FigureError, katex.KatexError) as err:
         raise PluginError(str(err)) from None
 
-    _state.update(package=package, entry_ids={v.entry.id for v in views})
+    _state.update(package=package, entry_ids={v.entry.id for v in views}, figure_stats=stats)
     nav = list(config.nav or [])
     nav.append({"Specification": spec_pages.spec_nav(views, GROUPS)})
     config.nav = nav
@@ -87,6 +91,13 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    markdown = _spec_links(markdown, page)
+    if FIGURE_NOTE_MARKER in markdown:
+        s = _state["figure_stats"]
+        note = (f"The model below was trained with {s['model']} for {s['steps']} steps "
+                f"({s['train_seconds']:.0f} s on the machine that built this site); its final "
+                f"validation loss was {s['final_val']:.2f} nats per byte.")
+        markdown = markdown.replace(FIGURE_NOTE_MARKER, note)
     if DIAGRAM_MARKER not in markdown:
         return markdown
 
@@ -95,3 +106,19 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
         return target.url_relative_to(page.file) if target else None
 
     return markdown.replace(DIAGRAM_MARKER, dataflow.svg(href))
+
+
+def _spec_links(markdown: str, page: Page) -> str:
+    """``[text](spec:ID)`` → a link to that entry's page; an unknown ID is a warning (and so
+    fails a --strict build), so the guides cannot point at an entry that was renamed."""
+    here = posixpath.dirname(page.file.src_uri)
+
+    def replace(match: re.Match[str]) -> str:
+        text, entry_id = match.groups()
+        if entry_id not in _state["entry_ids"]:
+            log.warning(f"{page.file.src_uri}: link to unknown spec entry {entry_id!r}")
+            return text
+        target = f"{spec_pages.SPEC_DIR}/{entry_id}.md"
+        return f"[{text}](" + posixpath.relpath(target, here or ".") + ")"
+
+    return SPEC_LINK.sub(replace, markdown)

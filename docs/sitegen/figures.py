@@ -46,6 +46,7 @@ def _cache_key(data: bytes) -> str:
     h.update(Path(__file__).read_bytes())
     h.update(json.dumps([CONFIG, SEED, STEPS, BATCH, LEARNING_RATE, PROMPT]).encode())
     h.update(torch.__version__.encode())
+    h.update(model_class()[1].encode())
     h.update(data)
     return h.hexdigest()[:16]
 
@@ -58,13 +59,19 @@ def _batches(tokens: np.ndarray, n_ctx: int, rng: np.random.Generator):
         yield x, y
 
 
-def build_model(config: Any) -> Any:
-    """The fast backend's model; until gptspec.fast exists, a minimal stand-in."""
+def model_class() -> tuple[Any, str]:
+    """The fast backend's model class; until gptspec.fast has one, a minimal stand-in."""
     try:
         from gptspec.fast.model import GPT
     except ImportError:
-        from sitegen.standin_model import StandInGPT as GPT
-    return GPT(config)
+        from sitegen.standin_model import StandInGPT
+
+        return StandInGPT, "a minimal PyTorch stand-in (gptspec.fast.model is not installed)"
+    return GPT, "the fast backend (gptspec.fast.model.GPT)"
+
+
+def build_model(config: Any) -> Any:
+    return model_class()[0](config)
 
 
 def train(data: bytes) -> tuple[Any, dict[str, np.ndarray], dict[str, list[float]]]:
@@ -210,7 +217,8 @@ def make_figures(out_dir: Path, cache_root: Path) -> dict[str, float]:
         tmp.mkdir(parents=True)
         plot_loss(history, tmp / "loss-curve.png")
         plot_attention(attention_patterns(config, params, tokens), PROMPT, tmp / "attention.png")
-        stats = {"train_seconds": seconds, "steps": STEPS, "final_val": history["val"][-1]}
+        stats = {"train_seconds": seconds, "steps": STEPS, "final_val": history["val"][-1],
+                 "model": model_class()[1]}
         (tmp / "stats.json").write_text(json.dumps(stats))
         shutil.rmtree(cache, ignore_errors=True)
         tmp.rename(cache)
