@@ -1,1 +1,432 @@
-"""Spec entries: attention."""
+"""Spec entries: attention — linear maps, heads, the causal mask, softmax and attention.
+
+Row vectors: H is (T, d_model); Q, K, V are (T, d_model) for all heads together and
+(T, d_k) for one head, d_k = d_model / h. A bias is a (1, n) row added to every row.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from gptspec.spec.embedding import ROW_VECTORS
+from gptspec.spec.equation import Decision, Reading, Symbol, Tolerance, equation
+from gptspec.spec.sources import (
+    BLUEPRINT,
+    BROWN_2020,
+    GUIDE,
+    NOTES,
+    RADFORD_2019,
+    VASWANI_2017,
+    Source,
+)
+
+
+def _each_row(b: sp.Matrix, rows: int) -> sp.Matrix:
+    """The row vector b repeated on ``rows`` rows (the broadcast of x W + b)."""
+    return sp.ones(rows, 1) * b
+
+
+@equation(
+    id="linear",
+    title="Affine map (row vectors)",
+    group="attention",
+    latex=r"y = x\,W + b, \qquad y_j = \sum_{i=1}^{n} x_i W_{i j} + b_j",
+    symbols=(
+        Symbol("x", "(T, n)", "input rows"),
+        Symbol("W", "(n, m)", "weight, stored (in, out)"),
+        Symbol("b", "(m,)", "bias (optional), added to every row"),
+        Symbol("y", "(T, m)", "output rows"),
+    ),
+    sources=(Source(BLUEPRINT, "eqs 2, 6"), Source(VASWANI_2017, "sec. 3.3, eq 2"),
+             Source(RADFORD_2019, "sec. 2.3")),
+    reference="linear",
+    tolerance=Tolerance(r"\lambda\sqrt{n}\,u\,|x|\,|W| + u\,|b|", reduction="n",
+                        note="Higham & Mary 2019: each inner product of length n carries a "
+                             "probabilistic error of λ√n u times the sum of |x_i W_ij|"),
+    decisions=(ROW_VECTORS,),
+    sympy_inputs=(("x", "(T, n)"), ("W", "(n, m)"), ("b", "(1, m)")),
+)
+def linear(x: sp.Matrix, W: sp.Matrix, b: sp.Matrix | None = None) -> sp.Matrix:
+    y = x * W
+    return y if b is None else y + _each_row(b, x.rows)
+
+
+QKV_BIASES = Decision(
+    question="Do the query, key and value maps have biases?",
+    readings=(
+        Reading(Source(BLUEPRINT, "eq 2"), r"$Q = H W_Q$, $K = H W_K$, $V = H W_V$: no biases"),
+        Reading(Source(VASWANI_2017, "sec. 3.2.2"), "projections written without biases"),
+        Reading(Source(RADFORD_2019, "sec. 2.3 (released code)"),
+                "one fused map with a bias, c_attn: x W + b with W of shape (d, 3d)"),
+    ),
+    decision=r"One fused map $[Q\,|\,K\,|\,V] = H\,[W_Q\,|\,W_K\,|\,W_V] + [b_Q\,|\,b_K\,|\,b_V]$; "
+             "the biases exist when config.bias is true (GPT-2) and are absent otherwise "
+             "(the Blueprint's eq 2 is config.bias = false).",
+    why="Both readings are kept as one switch; the fused layout is GPT-2's and is the "
+        "canonical parameter schema (attn.w_qkv, attn.b_qkv).",
+)
+
+
+@equation(
+    id="qkv_projection",
+    title="Query, key and value projections",
+    group="attention",
+    latex=r"Q = H W_Q + b_Q, \quad K = H W_K + b_K, \quad V = H W_V + b_V, \qquad"
+          r"[\,Q \mid K \mid V\,] = H\,[\,W_Q \mid W_K \mid W_V\,] + [\,b_Q \mid b_K \mid b_V\,]",
+    symbols=(
+        Symbol("H", "(T, d_model)", "the (normalised) residual stream"),
+        Symbol(r"[W_Q \mid W_K \mid W_V]", "(d_model, 3 d_model)", "attn.w_qkv"),
+        Symbol(r"[b_Q \mid b_K \mid b_V]", "(3 d_model,)", "attn.b_qkv (if config.bias)"),
+        Symbol("Q, K, V", "(T, d_model)", "queries, keys, values of all heads side by side"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 2"), Source(VASWANI_2017, "sec. 3.2.2"),
+             Source(NOTES, "sec. 3.1"), Source(RADFORD_2019, "sec. 2.3")),
+    reference="qkv_projection",
+    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,|H|\,|W_{QKV}| + u\,|b_{QKV}|",
+                        reduction="d_model"),
+    decisions=(QKV_BIASES, ROW_VECTORS),
+    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*d_model)"),
+                  ("b_qkv", "(1, 3*d_model)")),
+)
+def qkv_projection(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None = None
+                   ) -> tuple[sp.Matrix, sp.Matrix, sp.Matrix]:
+    QKV = linear.sympy(H, W_qkv, b_qkv)
+    d = QKV.cols // 3
+    return QKV[:, :d], QKV[:, d:2 * d], QKV[:, 2 * d:]
+
+
+@equation(
+    id="split_heads",
+    title="Splitting into heads",
+    group="attention",
+    latex=r"X^{(i)} = X_{:,\;(i-1) d_k + 1 \,\ldots\, i\, d_k}, \qquad i = 1, \ldots, h,"
+          r"\quad d_k = d_{\mathrm{model}} / h",
+    symbols=(
+        Symbol("X", "(T, d_model)", "queries, keys or values of all heads"),
+        Symbol("X^{(i)}", "(h, T, d_k)", "head i's columns"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 5"), Source(VASWANI_2017, "sec. 3.2.2")),
+    reference="split_heads",
+    tolerance=Tolerance("0", reduction="1", note="data movement: exact"),
+    notes="Head i's projection W_Q^{(i)} of the Blueprint's eq 5 is columns (i−1)d_k+1 … i d_k "
+          "of W_Q, so splitting H W_Q by columns equals H W_Q^{(i)} for each head.",
+    sympy_inputs=(("X", "(T, d_model)"), ("n_heads", "int h")),
+)
+def split_heads(X: sp.Matrix, n_heads: int) -> list[sp.Matrix]:
+    d_k = X.cols // n_heads
+    return [X[:, i * d_k:(i + 1) * d_k] for i in range(n_heads)]
+
+
+@equation(
+    id="merge_heads",
+    title="Concatenating heads",
+    group="attention",
+    latex=r"\operatorname{Concat}(\mathrm{head}_1, \ldots, \mathrm{head}_h) = "
+          r"[\,\mathrm{head}_1 \mid \cdots \mid \mathrm{head}_h\,]",
+    symbols=(
+        Symbol(r"\mathrm{head}_i", "(h, T, d_k)", "each head's output"),
+        Symbol(r"\operatorname{Concat}", "(T, d_model)", "the heads side by side"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 4"), Source(VASWANI_2017, "sec. 3.2.2")),
+    reference="merge_heads",
+    tolerance=Tolerance("0", reduction="1", note="data movement: exact"),
+    sympy_inputs=(("heads", "[h](T, d_k)"),),
+)
+def merge_heads(heads: list[sp.Matrix]) -> sp.Matrix:
+    return sp.Matrix.hstack(*heads)
+
+
+MODIFIED_SOFTMAX = Decision(
+    question="How is attention to later positions prevented?",
+    readings=(
+        Reading(Source(NOTES, "sec. 3.1"),
+                "a 'modified softmax' that normalises only over the positions j ≤ i"),
+        Reading(Source(BLUEPRINT, "eq 3"), r"an additive mask $M$ of zeros and $-\infty$"),
+        Reading(Source(VASWANI_2017, "sec. 3.2.3"),
+                r"illegal connections set to $-\infty$ before the softmax"),
+        Reading(Source(GUIDE, "sec. 3, sec. 6"),
+                "no mask in its attention formula, though generation is autoregressive"),
+    ),
+    decision=r"An additive mask $M_{ij} = 0$ for $j \le i$ and $-\infty$ for $j > i$, then the "
+             r"ordinary softmax. With $e^{-\infty} = 0$ this is exactly the Notes' modified "
+             r"softmax; the Guide's attention is read as causal.",
+    why="One softmax for every use; the two formulations give identical weights because "
+        "masked terms contribute exactly zero to numerator and denominator. The Guide's "
+        "model is trained with a causal-LM loss (its sec. 7), which needs causal attention.",
+)
+
+
+@equation(
+    id="causal_mask",
+    title="Causal mask",
+    group="attention",
+    latex=r"M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}, \qquad "
+          r"M \in \{0, -\infty\}^{T \times T}",
+    symbols=(
+        Symbol("T", "()", "sequence length"),
+        Symbol("M", "(T, T)", "zero on and below the diagonal, −∞ strictly above"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.3"),
+             Source(NOTES, "sec. 3.1")),
+    reference="causal_mask",
+    tolerance=Tolerance("0", reduction="1", note="exact: every entry is 0 or −∞"),
+    decisions=(
+        MODIFIED_SOFTMAX,
+        Decision(
+            question="Which triangle holds the −∞?",
+            readings=(
+                Reading(Source(BLUEPRINT, "eq 3"),
+                        r"'a lower-triangular matrix of zeros and $-\infty$'"),
+                Reading(Source(VASWANI_2017, "sec. 3.2.3"),
+                        "prevent leftward flow: position i may not attend to j > i"),
+            ),
+            decision=r"$-\infty$ strictly above the diagonal ($j > i$), zeros on and below it.",
+            why="Read literally, a lower-triangular −∞ would hide the past and show the future; "
+                "the Blueprint's own words ('prevents positions from attending to subsequent "
+                "positions') fix the intent: the zeros form the lower triangle.",
+        ),
+    ),
+    sympy_inputs=(("T", "int T"),),
+)
+def causal_mask(T: int) -> sp.Matrix:
+    return sp.Matrix(T, T, lambda i, j: 0 if j <= i else -sp.oo)
+
+
+@equation(
+    id="softmax",
+    title="Softmax",
+    group="attention",
+    latex=r"\operatorname{softmax}(z)_i = \frac{e^{z_i}}{\sum_{j=1}^{n} e^{z_j}}",
+    symbols=(Symbol("z", "(m, n)", "rows of scores or logits; softmax acts on each row"),),
+    sources=(Source(BLUEPRINT, "eqs 3, 9"), Source(GUIDE, "sec. 3, sec. 6"),
+             Source(NOTES, "sec. 3.1"), Source(VASWANI_2017, "sec. 3.2.1")),
+    reference="softmax",
+    tolerance=Tolerance(r"\left(\lambda\sqrt{n} + 2\max_j |z_j|\right) u\,"
+                        r"\operatorname{softmax}(z)_i", reduction="n",
+                        note="relative per entry: the sum of n exponentials, plus the rounding "
+                             "of the argument z_i − max z amplified by exp"),
+    notes=r"Entries equal to $-\infty$ contribute $e^{-\infty} = 0$; a row needs one finite entry.",
+    sympy_inputs=(("z", "(m, n)"),),
+)
+def softmax(z: sp.Matrix) -> sp.Matrix:
+    e = z.applyfunc(sp.exp)
+    return sp.Matrix(z.rows, z.cols, lambda i, j: e[i, j] / sum(e.row(i)))
+
+
+@equation(
+    id="softmax_shifted",
+    title="Softmax shift identity",
+    group="attention",
+    latex=r"\frac{e^{z_i - c}}{\sum_{j=1}^{n} e^{z_j - c}} = \operatorname{softmax}(z)_i"
+          r"\quad \text{for every finite } c",
+    symbols=(
+        Symbol("z", "(m, n)", "rows of scores"),
+        Symbol("c", "(m, 1)", "a shift per row (the reference's softmax uses c = max_j z_j)"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1")),
+    reference="softmax_shifted",
+    tolerance=Tolerance(r"\left(\lambda\sqrt{n} + 2\max_j |z_j - c|\right) u\,"
+                        r"\operatorname{softmax}(z)_i", reduction="n"),
+    notes="The identity holds because e^{−c} cancels between numerator and denominator; with "
+          "c = max z every exponent is ≤ 0 and nothing overflows. The sympy form is the left "
+          "side; the tests compare it with softmax symbolically too.",
+    sympy_inputs=(("z", "(m, n)"), ("c", "(m, 1)")),
+)
+def softmax_shifted(z: sp.Matrix, c: sp.Matrix) -> sp.Matrix:
+    e = sp.Matrix(z.rows, z.cols, lambda i, j: sp.exp(z[i, j] - c[i, 0]))
+    return sp.Matrix(z.rows, z.cols, lambda i, j: e[i, j] / sum(e.row(i)))
+
+
+MASK_PLACEMENT = Decision(
+    question=r"Is the mask added before or after dividing by $\sqrt{d_k}$?",
+    readings=(
+        Reading(Source(BLUEPRINT, "eq 3"),
+                r"$\operatorname{softmax}\!\left(\frac{Q K^\top + M}{\sqrt{d_k}}\right) V$"),
+        Reading(Source(VASWANI_2017, "sec. 3.2.1, 3.2.3"),
+                r"scale $Q K^\top / \sqrt{d_k}$, then set masked entries to $-\infty$"),
+        Reading(Source(RADFORD_2019, "sec. 2.3 (released code)"),
+                "scale, then mask (masked entries replaced by a very negative number)"),
+        Reading(Source(GUIDE, "sec. 3"),
+                r"$\operatorname{softmax}(Q K^\top / \sqrt{d_k}) V$, no mask"),
+    ),
+    decision=r"$S = Q K^\top / \sqrt{d_k} + M$: scale, then add the mask.",
+    why=r"For $M \in \{0, -\infty\}$ both readings give the same $S$, since "
+        r"$-\infty / \sqrt{d_k} = -\infty$ and $0 / \sqrt{d_k} = 0$. They differ only for a "
+        r"finite non-zero M (e.g. an additive bias), where adding after the scale keeps M "
+        r"in the units of the scores, as in Vaswani et al. and GPT-2.",
+)
+
+
+@equation(
+    id="attention_scores",
+    title="Attention scores",
+    group="attention",
+    latex=r"S = \frac{Q K^\top}{\sqrt{d_k}} + M",
+    symbols=(
+        Symbol("Q", "(T, d_k)", "one head's queries"),
+        Symbol("K", "(T, d_k)", "one head's keys"),
+        Symbol("M", "(T, T)", "additive mask (the causal mask in the model)"),
+        Symbol("S", "(T, T)", "scores: row i scores query i against every key"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1, eq 1"),
+             Source(GUIDE, "sec. 3")),
+    reference="attention_scores",
+    tolerance=Tolerance(r"\lambda\sqrt{d_k}\,u\,\frac{|Q|\,|K|^\top}{\sqrt{d_k}} + u\,|M|",
+                        reduction="d_k"),
+    decisions=(MASK_PLACEMENT,),
+    sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("M", "(T, T) mask")),
+)
+def attention_scores(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
+    return Q * K.T / sp.sqrt(Q.cols) + M
+
+
+@equation(
+    id="attention_weights",
+    title="Attention weights",
+    group="attention",
+    latex=r"A = \operatorname{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}} + M\right)"
+          r"\quad \text{(row by row)}",
+    symbols=(
+        Symbol("Q", "(T, d_k)", "one head's queries"),
+        Symbol("K", "(T, d_k)", "one head's keys"),
+        Symbol("M", "(T, T)", "additive mask"),
+        Symbol("A", "(T, T)", "weights: each row sums to one; zero above the diagonal when M "
+                              "is causal"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1"),
+             Source(NOTES, "sec. 3.1")),
+    reference="attention_weights",
+    tolerance=Tolerance(r"A_{ij}\left(\delta_{ij} + \sum_k A_{ik}\,\delta_{ik} + \lambda\sqrt{T}\,u"
+                        r"\right),\quad \delta = \lambda\sqrt{d_k}\,u\,"
+                        r"\frac{|Q|\,|K|^\top}{\sqrt{d_k}} + u\,|S|",
+                        reduction="T",
+                        note="the score error δ passes through softmax as a relative error"),
+    decisions=(MODIFIED_SOFTMAX, MASK_PLACEMENT),
+    sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("M", "(T, T) mask")),
+)
+def attention_weights(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
+    return softmax.sympy(attention_scores.sympy(Q, K, M))
+
+
+@equation(
+    id="scaled_dot_product_attention",
+    title="Scaled dot-product attention",
+    group="attention",
+    latex=r"\operatorname{Attention}(Q, K, V) = "
+          r"\operatorname{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}} + M\right) V",
+    symbols=(
+        Symbol("Q", "(T, d_k)", "one head's queries"),
+        Symbol("K", "(T, d_k)", "one head's keys"),
+        Symbol("V", "(T, d_k)", "one head's values"),
+        Symbol("M", "(T, T)", "additive mask"),
+        Symbol(r"\operatorname{Attention}", "(T, d_k)", "row i mixes the value rows by A_i"),
+    ),
+    sources=(Source(BLUEPRINT, "eq 3"), Source(GUIDE, "sec. 3"),
+             Source(VASWANI_2017, "sec. 3.2.1, eq 1"), Source(NOTES, "sec. 3.1")),
+    reference="scaled_dot_product_attention",
+    tolerance=Tolerance(r"\lambda\sqrt{T}\,u\,A\,|V| + \varepsilon_A\,|V|", reduction="T",
+                        note="ε_A is attention_weights' budget; the product A V sums T terms"),
+    decisions=(MASK_PLACEMENT, MODIFIED_SOFTMAX),
+    sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("V", "(T, d_k)"),
+                  ("M", "(T, T) mask")),
+)
+def scaled_dot_product_attention(Q: sp.Matrix, K: sp.Matrix, V: sp.Matrix, M: sp.Matrix
+                                 ) -> sp.Matrix:
+    return attention_weights.sympy(Q, K, M) * V
+
+
+MULTI_HEAD = Decision(
+    question="Which attention pattern, and is there an output bias?",
+    readings=(
+        Reading(Source(BLUEPRINT, "eqs 4–5"),
+                r"$\operatorname{Concat}(\mathrm{head}_1, \ldots, \mathrm{head}_h) W_O$, no bias"),
+        Reading(Source(RADFORD_2019, "sec. 2.3 (released code)"),
+                "dense causal attention; the output map c_proj has a bias"),
+        Reading(Source(BROWN_2020, "sec. 2.1"),
+                "as GPT-2, but alternating dense and locally banded sparse attention layers"),
+    ),
+    decision=r"Dense causal attention in every layer; $+\,b_O$ when config.bias is true "
+             "(GPT-2), none otherwise (the Blueprint).",
+    why="Dense attention is what the Blueprint, the Notes and GPT-2 describe and what GPT-2's "
+        "checkpoints compute; GPT-3's sparse pattern is an efficiency measure outside the "
+        "documents' model.",
+)
+
+
+@equation(
+    id="multi_head_attention",
+    title="Masked multi-head self-attention",
+    group="attention",
+    latex=r"\operatorname{MultiHead}(H) = \operatorname{Concat}(\mathrm{head}_1, \ldots, "
+          r"\mathrm{head}_h)\,W_O + b_O, \quad \mathrm{head}_i = \operatorname{Attention}"
+          r"(H W_Q^{(i)} + b_Q^{(i)},\, H W_K^{(i)} + b_K^{(i)},\, H W_V^{(i)} + b_V^{(i)})",
+    symbols=(
+        Symbol("H", "(T, d_model)", "the input rows"),
+        Symbol(r"[W_Q \mid W_K \mid W_V]", "(d_model, 3 d_model)", "attn.w_qkv"),
+        Symbol(r"[b_Q \mid b_K \mid b_V]", "(3 d_model,)", "attn.b_qkv"),
+        Symbol("W_O", "(d_model, d_model)", "attn.w_o"),
+        Symbol("b_O", "(d_model,)", "attn.b_o"),
+        Symbol("h", "()", "number of heads; d_k = d_model / h"),
+        Symbol(r"\operatorname{MultiHead}(H)", "(T, d_model)", "the attention sub-layer's output"),
+    ),
+    sources=(Source(BLUEPRINT, "eqs 4–5"), Source(VASWANI_2017, "sec. 3.2.2"),
+             Source(NOTES, "sec. 3.1"), Source(RADFORD_2019, "sec. 2.3"),
+             Source(BROWN_2020, "sec. 2.1")),
+    reference="multi_head_attention",
+    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,|\operatorname{Concat}|\,|W_O|"
+                        r" + \varepsilon_{\mathrm{Attention}}\,|W_O| + u\,|b_O|",
+                        reduction="d_model",
+                        note="the projection, scores, softmax and A V budgets compounded through "
+                             "W_O; the longest inner sum is over d_model (or T if longer)"),
+    decisions=(MULTI_HEAD, QKV_BIASES, MODIFIED_SOFTMAX),
+    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*d_model)"),
+                  ("b_qkv", "(1, 3*d_model)"), ("W_O", "(d_model, d_model)"),
+                  ("b_O", "(1, d_model)"), ("n_heads", "int h")),
+)
+def multi_head_attention(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None,
+                         W_O: sp.Matrix, b_O: sp.Matrix | None, n_heads: int) -> sp.Matrix:
+    Q, K, V = qkv_projection.sympy(H, W_qkv, b_qkv)
+    M = causal_mask.sympy(H.rows)
+    heads = [scaled_dot_product_attention.sympy(Q_i, K_i, V_i, M)
+             for Q_i, K_i, V_i in zip(split_heads.sympy(Q, n_heads), split_heads.sympy(K, n_heads),
+                                      split_heads.sympy(V, n_heads), strict=True)]
+    return linear.sympy(merge_heads.sympy(heads), W_O, b_O)
+
+
+@equation(
+    id="multi_head_attention_head_sum",
+    title="Multi-head attention as a sum over heads",
+    group="attention",
+    latex=r"\operatorname{MultiHead}(H) = \sum_{i=1}^{h} \mathrm{head}_i\, W_O^{(i)} + b_O,"
+          r"\qquad W_O^{(i)} = (W_O)_{(i-1) d_k + 1 \,\ldots\, i\, d_k,\;:}",
+    symbols=(
+        Symbol("H", "(T, d_model)", "the input rows"),
+        Symbol(r"\mathrm{head}_i", "(T, d_k)", "head i's attention output"),
+        Symbol("W_O^{(i)}", "(d_k, d_model)", "the rows of W_O that read head i"),
+        Symbol("b_O", "(d_model,)", "attn.b_o"),
+    ),
+    sources=(Source(NOTES, "sec. 3.1 (each head writes into the residual stream)"),
+             Source(BLUEPRINT, "eq 4"), Source(VASWANI_2017, "sec. 3.2.2")),
+    reference="multi_head_attention_head_sum",
+    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,\sum_i |\mathrm{head}_i|\,"
+                        r"|W_O^{(i)}| + \varepsilon_{\mathrm{Attention}}\,|W_O| + u\,|b_O|",
+                        reduction="d_model"),
+    notes="Equal to multi_head_attention: multiplying the concatenation [head_1 | … | head_h] "
+          "by W_O cut into h row blocks is the sum of the block products. The Notes read each "
+          "head as adding its own contribution to the residual stream.",
+    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*d_model)"),
+                  ("b_qkv", "(1, 3*d_model)"), ("W_O", "(d_model, d_model)"),
+                  ("b_O", "(1, d_model)"), ("n_heads", "int h")),
+)
+def multi_head_attention_head_sum(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None,
+                                  W_O: sp.Matrix, b_O: sp.Matrix | None, n_heads: int
+                                  ) -> sp.Matrix:
+    Q, K, V = qkv_projection.sympy(H, W_qkv, b_qkv)
+    M = causal_mask.sympy(H.rows)
+    d_k = W_O.rows // n_heads
+    out = sp.zeros(H.rows, W_O.cols)
+    for i, (Q_i, K_i, V_i) in enumerate(zip(split_heads.sympy(Q, n_heads),
+                                            split_heads.sympy(K, n_heads),
+                                            split_heads.sympy(V, n_heads), strict=True)):
+        head_i = scaled_dot_product_attention.sympy(Q_i, K_i, V_i, M)
+        out += head_i * W_O[i * d_k:(i + 1) * d_k, :]
+    return out if b_O is None else out + _each_row(b_O, H.rows)
