@@ -34,7 +34,7 @@ def install(session: nox.Session, extras: str = "") -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The project's own tests: spec ↔ reference, traceability, every component."""
-    install(session, "interop")
+    install(session, "interop,docs")
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -59,3 +59,16 @@ def bench(session: nox.Session) -> None:
     (bench.json, bench.md). Options after --: --quick, --corpus PATH, --out DIR."""
     install(session, "interop")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the spec site with --strict into site/ (`nox -s docs -- serve` serves it).
+
+    KaTeX is installed from the npm registry into .cache/katex on the first build; after
+    that the build needs no network."""
+    install(session, "docs")
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
