@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.sessions = ["lint", "tests", "conformance", "wheel"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
@@ -72,3 +72,25 @@ def docs(session: nox.Session) -> None:
         session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
     else:
         session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def wheel(session: nox.Session) -> None:
+    """Build a plain wheel and check it installs and works outside the source tree."""
+    tmp = Path(session.create_tmp()).resolve()
+    for old in tmp.glob("gptspec-*.whl"):
+        old.unlink()
+    session.install(*pip_args(), "torch==2.13.0")
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", str(tmp), str(ROOT))
+    (built,) = tmp.glob("gptspec-*.whl")
+    session.install(*pip_args(), "--force-reinstall", "--no-deps", str(built))
+    session.install(*pip_args(), str(built))
+    session.chdir(tmp)  # away from the source folders, so only the wheel can be imported
+    session.run("python", "-c", (
+        "import gptspec, gptspec.spec, gptspec.reference, gptspec.fast.model, "
+        "gptspec.conformance, gptspec.cli; "
+        "assert 'site-packages' in gptspec.spec.__file__, gptspec.spec.__file__; "
+        "print('wheel imports from', gptspec.__file__)"))
+    session.run("gptspec", "info", "gpt2")
+    session.run("gptspec", "conformance", "--backend", "reference", "--profile", "quick")
+    session.run("gptspec", "conformance", "--dtype", "float32", "--profile", "quick")
