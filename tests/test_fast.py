@@ -39,6 +39,9 @@ VARIANTS: dict[str, GPTConfig] = {
     "guide-nobias": PRESETS["tiny-guide"].replace(bias=False),
 }
 
+# CUDA paths run where a GPU is present; on a CPU-only machine these tests run on the CPU.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24,
                  torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
@@ -171,12 +174,14 @@ def test_a_planted_wrong_gelu_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
     assert not against_reference(got, tokens, params, config, "float64").passed
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_lower_precision_forward_is_finite_and_near_the_reference(dtype: torch.dtype) -> None:
+def test_lower_precision_forward_is_finite_and_near_the_reference(dtype: torch.dtype,
+                                                                 device: str) -> None:
     config = TINY
     params = init_parameters(config, seed=3)  # GPT-2's scale: what 16-bit training sees
     tokens = random_tokens(config, 2, config.n_ctx)
-    model = GPT.from_parameters(config, params, dtype=dtype)
+    model = GPT.from_parameters(config, params, dtype=dtype, device=device)
     assert model.wte.dtype == dtype
     got = model(torch.as_tensor(tokens))
     assert got.dtype == dtype
@@ -351,11 +356,13 @@ def test_a_cache_at_the_wrong_position_is_caught() -> None:
     assert not B.compare(as_numpy(wrong), want[:, 7:8], bound[:, 7:8]).passed
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_batch_of_different_lengths_equals_each_sequence_alone(dtype: torch.dtype) -> None:
+def test_batch_of_different_lengths_equals_each_sequence_alone(dtype: torch.dtype,
+                                                               device: str) -> None:
     config = TINY
     params = random_parameters(config, seed=4)
-    model = GPT.from_parameters(config, params, dtype=dtype)
+    model = GPT.from_parameters(config, params, dtype=dtype, device=device)
     lengths = [3, 7, 1, 5]
     rng = np.random.default_rng(5)
     seqs = [rng.integers(0, config.vocab_size, n + 6) for n in lengths]  # prompt + 6 more
@@ -480,12 +487,16 @@ def test_cache_shapes_and_a_shorter_cache() -> None:
         model(torch.zeros(1, 1, dtype=torch.long), cache=short)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16bit_cached_decode_is_finite(dtype: torch.dtype) -> None:
-    model = GPT(TINY, dtype=dtype)
-    tokens = torch.as_tensor(random_tokens(TINY, 2, 10))
-    out = feed_in_chunks(model, tokens, [4, 1, 1, 1, 3])
+def test_16bit_cached_decode_is_finite_and_near_the_reference(dtype: torch.dtype,
+                                                               device: str) -> None:
+    model = GPT(TINY, dtype=dtype, device=device)
+    tokens = random_tokens(TINY, 2, 10)
+    out = feed_in_chunks(model, torch.as_tensor(tokens), [4, 1, 1, 1, 3])
     assert out.dtype == dtype and torch.isfinite(out).all()
+    result = against_reference(out, tokens, model.parameters_numpy(), TINY, dtype)
+    assert result.passed, result.describe()
 
 
 # --- torch.compile (optional) ----------------------------------------------------------------
@@ -599,10 +610,11 @@ def test_backend_operations_round_inputs_to_their_dtype() -> None:
     assert backend.one_hot(np.array([2]), 4).tolist() == [[0.0, 0.0, 1.0, 0.0]]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
-def test_torch_backend_forward(dtype: str) -> None:
-    backend = TorchBackend(dtype=dtype)
-    assert (backend.name, backend.device, backend.dtype) == ("torch", "cpu", dtype)
+def test_torch_backend_forward(dtype: str, device: str) -> None:
+    backend = TorchBackend(device=device, dtype=dtype)
+    assert (backend.name, backend.device, backend.dtype) == ("torch", device, dtype)
     assert "torch" in backend.version and "gptspec" in backend.version
     params = random_parameters(TINY)
     tokens = random_tokens(TINY, 2, 7)
