@@ -121,7 +121,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """tokens (B, T) → logits (B, T, V)."""
+    """tokens (B, T) → logits (B, T, V).
+
+    Typical use::
+
+        model = GPT.from_parameters(config, params, dtype="bfloat16")  # or GPT(config, seed=0)
+        logits = model(tokens)                                # (B, T, V), causal
+        cache = model.new_cache(B)
+        logits = model(prompts, cache=cache, lengths=n_real)  # right-padded prompts
+        logits = model(next_tokens[:, None], cache=cache)     # one new token per sequence
+    """
 
     def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | str | None = None, seed: int | None = 0) -> None:
