@@ -625,6 +625,22 @@ def test_torch_backend_forward(dtype: str, device: str) -> None:
     assert result.passed, result.describe()
 
 
+def test_torch_backend_reuses_a_model_with_the_new_parameters() -> None:
+    """The backend keeps a few models and refills them: every call still uses its own
+    parameters, whatever the order of configurations."""
+    backend = TorchBackend(dtype="float64")
+    configs = [TINY, PRESETS["tiny-post"], TINY, TINY, PRESETS["tiny-guide"], TINY]
+    tokens = random_tokens(TINY, 2, 5)
+    for seed, config in enumerate(configs):
+        params = random_parameters(config, seed=seed)
+        result = against_reference(backend.forward(config, params, tokens), tokens, params,
+                                   config, "float64")
+        assert result.passed, f"call {seed}: {result.describe()}"
+    assert len(backend._models) == 3
+    with pytest.raises(ParameterError, match="'wte' has shape"):
+        backend.forward(TINY, dict(random_parameters(TINY), wte=np.zeros((3, 32))), tokens)
+
+
 def test_torch_backend_refuses_unknown_names_and_devices() -> None:
     backend = TorchBackend()
     with pytest.raises(AttributeError, match="no attribute or operation 'gpt_forward'"):
