@@ -151,6 +151,27 @@ def test_float64_forward_equals_the_reference(name: str) -> None:
     assert result.passed, result.describe()
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_float64_gradients_equal_the_reference_backward(name: str) -> None:
+    """Training differentiates this model with autograd: its gradient of the mean
+    cross-entropy equals the hand-written reference backward. Budget: the forward's worst
+    case twice (the backward pass retraces every reduction of the forward)."""
+    config = VARIANTS[name]
+    params = random_parameters(config, seed=12)
+    tokens = random_tokens(config, 2, config.n_ctx, seed=13)
+    targets = random_tokens(config, 2, config.n_ctx, seed=14)
+    loss_ref, grads_ref = R.gpt_backward(tokens, targets, params, config)
+    model = GPT.from_parameters(config, params, dtype="float64")
+    logits = model(torch.as_tensor(tokens))
+    loss = F.cross_entropy(logits.flatten(0, 1), torch.as_tensor(targets).flatten())
+    loss.backward()
+    budget = 2 * worst_case_budget(config, config.n_ctx, torch.float64)
+    assert abs(loss.item() - loss_ref) <= budget * abs(loss_ref)
+    for param_name, p in model.named_parameters():
+        assert p.grad is not None, param_name
+        assert relative_error(p.grad.numpy(), grads_ref[param_name]) <= budget, param_name
+
+
 def test_a_planted_non_causal_attention_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison above can fail: attention without its mask misses the budget."""
     def unmasked(Q, K, V, M=None, *, is_causal=False):  # noqa: ANN001
