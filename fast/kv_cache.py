@@ -34,6 +34,12 @@ class Step:
     slots: Tensor | None
     advance: Tensor  # (B,) how far each sequence's length moves
 
+    @property
+    def causal(self) -> bool:
+        """Every sequence starts empty and all new tokens are real: the mask is exactly the
+        causal one, which SDPA can apply itself (its fastest kernels take no mask)."""
+        return self.start == 0
+
 
 class KVCache:
     """Per layer keys and values of shape (B, h, max_len, d_k), preallocated, and the

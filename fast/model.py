@@ -79,7 +79,10 @@ class Attention(nn.Module):
         Q, K, V = (ops.split_heads(X, self.n_heads)
                    for X in ops.qkv_projection(x, self.w_qkv, self.b_qkv))
         K, V = cache.write(layer, K, V, step)  # now every cached slot 0 … S−1
-        heads = ops.scaled_dot_product_attention(Q, K, V, step.mask)
+        if step.causal:
+            heads = ops.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        else:
+            heads = ops.scaled_dot_product_attention(Q, K, V, step.mask)
         return ops.linear(ops.merge_heads(heads), self.w_o, self.b_o)
 
 
