@@ -215,6 +215,7 @@ class Trainer:
         self.step_count = 0
         self.history: dict[str, list] = {"train": [], "val": []}
         self.elapsed = 0.0
+        self.extra_state: dict = {}  # saved with the checkpoint (the CLI's data source)
 
     @property
     def tokens_per_step(self) -> int:
@@ -293,7 +294,8 @@ class Trainer:
         return {"step": self.step_count, "settings": asdict(self.settings),
                 "rng": rng_state(self.batch_rng), "history": self.history,
                 "elapsed_seconds": self.elapsed,
-                "scaler": self.scaler.state_dict() if self.scaler else None}
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                **self.extra_state}
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         return save_training_checkpoint(directory, self.config, dict(self.model.named_parameters()),
@@ -313,6 +315,7 @@ class Trainer:
         trainer.batch_rng = set_rng_state(state["rng"])
         trainer.history = state["history"]
         trainer.elapsed = float(state.get("elapsed_seconds", 0.0))
+        trainer.extra_state = {k: v for k, v in state.items() if k == "data"}
         if trainer.scaler and state.get("scaler"):
             trainer.scaler.load_state_dict(state["scaler"])
         return trainer
