@@ -72,6 +72,29 @@ class TorchBackend:
         tokens_t = torch.as_tensor(np.asarray(tokens), device=self.device)
         return self._to_numpy(self.model(config, params)(tokens_t))
 
+    # --- training (gptspec.fast.train) -----------------------------------------------------
+
+    def gpt_backward(self, tokens: Any, targets: Any, params: Mapping[str, Any],
+                     config: GPTConfig) -> tuple[float, dict[str, np.ndarray]]:
+        from gptspec.fast import train
+
+        rounded = {k: self._to_torch(np.asarray(v)) for k, v in params.items()}
+        return train.gpt_backward(tokens, targets, rounded, config, self.device, self.torch_dtype)
+
+    def adamw_trajectory(self, params: Mapping[str, Any], grads: list, lrs: list, beta1: float,
+                         beta2: float, eps: float, weight_decay: float) -> list:
+        from gptspec.fast import train
+
+        return train.adamw_trajectory(dict(params), grads, lrs, beta1, beta2, eps, weight_decay,
+                                      self.device, self.torch_dtype)
+
+    def train_losses(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any,
+                     steps: int, seed: int, resume_at: int | None = None) -> list[float]:
+        from gptspec.fast import train
+
+        return train.train_losses(config, dict(params), tokens, steps, seed, resume_at,
+                                  device=self.device)
+
     # --- the operations --------------------------------------------------------------------
 
     @staticmethod

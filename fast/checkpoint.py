@@ -229,7 +229,4 @@ def load_training_checkpoint(directory: str | os.PathLike[str]):
         tokenizer = Tokenizer.load(path / TOKENIZER_FILE)
     except Exception as err:  # the tokenizer's own errors name the problem
         raise CheckpointError(f"{path / TOKENIZER_FILE} cannot be loaded: {err}") from None
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, the "
-                              f"model only {config.vocab_size}")
     return config, params, optimizer, state, tokenizer

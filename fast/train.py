@@ -33,6 +33,7 @@ from gptspec.fast.data import TokenData
 from gptspec.fast.model import GPT
 from gptspec.reference.optim import lr_schedule
 from gptspec.spec.config import GPTConfig
+from gptspec.spec.parameters import parameter_schema
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -409,3 +410,71 @@ def plot_loss_curve(history: dict, path: str | os.PathLike[str]) -> Path:
         plt.close(fig)
         Path(tmp).unlink(missing_ok=True)
     return target
+
+
+# --- the training operations a conformance backend exposes ---------------------------------------
+
+
+def gpt_backward(tokens, targets, params: dict, config: GPTConfig, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> tuple[float, dict[str, np.ndarray]]:
+    """The mean cross-entropy and its gradient by parameter name, through torch autograd
+    (the reference's ``gpt_backward``, computed by the fast model)."""
+    model = GPT.from_parameters(config, params, device=device, dtype=dtype)
+    x = torch.as_tensor(np.asarray(tokens), device=device, dtype=torch.long)
+    y = torch.as_tensor(np.asarray(targets), device=device, dtype=torch.long)
+    logits = model(x)
+    if logits.dtype != torch.float64:  # 16-bit logits: the loss is computed in float32
+        logits = logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()
+    named = dict(model.named_parameters())
+    grads = {s.name: named[s.name].grad.detach().to("cpu", torch.float64).numpy()
+             for s in parameter_schema(config)}
+    return float(loss.detach()), grads
+
+
+def adamw_trajectory(params: dict, grads: list[dict], lrs: list[float], beta1: float,
+                     beta2: float, eps: float, weight_decay: float, device: str = "cpu",
+                     dtype: torch.dtype = torch.float32) -> list[dict[str, np.ndarray]]:
+    """The parameters after each of len(grads) steps of torch's AdamW (fused on CUDA) fed
+    the given gradients at the given learning rates, every parameter decayed."""
+    tensors = {k: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype, device=device))
+               for k, v in params.items()}  # a copy: the caller's arrays stay as they are
+    fused = torch.device(device).type == "cuda"
+    opt = torch.optim.AdamW(list(tensors.values()), lr=lrs[0], betas=(beta1, beta2), eps=eps,
+                            weight_decay=weight_decay, fused=fused or None)
+    out = []
+    for g, lr in zip(grads, lrs, strict=True):
+        for k, p in tensors.items():
+            p.grad = torch.tensor(np.asarray(g[k]), dtype=dtype, device=device)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        out.append({k: p.detach().to("cpu", torch.float64).numpy().copy()
+                    for k, p in tensors.items()})
+    return out
+
+
+def train_losses(config: GPTConfig, params: dict, tokens, steps: int, seed: int,
+                 resume_at: int | None = None, batch_size: int = 2,
+                 device: str = "cpu") -> list[float]:
+    """The training losses of ``steps`` steps on ``tokens`` from ``params``; with
+    ``resume_at`` the run is checkpointed after that many steps and a new trainer resumed
+    from the checkpoint finishes it."""
+    from gptspec.fast.tokenizer import Tokenizer
+
+    data = TokenData.split(np.asarray(tokens), config.n_ctx, val_fraction=0.25)
+    settings = TrainSettings(batch_size=batch_size, max_steps=steps, warmup_steps=1,
+                             eval_batches=1, seed=seed, device=device)
+    trainer = Trainer(config, settings, data, Tokenizer.byte_level(), params=params)
+    losses = []
+    for _ in range(steps if resume_at is None else resume_at):
+        losses.append(trainer.step())
+    if resume_at is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer.save(Path(tmp) / "checkpoint")
+            del trainer
+            trainer = Trainer.resume(Path(tmp) / "checkpoint", data)
+        for _ in range(steps - resume_at):
+            losses.append(trainer.step())
+    return losses

@@ -175,7 +175,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             from gptspec.fast.checkpoint import load_training_checkpoint
 
-            config, _, _, state, _ = load_training_checkpoint(checkpoint)
+            config, _, _, state, tokenizer = load_training_checkpoint(checkpoint)
+            if tokenizer.vocab_size > config.vocab_size:
+                raise CLIError(f"{checkpoint}: the tokenizer has {tokenizer.vocab_size} tokens, "
+                               f"the model only {config.vocab_size}")
             tokens = open_tokens(Path(state["data"]["tokens"]), config.vocab_size,
                                  state["data"].get("dtype"))
             if len(tokens) != state["data"]["n_tokens"]:

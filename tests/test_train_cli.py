@@ -1,0 +1,109 @@
+"""``gptspec train``: a run, its files, --resume, and every bad input named in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gptspec.cli import main
+from gptspec.cli import train as train_cli
+from gptspec.fast import train
+from gptspec.fast.checkpoint import load_model, load_training_checkpoint
+
+TINY = ["--preset", "tiny", "--vocab-size", "256", "--batch-size", "2", "--eval-interval", "2",
+        "--eval-batches", "1", "--warmup", "1", "--no-progress"]
+TEXT = "To be, or not to be, that is the question. " * 40
+
+
+def _train(tmp_path, *extra: str) -> int:
+    return main(["train", *TINY, "--out", str(tmp_path / "out"), *extra])
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def test_train_then_resume(tmp_path, corpus, capsys):
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "4") == 0
+    out = tmp_path / "out"
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    config, params = load_model(out / "checkpoint")
+    assert config.vocab_size == 256 and "wte" in params
+    assert "validation loss" in capsys.readouterr().out
+    assert _train(tmp_path, "--resume", "--steps", "6") == 0
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 6 and [s for s, _ in state["history"]["train"]] == list(range(1, 7))
+
+
+def test_ctrl_c_saves_and_resume_finishes_identically(tmp_path, corpus, monkeypatch, capsys):
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    assert _train(ref_dir, "--data", str(corpus), "--steps", "5") == 0
+    whole = json.loads((ref_dir / "out" / "checkpoint" / "state.json").read_text())
+    real_step = train.Trainer.step
+
+    def interrupting(self):
+        if self.step_count == 3:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(train.Trainer, "step", interrupting)
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "5") == 130
+    assert "interrupted at step 3" in capsys.readouterr().out
+    monkeypatch.setattr(train.Trainer, "step", real_step)
+    assert _train(tmp_path, "--resume") == 0
+    resumed = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
+    assert resumed["history"]["train"] == whole["history"]["train"]
+
+
+def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint(tmp_path, corpus, monkeypatch,
+                                                                capsys):
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 0
+    real_loss = train.Trainer.loss
+    monkeypatch.setattr(train.Trainer, "loss",
+                        lambda self, x, y, model=None: real_loss(self, x, y, model) * float("nan"))
+    assert _train(tmp_path, "--resume", "--steps", "4") == 2
+    err = capsys.readouterr().err
+    assert "loss became nan at step 3" in err and "last good checkpoint" in err
+    assert load_training_checkpoint(tmp_path / "out" / "checkpoint")[3]["step"] == 2
+
+
+def test_default_corpus_is_the_standard_library(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(train_cli, "STDLIB_MB", 0.05)
+    assert _train(tmp_path, "--steps", "2") == 0
+    assert "standard library" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, args, message", [
+    (b"", [], "is empty"),
+    (b"\xff\xfe bad", [], "not valid UTF-8"),
+    (b"short", [], "too short"),
+    (TEXT.encode(), ["--vocab-size", "64"], "tokenizer has 256 tokens but the model's vocab_size is 64"),
+    (TEXT.encode(), ["--n-heads", "5"], "n_heads"),
+    (TEXT.encode(), ["--lr", "-1"], "lr"),
+    (TEXT.encode(), ["--preset", "nope"], "unknown preset"),
+])
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys, content, args, message):
+    path = tmp_path / "data.txt"
+    path.write_bytes(content)
+    assert _train(tmp_path, "--data", str(path), "--steps", "1", *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_missing_data_existing_run_and_corrupt_checkpoint(tmp_path, corpus, capsys):
+    assert _train(tmp_path, "--data", str(tmp_path / "missing.txt")) == 2
+    assert "not found" in capsys.readouterr().err
+    assert _train(tmp_path, "--resume") == 2
+    assert "no training checkpoint" in capsys.readouterr().err
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 0
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 2
+    assert "pass --resume" in capsys.readouterr().err
+    model = tmp_path / "out" / "checkpoint" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:100])
+    assert _train(tmp_path, "--resume", "--steps", "3") == 2
+    assert "model.safetensors" in capsys.readouterr().err

@@ -1,0 +1,244 @@
+"""The fast trainer against the reference: gradients by parameter name, AdamW, clipping,
+the schedule; determinism, exact resumption, checkpoints and bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+
+from gptspec import reference as ref
+from gptspec.conformance import budgets as B
+from gptspec.conformance.checks_training import gradient_scale
+from gptspec.fast import train
+from gptspec.fast.checkpoint import CheckpointError, load_training_checkpoint
+from gptspec.fast.data import DataError, TokenData, open_tokens, write_tokens
+from gptspec.fast.tokenizer import Tokenizer
+from gptspec.spec import REGISTRY, GPTConfig, init_parameters
+
+SMALL = dict(vocab_size=11, n_ctx=6, d_model=8, n_layers=2, n_heads=2, d_ff=12)
+CONFIGS = [
+    GPTConfig(**SMALL),
+    GPTConfig(**SMALL, norm="post", ffn="relu", final_norm=False),
+    GPTConfig(**{**SMALL, "d_ff": 8}, norm="guide", ffn="guide_product",
+              tied_embeddings=False, output_bias=True, final_norm=False),
+    GPTConfig(**SMALL, ffn="gelu", tied_embeddings=False, bias=False),
+]
+
+
+def _case(config: GPTConfig, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    params = {k: v + rng.normal(0, 0.1, v.shape) for k, v in init_parameters(config, seed).items()}
+    tokens = rng.integers(0, config.vocab_size, (2, config.n_ctx))
+    targets = rng.integers(0, config.vocab_size, (2, config.n_ctx))
+    return params, tokens, targets
+
+
+def _within_budget(got: dict, expected: dict, config, tokens, dtype: str) -> float:
+    """The largest fraction of its budget any gradient entry uses."""
+    p = B.Precision.of(dtype)
+    worst = 0.0
+    for name, g in expected.items():
+        c = B.compare(got[name], g, B.budget(gradient_scale(g, config, tokens, p)))
+        worst = max(worst, c.fraction)
+    return worst
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["pre", "post", "guide", "gelu-untied-nobias"])
+def test_fast_gradients_equal_the_reference_by_name(config, dtype):
+    params, tokens, targets = _case(config)
+    if dtype == "float32":
+        params = {k: B.round_to(v, dtype) for k, v in params.items()}
+    loss, expected = ref.gpt_backward(tokens, targets, params, config)
+    got_loss, got = train.gpt_backward(tokens, targets, params, config,
+                                       dtype=getattr(torch, dtype))
+    assert list(got) == list(expected)
+    assert _within_budget(got, expected, config, tokens, dtype) <= 1.0
+    assert abs(got_loss - loss) <= 1e-5 * abs(loss)
+
+
+def test_gradient_comparison_catches_a_planted_bug():
+    """A gradient off by 0.1% in one parameter must exceed its float32 budget."""
+    config = CONFIGS[0]
+    params, tokens, targets = _case(config)
+    _, expected = ref.gpt_backward(tokens, targets, params, config)
+    broken = dict(expected)
+    broken["blocks.1.ln_2.weight"] = expected["blocks.1.ln_2.weight"] * 1.001
+    assert _within_budget(broken, expected, config, tokens, "float32") > 1.0
+
+
+def test_adamw_trajectory_equals_the_reference():
+    rng = np.random.default_rng(1)
+    theta = {"w": rng.normal(size=(4, 3))}
+    grads = [{"w": rng.normal(size=(4, 3))} for _ in range(5)]
+    lrs = [ref.lr_schedule(t, 1e-2, 1e-3, 2, 5) for t in range(5)]
+    got = train.adamw_trajectory(theta, grads, lrs, 0.9, 0.95, 1e-8, 0.1, dtype=torch.float64)
+    th, m, v = theta["w"], np.zeros((4, 3)), np.zeros((4, 3))
+    for t in range(5):
+        th, m, v = ref.adamw_step(th, grads[t]["w"], m, v, t + 1, lrs[t], 0.9, 0.95, 1e-8, 0.1)
+        np.testing.assert_allclose(got[t]["w"], th, rtol=1e-13, atol=1e-15)
+    # Decoupled decay: L2 regularisation (decay added to the gradient) is a different map.
+    coupled, _, _ = ref.adamw_step(theta["w"], grads[0]["w"] + 0.1 * theta["w"], 0, 0, 1,
+                                   lrs[0], 0.9, 0.95, 1e-8, 0.0)
+    assert not np.allclose(got[0]["w"], coupled, rtol=1e-9)
+
+
+def test_adamw_reference_equals_its_spec_entry():
+    rng = np.random.default_rng(2)
+    theta, g, m, v = (rng.normal(size=(1, 3)) for _ in range(4))
+    v = np.abs(v)
+    kwargs = dict(t=3, lr=sp.Rational(1, 100), beta1=sp.Rational(9, 10),
+                  beta2=sp.Rational(95, 100), eps=sp.Rational(1, 10**8),
+                  weight_decay=sp.Rational(1, 10))
+    exact = REGISTRY["adamw_step"].sympy(*(sp.Matrix(a) for a in (theta, g, m, v)), **kwargs)
+    got = ref.adamw_step(theta, g, m, v, 3, 0.01, 0.9, 0.95, 1e-8, 0.1)
+    for e, r in zip(exact, got, strict=True):
+        np.testing.assert_allclose(np.array(e.evalf(30), dtype=float), r, rtol=1e-14)
+
+
+def test_clip_and_schedule_equal_their_spec_entries_and_torch():
+    rng = np.random.default_rng(3)
+    grads = {"a": rng.normal(size=(3, 2)) * 5, "b": rng.normal(size=4)}
+    clipped, norm = ref.clip_grad_norm(grads, 1.0)
+    tensors = [torch.tensor(g, requires_grad=True) for g in grads.values()]
+    for t, g in zip(tensors, grads.values(), strict=True):
+        t.grad = torch.tensor(g)
+    torch_norm = torch.nn.utils.clip_grad_norm_(tensors, 1.0)
+    assert norm == pytest.approx(float(torch_norm), rel=1e-14)
+    for t, g in zip(tensors, clipped.values(), strict=True):
+        np.testing.assert_allclose(t.grad.numpy(), g, rtol=1e-14)
+    flat = sp.Matrix([[*grads["a"].ravel(), *grads["b"].ravel()]])
+    exact, _ = REGISTRY["clip_grad_norm"].sympy(flat, max_norm=1)
+    np.testing.assert_allclose(np.array(exact.evalf(30), dtype=float).ravel(),
+                               np.concatenate([c.ravel() for c in clipped.values()]), rtol=1e-14)
+    for step in (0, 4, 9, 10, 37, 99, 100, 150):
+        exact = REGISTRY["lr_schedule"].sympy(step, 1e-3, 1e-4, 10, 100)
+        assert ref.lr_schedule(step, 1e-3, 1e-4, 10, 100) == pytest.approx(float(exact), rel=1e-14)
+    assert ref.lr_schedule(9, 1e-3, 1e-4, 10, 100) == 1e-3  # the peak ends the warm-up
+    assert ref.lr_schedule(100, 1e-3, 1e-4, 10, 100) == 1e-4
+
+
+def _tokens(config, n, seed=0):
+    return np.random.default_rng(seed).integers(0, config.vocab_size, n)
+
+
+def test_training_is_deterministic_and_resumes_bit_identically():
+    config = CONFIGS[0].replace(vocab_size=256)
+    params = init_parameters(config, 1)
+    tokens = _tokens(config, 200)
+    a = train.train_losses(config, params, tokens, 4, seed=5)
+    b = train.train_losses(config, params, tokens, 4, seed=5)
+    assert a == b
+    assert train.train_losses(config, params, tokens, 4, seed=6) != a  # the seed matters
+    for k in (1, 3):
+        assert train.train_losses(config, params, tokens, 4, seed=5, resume_at=k) == a
+
+
+def test_resume_without_the_sampler_state_is_not_identical(monkeypatch):
+    """The resume check can fail: losing the batch RNG state changes the losses."""
+    config = CONFIGS[0].replace(vocab_size=256)
+    params = init_parameters(config, 1)
+    tokens = _tokens(config, 200)
+    whole = train.train_losses(config, params, tokens, 4, seed=5)
+    monkeypatch.setattr(train, "set_rng_state", lambda state: np.random.default_rng(0))
+    assert train.train_losses(config, params, tokens, 4, seed=5, resume_at=2) != whole
+
+
+def test_gradient_accumulation_equals_the_larger_batch():
+    config = CONFIGS[0].replace(vocab_size=256)
+    data = TokenData.split(_tokens(config, 300).astype(np.uint16), config.n_ctx)
+    rng = np.random.default_rng(0)
+    x, y = data.batch("train", 4, rng)
+    one = train.Trainer(config, train.TrainSettings(batch_size=4, grad_clip=0), data,
+                        Tokenizer.byte_level())
+    two = train.Trainer(config, train.TrainSettings(batch_size=2, grad_accum=2, grad_clip=0),
+                        data, Tokenizer.byte_level())
+    one.step_on([(x, y)])
+    two.step_on([(x[:2], y[:2]), (x[2:], y[2:])])
+    u = B.Precision.of("float32").u
+    for (name, p), q in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
+        # one AdamW step from the same point moves each entry by about lr; the two
+        # gradients differ only by float32 rounding
+        assert torch.allclose(p, q, rtol=0, atol=one.settings.lr * 1e3 * u + 1e2 * u), name
+
+
+def _trained(tmp_path, steps=2):
+    config = CONFIGS[0].replace(vocab_size=256)
+    data = TokenData.split(_tokens(config, 200).astype(np.uint16), config.n_ctx)
+    t = train.Trainer(config, train.TrainSettings(batch_size=2, max_steps=steps,
+                                                  eval_interval=1, eval_batches=1),
+                      data, Tokenizer.byte_level())
+    assert t.run(tmp_path, progress=False) == "done"
+    return t, data
+
+
+def test_checkpoint_layout_and_corruption(tmp_path):
+    t, data = _trained(tmp_path)
+    ckpt = tmp_path / "checkpoint"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "model.safetensors", "optimizer.safetensors", "state.json", "tokenizer.json"]
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["step"] == 2 and len(state["history"]["val"]) == 2
+    for f in ckpt.iterdir():
+        assert b"\x80\x04" not in f.read_bytes()[:2]  # no pickle protocol header
+    blob = bytearray((ckpt / "optimizer.safetensors").read_bytes())
+    blob[-3] ^= 0xFF
+    (ckpt / "optimizer.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="optimizer.safetensors is corrupt"):
+        load_training_checkpoint(ckpt)
+    (ckpt / "state.json").write_text("{")
+    with pytest.raises(CheckpointError, match="state.json is not valid JSON"):
+        load_training_checkpoint(ckpt)
+
+
+def test_a_kill_between_the_renames_leaves_the_previous_checkpoint(tmp_path):
+    t, data = _trained(tmp_path)
+    ckpt = tmp_path / "checkpoint"
+    ckpt.rename(tmp_path / ".checkpoint.previous")  # the state right after the first rename
+    config, params, _, state, _ = load_training_checkpoint(ckpt)
+    assert state["step"] == 2
+
+
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    t, data = _trained(tmp_path)
+    before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
+    resumed = train.Trainer.resume(tmp_path / "checkpoint", data, {"max_steps": 5})
+    monkeypatch.setattr(resumed, "loss", lambda x, y, model=None: torch.tensor(float("nan")))
+    with pytest.raises(train.TrainingDiverged, match="loss became nan at step 3"):
+        resumed.run(tmp_path, progress=False)
+    assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == before
+
+
+def test_ctrl_c_saves_then_stops(tmp_path, monkeypatch):
+    t, data = _trained(tmp_path)
+    resumed = train.Trainer.resume(tmp_path / "checkpoint", data, {"max_steps": 10})
+    real_step = resumed.step
+
+    def step():
+        if resumed.step_count == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(resumed, "step", step)
+    assert resumed.run(tmp_path, progress=False) == "interrupted"
+    assert load_training_checkpoint(tmp_path / "checkpoint")[3]["step"] == 3
+
+
+def test_bad_token_files(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        open_tokens(tmp_path / "missing.bin", 256)
+    write_tokens(tmp_path / "ok.bin", [1, 2, 3], 256)
+    with pytest.raises(DataError, match="outside the model's vocabulary of 3"):
+        open_tokens(tmp_path / "ok.bin", 3)
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
+    with pytest.raises(DataError, match="truncated"):
+        open_tokens(tmp_path / "odd.bin", 256)
+    with pytest.raises(DataError, match="too short"):
+        TokenData.split(np.arange(20, dtype=np.uint16), block_size=16)
+    with pytest.raises(DataError, match=r"\[0, 256\)"):
+        write_tokens(tmp_path / "bad.bin", [1, 300], 256)
