@@ -248,7 +248,7 @@ class Trainer:
             with ctx:
                 loss = self.loss(x, y) / len(batches)
                 if not torch.isfinite(loss):
-                    raise TrainingDiverged(f"the loss became {float(loss)} at step "
+                    raise TrainingDiverged(f"the loss became {float(loss.detach())} at step "
                                            f"{self.step_count + 1}")
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
