@@ -68,8 +68,13 @@ def _case(case, dtype: str, data):
 def gradients(backend, ctx):
     """Every gradient against the reference's hand-written backward pass, by parameter
     name: the backend's ∂L/∂θ of the mean cross-entropy equals ``gpt_backward``'s for
-    every parameter of the schema, over configurations of every variant."""
-    @ctx.given(case=model_cases(ctx.precision.dtype), data=st.data())
+    every parameter of the schema, over configurations of every variant.
+
+    Precondition: d_model ≥ 2. Over a single feature LayerNorm's output is exactly β
+    (x − μ = 0), so the exact gradient of its gain is 0 while a backend's is rounding
+    noise amplified by 1/√ε — a property of the model, not of the backend."""
+    @ctx.given(case=model_cases(ctx.precision.dtype).filter(lambda c: c[0].d_model >= 2),
+               data=st.data())
     def _(case, data):
         config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
         _, expected = ref.gpt_backward(tokens, targets, params, config)

@@ -282,8 +282,10 @@ class Trainer:
         s = self.settings
         rng = np.random.default_rng(s.seed + 7919)
         self.model.eval()
-        losses = [float(self.loss(*self.data.batch("val", s.batch_size, rng, s.device),
-                                  model=self.model)) for _ in range(s.eval_batches)]
+        losses = []
+        for _ in range(s.eval_batches):
+            x, y = self.data.batch("val", s.batch_size, rng, s.device)
+            losses.append(float(self.loss(x, y, model=self.model)))
         self.model.train()
         val = sum(losses) / len(losses)
         self.history["val"].append([self.step_count, val])

@@ -23,6 +23,9 @@ SUM_ROWS = Tolerance(r"\lambda \sqrt{N}\,u", reduction="T",
                      note="weight and bias gradients sum over the T rows (B T in a batch)")
 
 
+DEFAULT_EPS = sp.Rational(1, 100000)
+
+
 def _ones_row(n: int):
     return sp.ones(1, n)
 
@@ -216,14 +219,14 @@ def unembed_untied_backward(G, H, W_U):
           "the mean of g (through μ) and the projection on x̂ (through σ).",
     sympy_inputs=(("G", "(T, n)"), ("x", "(T, n)"), ("gamma", "(1, n)")),
 )
-def layer_norm_backward(G, x, gamma, eps=sp.Rational(1, 100000)):
+def layer_norm_backward(G, x, gamma, eps=DEFAULT_EPS):
     n = x.cols
     dx_rows, xhat_rows = [], []
     for t in range(x.rows):
         row = x[t, :]
         mu = sum(row) / n
         sigma = sp.sqrt(sum((xi - mu) ** 2 for xi in row) / n + eps)
-        xhat = row.applyfunc(lambda xi: (xi - mu) / sigma)
+        xhat = (row - mu * _ones_row(n)) / sigma
         g = _hadamard(G[t, :], gamma)
         g_mean = sum(g) / n
         gx_mean = sum(_hadamard(g, xhat)) / n

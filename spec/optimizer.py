@@ -7,6 +7,10 @@ import sympy as sp
 from gptspec.spec.equation import Decision, Reading, Symbol, Tolerance, equation
 from gptspec.spec.sources import BLUEPRINT, KINGMA_2015, LOSHCHILOV_2019, Source
 
+# Defaults of the sympy forms (exact rationals; the trainer's settings override them).
+LR, BETA1, BETA2, EPS = sp.Rational(1, 1000), sp.Rational(9, 10), sp.Rational(95, 100), sp.Rational(1, 10**8)
+CLIP_EPS = sp.Rational(1, 10**6)  # PyTorch's, so backends agree
+
 
 @equation(
     id="adamw_step",
@@ -55,8 +59,7 @@ from gptspec.spec.sources import BLUEPRINT, KINGMA_2015, LOSHCHILOV_2019, Source
     ),
     sympy_inputs=(("theta", "(1, n)"), ("g", "(1, n)"), ("m", "(1, n)"), ("v", "(1, n)")),
 )
-def adamw_step(theta, g, m, v, t=1, lr=sp.Rational(1, 1000), beta1=sp.Rational(9, 10),
-               beta2=sp.Rational(95, 100), eps=sp.Rational(1, 10**8), weight_decay=0):
+def adamw_step(theta, g, m, v, t=1, lr=LR, beta1=BETA1, beta2=BETA2, eps=EPS, weight_decay=0):
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g.multiply_elementwise(g)
     m_hat = m / (1 - beta1**t)
@@ -89,7 +92,7 @@ def adamw_step(theta, g, m, v, t=1, lr=sp.Rational(1, 1000), beta1=sp.Rational(9
     ),
     sympy_inputs=(("g", "(1, n)"),),
 )
-def clip_grad_norm(g, max_norm=1, eps=sp.Rational(1, 10**6)):
+def clip_grad_norm(g, max_norm=1, eps=CLIP_EPS):
     norm = sp.sqrt(sum(x**2 for x in g))
     return g * sp.Min(1, max_norm / (norm + eps)), norm
 

@@ -81,7 +81,8 @@ def test_ddp_step_equals_the_single_process_step_on_the_whole_batch(tmp_path):
                     str(Path(__file__)), str(out)],
                    check=True, env=env, timeout=240, capture_output=True)
     ranks = [load_file(f"{out}.rank{r}") for r in range(2)]
-    for key in (k for k in ranks[0] if not k.startswith("own.")):  # DDP keeps the replicas identical: same averaged gradient, same step
+    # DDP keeps the replicas identical: the same averaged gradient, the same step
+    for key in (k for k in ranks[0] if not k.startswith("own.")):
         assert np.array_equal(ranks[0][key], ranks[1][key]), key
     x, y = batch()
     grads, params = gradients_and_step(trainer(), x, y)

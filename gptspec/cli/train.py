@@ -21,9 +21,9 @@ import numpy as np
 
 from gptspec.cli import CLIError
 
-MODEL_FLAGS = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
+MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
-TRAIN_FLAGS = {"steps": ("max_steps", int), "batch_size": ("batch_size", int),
+TRAIN_FLAGS: dict[str, tuple[str, type]] = {"steps": ("max_steps", int), "batch_size": ("batch_size", int),
                "lr": ("lr", float), "min_lr": ("min_lr", float),
                "warmup": ("warmup_steps", int), "weight_decay": ("weight_decay", float),
                "grad_clip": ("grad_clip", float), "grad_accum": ("grad_accum", int),
