@@ -50,16 +50,20 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
     checks_for, checks_problem = load_checks_for()
     views = spec_pages.build_views(REGISTRY, gptspec.reference, checks_for, root)
+    planned = set(spec_pages.render_pages(views, GROUPS, []))
+    gaps = spec_pages.traceability_gaps(views, planned, checks_problem)
+    if gaps:
+        raise PluginError("traceability matrix has empty cells:\n  " + "\n  ".join(gaps))
     try:
         reports = load_reports(root)
     except ReportError as err:
         raise PluginError(str(err)) from None
     pages = spec_pages.render_pages(views, GROUPS, reports)
-    gaps = spec_pages.traceability_gaps(views, set(pages), checks_problem)
-    if gaps:
-        raise PluginError("traceability matrix has empty cells:\n  " + "\n  ".join(gaps))
     for path, text in pages.items():
         spec_pages.write_if_changed(GENERATED / path, text)
+    for stale in (GENERATED / spec_pages.SPEC_DIR).glob("*.md"):  # entries renamed or removed
+        if f"{spec_pages.SPEC_DIR}/{stale.name}" not in pages:
+            stale.unlink()
     if not reports:
         log.info("no conformance report found: entry pages say 'not yet run'")
 

@@ -77,20 +77,28 @@ def test_an_entry_page_shows_everything_about_the_entry() -> None:
 
 def test_reports_are_shown_on_the_page_of_the_entry_they_check(tmp_path: Path) -> None:
     report = tmp_path / "torch.json"
-    report.write_text(json.dumps({
+    report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 1, "runs": [{
         "backend": {"name": "torch", "version": "2.13.0", "device": "cpu", "dtype": "float32"},
-        "checks": [{"id": "scale.differential", "entry": "scale", "status": "pass",
-                    "budget_fraction": 0.25},
-                   {"id": "other.thing", "entry": "other", "status": "fail",
-                    "budget_fraction": 7.0}]}))
-    page = spec_pages.entry_page(views(made_up_entry())[0], [load_report(report)])
-    assert "torch 2.13.0 · cpu · float32" in page
-    assert "<code>scale.differential</code>" in page and "0.25" in page and "pass" in page
+        "settings": {"profile": "quick", "seed": 0},
+        "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",
+                    "worst_fraction": 0.25},
+                   {"id": "other.thing", "entries": ["other"], "status": "fail",
+                    "worst_fraction": 7.0}]}]}))
+    page = spec_pages.entry_page(views(made_up_entry())[0], load_report(report))
+    assert "torch 2.13.0 · cpu · float32" in page and "profile quick" in page
+    assert "<code>scale.differential</code>" in page and "25%" in page and "pass" in page
     assert "other.thing" not in page and "Not yet run" not in page
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"checks": [{"status": "x"}]}',
-                                     '{"checks": [{"id": "a", "budget_fraction": "big"}]}'])
+HEAD = '{"schema": "gptspec-conformance", "version": 1, '
+
+
+@pytest.mark.parametrize("content", [
+    "{not json", "[1, 2]", '{"schema": "other", "version": 1, "runs": []}',
+    '{"schema": "gptspec-conformance", "version": 99, "runs": []}',
+    HEAD + '"runs": [{"checks": [{"status": "pass"}]}]}',
+    HEAD + '"runs": [{"checks": [{"id": "a", "entries": ["a"], "worst_fraction": "big"}]}]}',
+    HEAD + '"runs": [{"backend": {}}]}'])
 def test_a_corrupt_report_is_an_error_naming_the_file(tmp_path: Path, content: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content)

@@ -174,12 +174,20 @@ def _decisions(entry: Any) -> str:
         return ""
     parts = ["## Where the documents disagree\n"]
     for d in entry.decisions:
-        parts.append(f"### {d.question}\n")
+        # A paragraph, not a heading: the table of contents would show its math untypeset.
+        parts.append(f'<p class="gs-question" markdown>**{d.question}**</p>\n')
         for r in d.readings:
             reading = markdown_math(r.reading) if looks_like_latex(r.reading) else r.reading
             parts.append(f"- **{r.source}**: {reading}")
         parts.append(f"\n**Decision.** {d.decision}\n\n**Why.** {d.why}\n")
     return "\n".join(parts) + "\n"
+
+
+def percent(fraction: float | None) -> str:
+    """A check's worst error as a percentage of its budget (a pass is at most 100%)."""
+    if fraction is None:
+        return "—"
+    return "∞" if fraction == float("inf") else f"{100 * fraction:.3g}%"
 
 
 def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
@@ -198,10 +206,10 @@ def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
             continue
         rows = []
         for r in results:
-            used = "—" if r.budget_fraction is None else f"{r.budget_fraction:.3g}"
+            used = percent(r.budget_fraction)
             rows.append([code(r.check_id), f'<span class="gs-status gs-{esc(r.status)}">'
                          f"{esc(r.status)}</span>", used, esc(r.message)])
-        out.append(table(["Check", "Status", "Worst error / budget", "Note"], rows))
+        out.append(table(["Check", "Status", "Worst error / budget", "Note"], rows, "gs-results"))
     return "\n".join(out)
 
 
@@ -294,9 +302,9 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
             parts.append(f"Settings: {esc(report.settings)}.\n")
         rows = [[code(r.check_id), esc(", ".join(r.entries)),
                  f'<span class="gs-status gs-{esc(r.status)}">{esc(r.status)}</span>',
-                 "—" if r.budget_fraction is None else f"{r.budget_fraction:.3g}"]
-                for r in report.results]
-        parts.append(table(["Check", "Spec entry", "Status", "Worst error / budget"], rows))
+                 percent(r.budget_fraction)] for r in report.results]
+        parts.append(table(["Check", "Spec entry", "Status", "Worst error / budget"], rows,
+                           "gs-results"))
     return "\n".join(parts) + "\n"
 
 
