@@ -60,6 +60,7 @@ def docs(session: nox.Session) -> None:
     KaTeX is installed from the npm registry into .cache/katex on the first build; after
     that the build needs no network."""
     install(session, "docs")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material's banner about its successor
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
     else:

@@ -60,13 +60,9 @@ def _batches(tokens: np.ndarray, n_ctx: int, rng: np.random.Generator):
 
 
 def model_class() -> tuple[Any, str]:
-    """The fast backend's model class; until gptspec.fast has one, a minimal stand-in."""
-    try:
-        from gptspec.fast.model import GPT
-    except ImportError:
-        from sitegen.standin_model import StandInGPT
+    """The fast backend's model class, and how the figures page names it."""
+    from gptspec.fast.model import GPT
 
-        return StandInGPT, "a minimal PyTorch stand-in (gptspec.fast.model is not installed)"
     return GPT, "the fast backend (gptspec.fast.model.GPT)"
 
 
@@ -202,7 +198,10 @@ def make_figures(out_dir: Path, cache_root: Path) -> dict[str, float]:
 
     matplotlib.use("Agg")
     data = corpus()
-    cache = cache_root / _cache_key(data)
+    try:
+        cache = cache_root / _cache_key(data)
+    except ImportError as err:
+        raise FigureError(f"the figures need gptspec.fast to train a model: {err}") from None
     stats_file = cache / "stats.json"
     if not stats_file.is_file():
         try:
@@ -220,7 +219,9 @@ def make_figures(out_dir: Path, cache_root: Path) -> dict[str, float]:
         stats = {"train_seconds": seconds, "steps": STEPS, "final_val": history["val"][-1],
                  "model": model_class()[1]}
         (tmp / "stats.json").write_text(json.dumps(stats))
-        shutil.rmtree(cache, ignore_errors=True)
+        for old in cache_root.iterdir():  # results of other code or settings
+            if old != tmp:
+                shutil.rmtree(old, ignore_errors=True)
         tmp.rename(cache)
     from sitegen.spec_pages import write_if_changed
 
