@@ -16,7 +16,6 @@ sys.path.insert(0, str(ROOT / "docs"))
 from sitegen.katex import parse_errors  # noqa: E402
 from sitegen.spec_pages import looks_like_latex  # noqa: E402
 
-
 # Math inside prose, as arithmatex finds it: $…$ (not $$) or \(…\).
 INLINE = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$|\\\((.+?)\\\)")
 
