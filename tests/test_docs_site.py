@@ -152,6 +152,28 @@ def test_navigation_reaches_an_equation_from_the_home_page(
         == first.title
 
 
+def test_the_diagram_links_to_equation_pages(served: tuple[SiteServer, Browser]) -> None:
+    server, browser = served
+    browser.navigate(server.url + "model/")
+    hrefs = browser.evaluate("[...document.querySelectorAll('.gs-dataflow svg a')]"
+                             ".map(a => a.href.baseVal || a.getAttribute('href'))")
+    assert len(hrefs) >= 10, hrefs  # every step of the forward pass has its entry
+    statuses = browser.evaluate(
+        "Promise.all([...document.querySelectorAll('.gs-dataflow svg a')].map(a => "
+        "fetch(new URL(a.getAttribute('href'), location.href)).then(r => r.status)))")
+    assert statuses == [200] * len(hrefs), list(zip(hrefs, statuses, strict=True))
+
+
+def test_the_figures_were_made_and_load(served: tuple[SiteServer, Browser]) -> None:
+    server, browser = served
+    browser.navigate(server.url + "figures/")
+    sizes = browser.wait_for(
+        "(() => { const im = [...document.querySelectorAll('article img')];"
+        " return im.length && im.every(i => i.complete) ? im.map(i => i.naturalWidth) : null;"
+        " })()", "the figures to load")
+    assert len(sizes) == 2 and all(w > 300 for w in sizes), sizes
+
+
 def test_search_finds_an_equation(served: tuple[SiteServer, Browser], entries: list) -> None:
     server, browser = served
     entry = next((e for e in entries if e.id == "softmax"), entries[0])
