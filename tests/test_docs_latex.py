@@ -40,7 +40,7 @@ def spec_latex() -> list[tuple[str, bool, str]]:
             for field in ("question", "decision", "why"):
                 found += inline_math(f"{e.id}.decision {field}", getattr(d, field))
             for r in d.readings:
-                where = f"{e.id}.decision reading ({r.source.document[:30]}…)"
+                where = f"{e.id}.decision reading ({str(r.source)[:30]}…)"
                 found += ([(where, False, r.reading)] if looks_like_latex(r.reading)
                           else inline_math(where, r.reading))
     return found
