@@ -72,18 +72,40 @@ def test_every_entry_has_a_page_and_the_matrix_lists_it(site: Path, entries: lis
     assert "gs-missing" not in matrix
 
 
-def test_no_page_links_an_outside_asset(site: Path) -> None:
-    """Nothing in the built site loads a script, style, font or image from outside."""
-    asset = re.compile(r"""<(?:script|img|iframe|source)[^>]*\ssrc=["']?(?:https?:)?//"""
-                       r"""|<link[^>]*rel=["']?(?:stylesheet|preload|preconnect|icon)[^>]*"""
-                       r"""href=["']?(?:https?:)?//|url\(\s*["']?(?:https?:)?//|@import\s+["']?(?:https?:)?//""",
-                       re.IGNORECASE)
+# A script, image, frame, stylesheet, preload, font or import fetched from another host.
+OUTSIDE_ASSET = re.compile(
+    r"""<(?:script|img|iframe|source)[^>]*\ssrc=["']?(?:https?:)?//"""
+    r"""|<link[^>]*rel=["']?(?:stylesheet|preload|preconnect|icon)[^>]*href=["']?(?:https?:)?//"""
+    r"""|url\(\s*["']?(?:https?:)?//|@import\s+["']?(?:https?:)?//""",
+    re.IGNORECASE)
+
+
+def outside_assets(site: Path) -> list[str]:
     found = []
     for path in site.rglob("*"):
         if path.suffix in (".html", ".css"):
             text = path.read_text(encoding="utf-8", errors="replace")
-            found += [f"{path.relative_to(site)}: {m.group(0)[:100]}" for m in asset.finditer(text)]
-    assert not found, found
+            found += [f"{path.relative_to(site)}: {m.group(0)[:100]}"
+                      for m in OUTSIDE_ASSET.finditer(text)]
+    return found
+
+
+def test_no_page_links_an_outside_asset(site: Path) -> None:
+    """Nothing in the built site loads a script, style, font or image from outside."""
+    assert not outside_assets(site)
+
+
+def test_the_outside_asset_scan_catches_each_kind(tmp_path: Path) -> None:
+    planted = ['<script src="https://cdn.example.invalid/katex.js"></script>',
+               '<link rel="stylesheet" href="//fonts.example.invalid/css">',
+               '<img alt="" src="http://img.example.invalid/a.png">',
+               "@font-face { src: url('https://fonts.example.invalid/f.woff2') }",
+               '@import "https://cdn.example.invalid/x.css";']
+    for i, text in enumerate(planted):
+        (tmp_path / f"p{i}.{'css' if text.startswith('@') else 'html'}").write_text(text)
+    (tmp_path / "fine.html").write_text('<a href="https://example.invalid/">a link</a>'
+                                        '<script src="assets/katex/katex.min.js"></script>')
+    assert len(outside_assets(tmp_path)) == len(planted)
 
 
 def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entries: list
