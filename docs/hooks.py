@@ -37,6 +37,7 @@ log = logging.getLogger("mkdocs.hooks.gptspec")
 GENERATED = DOCS / "generated"
 KATEX_FILES = ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js")
 DIAGRAM_MARKER = "<!-- gptspec:dataflow -->"
+PRESETS_MARKER = "<!-- gptspec:presets -->"
 FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
@@ -96,6 +97,11 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     markdown = _spec_links(markdown, page)
+    if PRESETS_MARKER in markdown:
+        from gptspec.spec import PRESETS, parameter_count
+
+        markdown = markdown.replace(PRESETS_MARKER,
+                                    spec_pages.presets_table(PRESETS, parameter_count))
     if FIGURE_NOTE_MARKER in markdown:
         s = _state["figure_stats"]
         note = (f"The model below was trained with {s['model']} for {s['steps']} steps "

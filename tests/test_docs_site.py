@@ -72,6 +72,15 @@ def test_every_entry_has_a_page_and_the_matrix_lists_it(site: Path, entries: lis
     assert "gs-missing" not in matrix
 
 
+def test_the_model_page_lists_every_preset(site: Path) -> None:
+    from gptspec.spec import PRESETS, parameter_count
+
+    model = (site / "model" / "index.html").read_text(encoding="utf-8")
+    for name, config in PRESETS.items():
+        assert f"<td><code>{name}</code></td>" in model, name
+        assert f"{parameter_count(config):,}" in model, name
+
+
 # A script, image, frame, stylesheet, preload, font or import fetched from another host.
 OUTSIDE_ASSET = re.compile(
     r"""<(?:script|img|iframe|source)[^>]*\ssrc=["']?(?:https?:)?//"""

@@ -308,6 +308,19 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]) -> str:
+    """The named configurations, with their parameter counts."""
+    norms = {"pre": "pre-LN", "post": "post-LN", "guide": "one residual"}
+    rows = [[code(name), str(c.vocab_size), str(c.n_ctx), str(c.d_model), str(c.n_layers),
+             str(c.n_heads), str(c.d_ff), norms.get(c.norm, esc(c.norm)), code(c.ffn),
+             "tied" if c.tied_embeddings else "untied", f"{parameter_count(c):,}"]
+            for name, c in presets.items()]
+    header = ["preset", inline_math("V"), inline_math(r"n_{\text{ctx}}"), inline_math("d"),
+              inline_math("L"), inline_math("h"), inline_math(r"d_{\text{ff}}"), "block", "FFN",
+              "output", "parameters"]
+    return table(header, rows)
+
+
 # --- writing -------------------------------------------------------------------------------
 
 
