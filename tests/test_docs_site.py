@@ -129,7 +129,7 @@ def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entr
         try:
             stats = browser.wait_for(
                 f"(() => {{ const s = {MATH_STATS_JS}; "
-                "return s.katex === s.arithmatex ? s : null; })()",
+                "return s.katex + s.errors === s.arithmatex ? s : null; })()",
                 f"KaTeX to typeset {page}", seconds=20)
         except Exception as err:  # report every page, not just the first
             problems.append(f"{page}: {err}; {browser.evaluate(MATH_STATS_JS)}")
