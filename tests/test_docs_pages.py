@@ -75,6 +75,13 @@ def test_an_entry_page_shows_everything_about_the_entry() -> None:
     assert "Doubling is exact" in page
 
 
+def test_entry_ids_in_prose_link_to_their_pages() -> None:
+    text = "see `scale` and `other`, not `unknown` or ``scale``; `self` stays"
+    linked = spec_pages.link_entries(text, {"scale", "other", "self"}, self_id="self")
+    assert linked == ("see [`scale`](scale.md) and [`other`](other.md), not `unknown` or "
+                      "``scale``; `self` stays")
+
+
 def test_reports_are_shown_on_the_page_of_the_entry_they_check(tmp_path: Path) -> None:
     report = tmp_path / "torch.json"
     report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 1, "runs": [{
