@@ -14,11 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 
-from gptspec.spec.equation import Decision, Equation, Reading, Symbol, Tolerance  # noqa: E402
-from gptspec.spec.sources import BLUEPRINT, GUIDE, Source  # noqa: E402
 from sitegen import spec_pages  # noqa: E402
 from sitegen.checks import CheckInfo  # noqa: E402
 from sitegen.conformance_results import ReportError, load_report  # noqa: E402
+
+from gptspec.spec.equation import Decision, Equation, Reading, Symbol, Tolerance  # noqa: E402
+from gptspec.spec.sources import BLUEPRINT, GUIDE, Source  # noqa: E402
 
 
 def _scale(x):

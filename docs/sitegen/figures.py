@@ -73,6 +73,7 @@ def build_model(config: Any) -> Any:
 def train(data: bytes) -> tuple[Any, dict[str, np.ndarray], dict[str, list[float]]]:
     """Train the tiny model; returns (config, float64 schema parameters, loss history)."""
     import torch
+
     from gptspec.spec import GPTConfig
 
     config = GPTConfig(**CONFIG)
@@ -133,9 +134,8 @@ def _train(config: Any, tokens: np.ndarray) -> tuple[Any, dict[str, np.ndarray],
 def attention_patterns(config: Any, params: dict[str, np.ndarray], tokens: np.ndarray
                        ) -> list[np.ndarray]:
     """Per layer, the (h, T, T) attention weights, computed with the reference functions."""
-    from gptspec.reference.forward import BLOCK, block_parameters
-
     from gptspec import reference as ref
+    from gptspec.reference.forward import BLOCK, block_parameters
 
     H = ref.input_representation(ref.token_embedding(tokens, params["wte"]),
                                  ref.positional_embedding(len(tokens), params["wpe"]))
