@@ -169,3 +169,18 @@ def test_the_site_build_fails_on_an_entry_without_a_check(tmp_path: Path) -> Non
     assert done.returncode == 3, (done.stdout + done.stderr)[-2000:]
     assert "planted_untested: no conformance check covers it" in done.stdout
     assert not (tmp_path / "site" / "index.html").exists()
+
+
+def test_the_diagram_is_valid_svg_linking_only_existing_pages() -> None:
+    import xml.etree.ElementTree as ET
+
+    from sitegen import dataflow
+
+    known = {"one_hot": "../spec/one_hot/", "softmax": "../spec/softmax/"}
+    markup = dataflow.svg(known.get)
+    svg = ET.fromstring(markup).find("{http://www.w3.org/2000/svg}svg")
+    assert svg is not None
+    links = [a.get("href") for a in svg.iter("{http://www.w3.org/2000/svg}a")]
+    assert links == ["../spec/one_hot/", "../spec/softmax/"]  # the others have no page here
+    labels = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
+    assert {"text", "tokenizer", "causal multi-head attention", "next-token distribution"} <= labels
