@@ -1,0 +1,402 @@
+"""Error budgets derived from the dtype's unit roundoff and each reduction's length.
+
+A backend computes in a dtype with unit roundoff u (float64 2⁻⁵³, float32 2⁻²⁴,
+float16 2⁻¹¹, bfloat16 2⁻⁸). Its inputs are rounded to that dtype *before* both it and
+the float64 reference see them, so the budget covers only the rounding inside the
+computation. The model is the probabilistic rounding-error analysis of Higham & Mary
+(2019): rounding errors are independent and mean-zero, so
+
+* a sum or inner product of length n, accumulated with unit roundoff u_acc, has an
+  error of scale √n·u_acc·Σ|terms| (the worst case, n·u_acc·Σ|terms|, is reached only
+  when every rounding goes the same way);
+* every stored result adds a rounding of scale u·|y|;
+* an elementwise function (exp, tanh, erf, a division) adds a few roundings, counted per
+  function below;
+* errors in an operation's inputs propagate to first order through its derivative, and
+  independent contributions add in quadrature.
+
+The budget is λ times the propagated error scale, λ = 6: for a Gaussian error the
+chance of exceeding it is 2·10⁻⁹ per element (Higham & Mary's bound has the same form,
+λ√n·u, with probability 1 − 2n·exp(−λ²/2)).
+
+Each ``*_bound`` function mirrors the reference function of the same name, takes the
+error scales of its inputs and returns (value, error scale); values come from
+:mod:`gptspec.reference`, so this module adds only error terms. 16-bit backends must
+accumulate reductions in float32 (the usual mixed-precision contract); their budget
+uses u_acc = 2⁻²⁴ for sums and for the internals of LayerNorm, softmax and the
+activations (which 16-bit kernels compute in float32), and their own u for every stored
+result.
+
+A comparison reports the fraction of the budget used: max |actual − expected| / budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import erf
+
+from gptspec import reference as ref
+from gptspec.reference.forward import block_parameters
+from gptspec.spec.config import GPTConfig
+
+Array = np.ndarray
+
+UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+
+# Smallest positive normal number: below it a dtype loses relative precision, so every
+# stored result may also be off by this much in absolute terms.
+TINY = {
+    "float64": 2.0**-1022,
+    "float32": 2.0**-126,
+    "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
+}
+
+LARGEST = {
+    "float64": float(np.finfo(np.float64).max),
+    "float32": float(np.finfo(np.float32).max),
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+}
+
+# Roundings inside one evaluation of an elementwise function, counted from the formula
+# each backend is expected to use (library exp/tanh/erf are within 1-2 ulps).
+ROUNDINGS = {
+    "relu": 0,
+    "gelu": 6,  # x/√2, erf, 1+, ·x, ·½
+    "gelu_tanh": 10,  # x³, ·c, +x, ·√(2/π), tanh, 1+, ·x, ·½
+    "exp": 2,
+    "softmax_normalise": 2,  # the division, and the exponential's own rounding
+}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The unit roundoffs of a backend's dtype: u for stored results, u_acc for sums."""
+
+    dtype: str
+    u: float
+    u_acc: float
+    tiny: float
+
+    @classmethod
+    def of(cls, dtype: str) -> Precision:
+        name = str(dtype).replace("torch.", "")
+        if name not in UNIT_ROUNDOFF:
+            raise ValueError(f"no unit roundoff known for dtype {dtype!r}")
+        u = UNIT_ROUNDOFF[name]
+        u_acc = min(u, UNIT_ROUNDOFF["float32"])
+        return cls(name, u, u_acc, TINY[name])
+
+    def sum_scale(self, n: int) -> float:
+        """√n·u_acc: the error scale of a length-n sum, relative to Σ|terms|."""
+        return math.sqrt(n) * self.u_acc
+
+    def store(self, y: Array) -> Array:
+        """The rounding of a stored result: u·|y| plus the subnormal floor."""
+        return self.u * np.abs(y) + self.tiny
+
+
+LAMBDA = 6.0
+
+
+def budget(scale: Array) -> Array:
+    """The budget for a result whose propagated error scale is ``scale``."""
+    return LAMBDA * np.asarray(scale)
+
+
+def _q(*terms) -> Array:
+    """Independent error contributions add in quadrature (hypot: no underflow when the
+    terms are tiny, as for the far tail of a softmax)."""
+    return functools.reduce(np.hypot, terms)
+
+
+# --- rounding inputs to a dtype (done before both sides see them) ------------------------
+
+
+def round_to(x, dtype: str) -> Array:
+    """x rounded to ``dtype`` (round to nearest even), returned as float64."""
+    x = np.asarray(x, dtype=np.float64)
+    name = str(dtype).replace("torch.", "")
+    if name == "float64":
+        return x.copy()
+    if name == "float32":
+        return x.astype(np.float32).astype(np.float64)
+    if name == "float16":
+        return x.astype(np.float16).astype(np.float64)
+    if name == "bfloat16":
+        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+        return np.where(np.isfinite(x), out, x)
+    raise ValueError(f"cannot round to dtype {dtype!r}")
+
+
+def representable(x, dtype: str) -> bool:
+    """Whether every finite entry of x stays finite when rounded to ``dtype``."""
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    return bool(np.all(np.abs(x[finite]) <= LARGEST[str(dtype).replace("torch.", "")]))
+
+
+# --- comparing -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of one comparison against the reference."""
+
+    fraction: float  # max |actual − expected| / bound; ≤ 1 passes
+    worst_index: tuple[int, ...]
+    actual: float
+    expected: float
+    bound: float
+    problem: str = ""  # set when the comparison could not be made (shape, NaN …)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problem and self.fraction <= 1.0
+
+    def describe(self) -> str:
+        if self.problem:
+            return self.problem
+        return (f"worst at {self.worst_index}: got {self.actual:.9g}, reference "
+                f"{self.expected:.9g}, "
+                f"|diff| {abs(self.actual - self.expected):.3g} vs budget {self.bound:.3g} "
+                f"({100 * self.fraction:.1f}% of budget)")
+
+
+def compare(actual, expected, bound) -> Comparison:
+    """Compare elementwise: |actual − expected| ≤ bound (a budget: λ × error scale). Where the reference is ±∞ the
+    backend must give the same infinity; a NaN where the reference has none fails."""
+    expected = np.asarray(expected, dtype=np.float64)
+    try:
+        actual = np.asarray(actual, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        return Comparison(math.inf, (), math.nan, math.nan, math.nan,
+                          f"result is not a numeric array ({err})")
+    if actual.shape != expected.shape:
+        return Comparison(math.inf, (), math.nan, math.nan, math.nan,
+                          f"shape {actual.shape}, expected {expected.shape}")
+    bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), expected.shape)
+    bad = np.isnan(actual) & ~np.isnan(expected)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        return Comparison(math.inf, idx, math.nan, float(expected[idx]), float(bound[idx]),
+                          f"NaN at {idx} where the reference is {float(expected[idx]):.9g}")
+    infinite = ~np.isfinite(expected) | ~np.isfinite(actual)
+    mismatch = infinite & (actual != expected) & ~(np.isnan(actual) & np.isnan(expected))
+    if mismatch.any():
+        idx = tuple(int(i) for i in np.argwhere(mismatch)[0])
+        return Comparison(math.inf, idx, float(actual[idx]), float(expected[idx]),
+                          float(bound[idx]), f"got {float(actual[idx]):.9g} at {idx}, "
+                          f"reference {float(expected[idx]):.9g}")
+    with np.errstate(invalid="ignore"):
+        diff = np.where(infinite, 0.0, np.abs(actual - expected))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(diff == 0, 0.0, diff / bound)
+    if frac.size == 0:
+        return Comparison(0.0, (), 0.0, 0.0, 0.0)
+    idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(frac)), frac.shape))
+    return Comparison(float(frac[idx]), idx, float(actual[idx]), float(expected[idx]),
+                      float(bound[idx]))
+
+
+def exact(actual, expected) -> Comparison:
+    """Bit-for-bit equality (the budget is zero): for maps that do no arithmetic."""
+    return compare(actual, expected, 0.0)
+
+
+# --- error scales, one per reference function -------------------------------------------
+
+
+def _zero(x) -> Array:
+    return np.zeros(np.shape(x))
+
+
+def linear_bound(x, ex, W, b, p: Precision) -> tuple[Array, Array]:
+    """y = xW + b: inherited √(ex² W²), the inner product's √n·u(|x||W| + |b|), storage."""
+    y = ref.linear(x, W, b)
+    W = np.asarray(W, dtype=np.float64)
+    absb = 0.0 if b is None else np.abs(b)
+    n = W.shape[0] + (0 if b is None else 1)
+    inherited = np.sqrt(np.square(ex) @ np.square(W))
+    local = p.sum_scale(n) * (np.abs(x) @ np.abs(W) + absb)
+    return y, _q(inherited, local, p.store(y))
+
+
+def _slope(name: str, x: Array) -> Array:
+    """|σ'(x)|; for GELU the exact derivative Φ(x) + xφ(x) (the tanh form's differs by
+    under 2·10⁻³, covered by the curvature allowance in activation_bound)."""
+    if name == "relu":
+        return (x > 0).astype(np.float64)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return np.abs(0.5 * (1 + erf(x / math.sqrt(2))) + x * phi)
+
+
+def activation_bound(name: str, x, ex, p: Precision) -> tuple[Array, Array]:
+    """y = σ(x): inherited |σ'(x)|·ex, widened by the curvature over λ·ex (|σ''| ≤ 1 for
+    every activation here, and ReLU's kink: slope 1 within λ·ex of 0), plus the
+    evaluation's roundings."""
+    x = np.asarray(x, dtype=np.float64)
+    y = getattr(ref, name)(x)
+    ex = np.asarray(ex, dtype=np.float64)
+    if name == "relu":
+        slope = np.where(np.abs(x) <= LAMBDA * ex, 1.0, _slope(name, x))
+    else:
+        slope = _slope(name, x) + 2e-3 + LAMBDA * ex
+    local = ROUNDINGS[name] * p.u_acc * (np.abs(y) + np.abs(x))
+    return y, _q(slope * ex, local, p.store(y))
+
+
+def softmax_bound(z, ez, p: Precision, axis: int = -1) -> tuple[Array, Array]:
+    """y = softmax(z) computed as exp(z − max z)/Σ: δy_i = y_i(δz_i − Σ_j y_j δz_j), of
+    scale y_i·√(δz_i² + Σ_j y_j² δz_j²). The shift z − max z is rounded (u|z − max z|),
+    each exponential and the division add a few roundings, the sum √n·u."""
+    z = np.asarray(z, dtype=np.float64)
+    y = ref.softmax(z, axis=axis)
+    finite = np.isfinite(z)
+    shift = np.where(finite, np.abs(z - np.max(z, axis=axis, keepdims=True)), 0.0)
+    dz = np.where(finite, _q(ez, p.u_acc * shift), 0.0)
+    inherited = y * _q(dz, np.sqrt(np.sum(np.square(y * dz), axis=axis, keepdims=True)))
+    n = z.shape[axis]
+    local = y * ((ROUNDINGS["exp"] + ROUNDINGS["softmax_normalise"]) * p.u_acc + p.sum_scale(n))
+    return y, _q(inherited, local, p.store(y))
+
+
+def layer_norm_bound(x, ex, gamma, beta, eps: float, p: Precision) -> tuple[Array, Array]:
+    """y = γ x̂ + β, x̂ = (x − μ)/s, s = √(σ² + ε). First order:
+    δx̂ = (δx − mean δx − x̂·mean(x̂ δx))/s, plus the roundings of μ (√n·u mean|x|), of
+    x − μ, of σ² (√n·u relative) and of the square root and the division."""
+    x = np.asarray(x, dtype=np.float64)
+    ex = np.asarray(ex, dtype=np.float64)
+    y = ref.layer_norm(x, gamma, beta, eps)
+    n = x.shape[-1]
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    s = np.sqrt(var + eps)
+    xhat = (x - mu) / s
+    rms = lambda a: np.sqrt(np.mean(np.square(a), axis=-1, keepdims=True))
+    e_mu = _q(rms(ex) / math.sqrt(n), p.sum_scale(n) * np.mean(np.abs(x), -1, keepdims=True))
+    e_centered = _q(ex, e_mu, p.u_acc * np.abs(x - mu))
+    # σ² = mean((x − μ)²): first order 2·mean((x − μ)·δ(x − μ)), plus the sum's rounding.
+    e_var = _q(2 * rms(np.abs(x - mu) * e_centered) / math.sqrt(n),
+               (p.sum_scale(n) + 2 * p.u_acc) * var)
+    rel_s = _q(0.5 * e_var / (var + eps), 2 * p.u_acc)  # the root, and ε's addition
+    e_xhat = _q(e_centered / s, np.abs(xhat) * rel_s, p.u_acc * np.abs(xhat))
+    e = _q(np.abs(gamma) * e_xhat, p.u_acc * (np.abs(gamma * xhat) + np.abs(beta)))
+    return y, _q(e, p.store(y))
+
+
+def matmul_bound(A, eA, B, eB, p: Precision) -> tuple[Array, Array]:
+    """C = A B with errors in both factors."""
+    A, B = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)
+    C = A @ B
+    n = A.shape[-1]
+    inherited = np.sqrt(np.square(eA) @ np.square(B) + np.square(A) @ np.square(eB))
+    local = p.sum_scale(n) * (np.abs(A) @ np.abs(B))
+    return C, _q(inherited, local, p.store(C))
+
+
+def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision) -> tuple[Array, Array, Array, Array]:
+    """softmax(QKᵀ/√d_k + M)V, stage by stage: scores, weights, output.
+    Returns (weights, their error scale, output, its error scale)."""
+    dk = np.shape(Q)[-1]
+    KT, eKT = np.swapaxes(K, -1, -2), np.swapaxes(eK, -1, -2)
+    S, eS = matmul_bound(Q, eQ, KT, eKT, p)
+    S, eS = S / math.sqrt(dk), _q(eS, p.u * np.abs(S)) / math.sqrt(dk)
+    masked = np.isneginf(np.asarray(M, dtype=np.float64))
+    S = np.where(masked, -np.inf, S + M)
+    eS = np.where(masked, 0.0, eS)
+    A, eA = softmax_bound(S, eS, p)
+    eA = np.where(masked, 0.0, eA)
+    O, eO = matmul_bound(A, eA, V, eV, p)
+    return A, eA, O, eO
+
+
+def multi_head_attention_bound(H, eH, W_qkv, b_qkv, W_O, b_O, n_heads: int,
+                               p: Precision) -> tuple[Array, Array]:
+    QKV, eQKV = linear_bound(H, eH, W_qkv, b_qkv, p)
+    d = QKV.shape[-1] // 3
+    parts = [(ref.split_heads(QKV[..., i * d:(i + 1) * d], n_heads),
+              ref.split_heads(eQKV[..., i * d:(i + 1) * d], n_heads)) for i in range(3)]
+    (Q, eQ), (K, eK), (V, eV) = parts
+    M = ref.causal_mask(np.shape(H)[-2])
+    _, _, O, eO = attention_bound(Q, eQ, K, eK, V, eV, M, p)
+    return linear_bound(ref.merge_heads(O), ref.merge_heads(eO), W_O, b_O, p)
+
+
+def ffn_bound(variant: str, x, ex, W_1, b_1, W_2, b_2, p: Precision) -> tuple[Array, Array]:
+    act = "relu" if variant in ("relu", "guide_product") else variant
+    a, ea = linear_bound(x, ex, W_1, b_1, p)
+    g, eg = activation_bound(act, a, ea, p)
+    if variant == "guide_product":
+        a2, ea2 = linear_bound(x, ex, W_2, b_2, p)
+        g2, eg2 = activation_bound("relu", a2, ea2, p)
+        y = g * g2
+        return y, _q(eg * np.abs(g2), np.abs(g) * eg2, eg * eg2, p.store(y))
+    return linear_bound(g, eg, W_2, b_2, p)
+
+
+def add_bound(x, ex, y, ey, p: Precision) -> tuple[Array, Array]:
+    s = np.asarray(x, dtype=np.float64) + np.asarray(y, dtype=np.float64)
+    return s, _q(ex, ey, p.store(s))
+
+
+def block_bound(H, eH, bp: dict, config: GPTConfig, p: Precision) -> tuple[Array, Array]:
+    """One block of any variant; ``bp`` holds its parameters without the prefix."""
+    eps = config.ln_eps
+
+    def ln(X, eX, which):
+        return layer_norm_bound(X, eX, bp[f"{which}.weight"], bp[f"{which}.bias"], eps, p)
+
+    def attn(X, eX):
+        return multi_head_attention_bound(X, eX, bp["attn.w_qkv"], bp.get("attn.b_qkv"),
+                                          bp["attn.w_o"], bp.get("attn.b_o"),
+                                          config.n_heads, p)
+
+    def ffn(X, eX):
+        return ffn_bound(config.ffn, X, eX, bp["ffn.w_1"], bp.get("ffn.b_1"), bp["ffn.w_2"],
+                         bp.get("ffn.b_2"), p)
+
+    if config.norm == "pre":
+        H1, eH1 = add_bound(H, eH, *attn(*ln(H, eH, "ln_1")), p)
+        return add_bound(H1, eH1, *ffn(*ln(H1, eH1, "ln_2")), p)
+    if config.norm == "post":
+        H1, eH1 = ln(*add_bound(H, eH, *attn(H, eH), p), "ln_1")
+        return ln(*add_bound(H1, eH1, *ffn(H1, eH1), p), "ln_2")
+    return ln(*add_bound(*ffn(*attn(H, eH)), H, eH, p), "ln_1")
+
+
+def hidden_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> tuple[Array, Array]:
+    """The last hidden state (after the final LayerNorm, if any) and its error scale."""
+    tokens = np.asarray(tokens)
+    T = tokens.shape[-1]
+    E = ref.token_embedding(tokens, params["wte"])
+    P = ref.positional_embedding(T, params["wpe"])
+    H, eH = add_bound(E, _zero(E), np.broadcast_to(P, E.shape), _zero(E), p)
+    for layer in range(config.n_layers):
+        H, eH = block_bound(H, eH, block_parameters(params, layer), config, p)
+    if config.final_norm:
+        H, eH = layer_norm_bound(H, eH, params["ln_f.weight"], params["ln_f.bias"],
+                                 config.ln_eps, p)
+    return H, eH
+
+
+def gpt_forward_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> Array:
+    """The error scale of every logit of the whole model."""
+    H, eH = hidden_bound(tokens, params, config, p)
+    if config.tied_embeddings:
+        _, e = linear_bound(H, eH, np.asarray(params["wte"]).T, None, p)
+    else:
+        _, e = linear_bound(H, eH, params["w_u"], params.get("b_u"), p)
+    return e

@@ -1,0 +1,32 @@
+"""What a backend provides to be validated.
+
+Required: ``name``, ``version``, ``device``, ``dtype`` (strings; the dtype one of
+float64, float32, bfloat16, float16) and ``forward(config, params, tokens) -> logits``:
+``config`` a :class:`gptspec.spec.GPTConfig`, ``params`` a dict of float64 NumPy arrays
+named by :func:`gptspec.spec.parameter_schema`, ``tokens`` int64 (B, T); the logits
+(B, T, V) as an array of any float dtype.
+
+Optional: any operation under the name and signature of its reference function in
+:mod:`gptspec.reference` (NumPy float64 in, rounded by the backend to its dtype; NumPy
+out). Each lets the suite check that operation on its own, so a failure is localised;
+a missing one is reported as not implemented.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from gptspec.spec.config import GPTConfig
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    version: str
+    device: str
+    dtype: str
+
+    def forward(self, config: GPTConfig, params: dict[str, np.ndarray],
+                tokens: np.ndarray) -> Any: ...

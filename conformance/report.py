@@ -1,0 +1,104 @@
+"""The report of a run: a line per check for the terminal, JSON (a documented,
+versioned schema) and a Markdown summary.
+
+JSON schema, version 1::
+
+    {"schema": "gptspec-conformance", "version": 1,
+     "runs": [{"backend": {"name", "version", "device", "dtype"},
+               "settings": {"profile", "seed", "area", "examples_per_property"},
+               "counts": {"pass": n, "fail": n, "not-implemented": n, "blocked": n, "error": n},
+               "checks": [{"id", "entries", "kind", "status", "worst_fraction", "detail",
+                           "examples", "comparisons", "seconds", "budget",
+                           "minimal_example", "reproduce", "blocked_by"}]}]}
+
+``worst_fraction`` is the largest |actual − reference| / budget over every comparison
+of the check (null when it made none); a check passes only if it is ≤ 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from gptspec.conformance.runner import CheckResult, SuiteResult
+
+SCHEMA = "gptspec-conformance"
+VERSION = 1
+
+MARK = {"pass": "PASS", "fail": "FAIL", "not-implemented": "N/I ", "blocked": "BLKD",
+        "error": "ERR "}
+
+
+def header(suite: SuiteResult) -> str:
+    b, s = suite.backend, suite.settings
+    return (f"gptspec conformance — backend {b['name']} {b['version']} on {b['device']}, "
+            f"{b['dtype']}; profile {s['profile']} ({s['examples_per_property']} examples "
+            f"per property), seed {s['seed']}")
+
+
+def fraction_text(r: CheckResult) -> str:
+    if r.worst_fraction is None:
+        return "-"
+    if r.worst_fraction == float("inf"):
+        return "inf"
+    return f"{100 * r.worst_fraction:.3g}%"
+
+
+def line(r: CheckResult) -> str:
+    text = f"{MARK[r.status]}  {r.id:<44} {fraction_text(r):>9} of budget  {r.seconds:6.2f}s"
+    if r.status != "pass":
+        text += f"\n      {r.detail}"
+        if r.minimal_example:
+            text += "\n      " + r.minimal_example.replace("\n", "\n      ")
+        if r.reproduce:
+            text += f"\n      reproduce: {r.reproduce}"
+    return text
+
+
+def summary(suite: SuiteResult) -> str:
+    c = suite.counts
+    return (f"{c['pass']} passed, {c['fail'] + c['error']} failed, {c['blocked']} blocked, "
+            f"{c['not-implemented']} not implemented")
+
+
+def to_json(suites: list[SuiteResult]) -> dict:
+    return {"schema": SCHEMA, "version": VERSION,
+            "runs": [{"backend": s.backend, "settings": s.settings, "counts": s.counts,
+                      "checks": [r.to_dict() for r in s.results]} for s in suites]}
+
+
+def to_markdown(suites: list[SuiteResult]) -> str:
+    out = []
+    for s in suites:
+        out += [f"### {s.backend['name']} · {s.backend['device']} · {s.backend['dtype']}", "",
+                f"{summary(s)} (profile {s.settings['profile']}, seed {s.settings['seed']})", "",
+                "| check | spec entries | status | worst error / budget | time (s) |",
+                "| --- | --- | --- | --- | --- |"]
+        for r in s.results:
+            out.append(f"| `{r.id}` | {', '.join(r.entries)} | {r.status} | {fraction_text(r)} "
+                       f"| {r.seconds:.2f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """Write to a temporary file beside ``path``, then rename: a reader never sees half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, suites: list[SuiteResult]) -> None:
+    write_atomically(path, json.dumps(to_json(suites), indent=2, allow_nan=False,
+                                      default=str).replace("Infinity", "null") + "\n")

@@ -1,0 +1,112 @@
+"""The PyTorch backend under the conformance protocol (ARCHITECTURE.md).
+
+``TorchBackend(device, dtype)`` runs ``forward(config, params, tokens)`` through
+``gptspec.fast.model.GPT`` and exposes every operation of ``gptspec.fast.ops`` under its
+reference name: NumPy float64 arrays in (rounded to the backend's dtype on the way in),
+NumPy arrays out (16-bit results widened to float32, which NumPy can hold exactly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from gptspec.fast import ops
+from gptspec.fast.model import GPT, compile_model, resolve_dtype
+from gptspec.spec.config import GPTConfig
+
+import gptspec
+
+# Operations whose output dtype is chosen, not inherited from a float input.
+_TAKES_DTYPE = {"one_hot", "causal_mask"}
+
+
+class TorchBackend:
+    """The built-in PyTorch backend, for the conformance suite."""
+
+    name = "torch"
+
+    def __init__(self, device: str = "cpu", dtype: str = "float32", compile: bool = False) -> None:
+        self.torch_dtype = resolve_dtype(dtype)
+        self.dtype = str(self.torch_dtype).removeprefix("torch.")
+        self.device = str(torch.device(device))
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        self.compile = compile
+        self.version = f"gptspec {gptspec.__version__}, torch {torch.__version__}"
+
+    def __repr__(self) -> str:
+        return f"TorchBackend(device={self.device!r}, dtype={self.dtype!r}, compile={self.compile})"
+
+    # --- the whole model -------------------------------------------------------------------
+
+    def model(self, config: GPTConfig, params: Mapping[str, Any]) -> GPT:
+        model = GPT.from_parameters(config, params, device=self.device, dtype=self.torch_dtype)
+        model.requires_grad_(False)
+        return compile_model(model) if self.compile else model
+
+    @torch.no_grad()
+    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+        tokens_t = torch.as_tensor(np.asarray(tokens), device=self.device)
+        return self._to_numpy(self.model(config, params)(tokens_t))
+
+    # --- the operations --------------------------------------------------------------------
+
+    @staticmethod
+    def implemented_ops() -> list[str]:
+        """The reference functions this backend implements, by name."""
+        return list(ops.__all__)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name in ops.__all__:
+            return self._wrap(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute or operation {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(ops.__all__))
+
+    def _wrap(self, name: str) -> Callable[..., Any]:
+        fn = getattr(ops, name)
+
+        @torch.no_grad()
+        def op(*args: Any, **kwargs: Any) -> Any:
+            args_t = [self._to_torch(a) for a in args]
+            kwargs_t = {k: self._to_torch(v) for k, v in kwargs.items()}
+            if name in _TAKES_DTYPE:
+                kwargs_t.setdefault("dtype", self.torch_dtype)
+            if name == "causal_mask":
+                kwargs_t.setdefault("device", self.device)
+            return self._from_torch(fn(*args_t, **kwargs_t))
+
+        op.__name__ = op.__qualname__ = name
+        op.__doc__ = fn.__doc__
+        return op
+
+    def _to_torch(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: self._to_torch(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], np.ndarray):
+            return type(value)(self._to_torch(v) for v in value)
+        if isinstance(value, (np.ndarray, np.generic)):
+            array = np.asarray(value)
+            if array.dtype.kind in "iub":
+                return torch.as_tensor(array.astype(np.int64), device=self.device)
+            # float64 → the backend's dtype: the one rounding of the inputs
+            return torch.as_tensor(array, device=self.device).to(self.torch_dtype)
+        return value
+
+    def _from_torch(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._to_numpy(value)
+        if isinstance(value, tuple):
+            return tuple(self._from_torch(v) for v in value)
+        return value
+
+    @staticmethod
+    def _to_numpy(t: torch.Tensor) -> np.ndarray:
+        t = t.detach()
+        if t.dtype in ops.HALF_DTYPES:
+            t = t.float()  # exact: every 16-bit value is a float32 value
+        return t.cpu().numpy()

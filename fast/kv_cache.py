@@ -1,0 +1,142 @@
+"""A preallocated key/value cache for incremental decoding.
+
+The KV-cache identity: attention of the token at position t over the cached keys and
+values of positions 0 … t equals row t of full causal attention. So a model fed a prompt
+and then one token at a time, through a cache, gives the same logits as the full forward
+pass over the whole sequence, at the cost of one row per step instead of T.
+
+Each sequence b of the batch has its own length ``lengths[b]`` (valid cached positions);
+its next token gets position ``lengths[b]`` (its own positional embedding) and is written
+into that slot. Prompts of different lengths are fed right-padded, with ``lengths``
+saying how many of the new tokens are real, so a prompt gives the same logits alone and
+inside a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gptspec.spec.config import GPTConfig
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Step:
+    """Where one forward call's new tokens go; computed once, shared by every layer."""
+
+    positions: Tensor  # (B, T_new) position of each new token (clamped to n_ctx−1 for padding)
+    mask: Tensor  # (B, 1, T_new, S) True where new token i may attend to cached slot j
+    n_keys: int  # S: attention reads slots 0 … S−1 (an upper bound of every valid length)
+    start: int | None  # all sequences write T_new tokens from this slot (the fast path)
+    rows: Tensor | None  # otherwise: batch index and slot of each real token …
+    slots: Tensor | None
+    real: Tensor | None  # … and which of the (B, T_new) new tokens are real
+    advance: Tensor  # (B,) how far each sequence's length moves
+
+
+class KVCache:
+    """Per layer keys and values of shape (B, h, max_len, d_k), preallocated, and the
+    number of valid positions of each sequence (``lengths``, shape (B,)).
+
+    ``k[layer]`` and ``v[layer]`` are the layer's cache; ``max_len`` defaults to n_ctx
+    (a smaller one saves memory when generation is known to stop earlier)."""
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        batch_size: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        max_len: int | None = None,
+    ) -> None:
+        from gptspec.fast.model import resolve_dtype  # model imports this module
+
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"KVCache batch_size must be a positive integer, got {batch_size!r}")
+        max_len = config.n_ctx if max_len is None else max_len
+        if not 0 < max_len <= config.n_ctx:
+            raise ValueError(f"KVCache max_len must lie in [1, n_ctx={config.n_ctx}], "
+                             f"got {max_len}")
+        self.config = config
+        self.batch_size = batch_size
+        self.max_len = max_len
+        shape = (config.n_layers, batch_size, config.n_heads, max_len, config.d_head)
+        self.k = torch.zeros(shape, device=device, dtype=resolve_dtype(dtype))
+        self.v = torch.zeros_like(self.k)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)
+        self._uniform: int | None = 0  # the common length while all sequences share one
+        self._bound = 0  # an upper bound of max(lengths), known without reading the device
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    def reset(self) -> None:
+        """Forget every sequence (the storage is kept)."""
+        self.lengths.zero_()
+        self._uniform = 0
+        self._bound = 0
+
+    def plan(self, T_new: int, lengths: Tensor | None = None) -> Step:
+        """Positions, write slots and attention mask of T_new new tokens per sequence, of
+        which ``lengths[b]`` are real (all of them when ``lengths`` is None)."""
+        B, dev = self.batch_size, self.device
+        offsets = torch.arange(T_new, device=dev)
+        if lengths is None:
+            advance = torch.full((B,), T_new, dtype=torch.long, device=dev)
+        else:
+            advance = torch.as_tensor(lengths, device=dev)
+            if advance.shape != (B,) or advance.dtype.is_floating_point \
+                    or advance.dtype == torch.bool:
+                raise ValueError(f"lengths must be an integer tensor of shape ({B},), "
+                                 f"got {tuple(advance.shape)} {advance.dtype}")
+            advance = advance.long()
+            if bool(((advance < 0) | (advance > T_new)).any()):
+                raise ValueError(f"lengths must lie in [0, {T_new}] (the new tokens per sequence), "
+                                 f"got {advance.tolist()}")
+        new_lengths = self.lengths + advance
+        if bool((new_lengths > self.max_len).any()):
+            b = int(torch.argmax(new_lengths))
+            raise ValueError(f"sequence {b} would reach length {int(new_lengths[b])}, beyond the "
+                             f"cache's {self.max_len} positions (n_ctx={self.config.n_ctx})")
+        positions = self.lengths[:, None] + offsets  # (B, T_new)
+        n_keys = min(self._bound + T_new, self.max_len)
+        slots = torch.arange(n_keys, device=dev)
+        mask = (slots <= positions[:, :, None]).unsqueeze(1)  # (B, 1, T_new, S)
+        positions = positions.clamp(max=self.config.n_ctx - 1)  # padding past the end only
+        if lengths is None and self._uniform is not None:
+            return Step(positions, mask, n_keys, self._uniform, None, None, None, advance)
+        real = offsets < advance[:, None]  # (B, T_new)
+        rows = torch.arange(B, device=dev)[:, None].expand(B, T_new)
+        return Step(positions, mask, n_keys, None, rows[real], positions[real], real, advance)
+
+    def write(self, layer: int, K: Tensor, V: Tensor, step: Step) -> tuple[Tensor, Tensor]:
+        """Store the new keys and values (B, h, T_new, d_k) of one layer; return the layer's
+        keys and values of slots 0 … S−1."""
+        k, v = self.k[layer], self.v[layer]
+        if step.start is not None:
+            T_new = K.shape[-2]
+            k[:, :, step.start : step.start + T_new] = K
+            v[:, :, step.start : step.start + T_new] = V
+        else:
+            assert step.rows is not None and step.slots is not None and step.real is not None
+            # advanced indices on axes 0 and 2: the indexed shape is (n_real, h, d_k)
+            k[step.rows, :, step.slots] = K.transpose(1, 2)[step.real]
+            v[step.rows, :, step.slots] = V.transpose(1, 2)[step.real]
+        return k[:, :, : step.n_keys], v[:, :, : step.n_keys]
+
+    def advance(self, step: Step) -> None:
+        """Move every sequence's length past its real new tokens (after all layers wrote)."""
+        self.lengths += step.advance
+        T_new = step.positions.shape[1]
+        if step.start is not None:
+            self._uniform = step.start + T_new
+        else:
+            self._uniform = None
+        self._bound = min(self._bound + T_new, self.max_len)

@@ -1,0 +1,121 @@
+"""Meta-tests of the suite's helpers: rounding, comparison, budgets, strategies."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gptspec import reference as ref
+from gptspec.conformance import budgets as B
+from gptspec.conformance.strategies import FLAVOURS, ArrayRecipe, configs, model_cases
+from gptspec.spec import check_parameters
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_round_to_matches_torch_rounding(dtype):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 1, 2000), rng.normal(0, 1e3, 2000),
+                        [0.0, -0.0, 1.0, 1.00390625, 1.01171875, 65504.0, np.inf, -np.inf]])
+    if dtype == "float16":
+        x = x[np.abs(x) < 6e4]
+    ours = B.round_to(x, dtype)
+    theirs = torch.tensor(x).to(getattr(torch, dtype)).double().numpy()
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_unit_roundoffs_are_half_an_ulp_of_one():
+    for dtype in ("float64", "float32", "float16", "bfloat16"):
+        eps = torch.finfo(getattr(torch, dtype)).eps
+        assert B.Precision.of(dtype).u == eps / 2
+
+
+def test_sixteen_bit_sums_are_accumulated_in_float32():
+    assert B.Precision.of("bfloat16").u_acc == 2.0**-24
+    assert B.Precision.of("float64").u_acc == 2.0**-53
+
+
+def test_compare_reports_the_fraction_of_budget_at_the_worst_element():
+    c = B.compare([1.0, 2.5, 3.0], [1.0, 2.0, 3.0], [1.0, 1.0, 1.0])
+    assert c.passed and c.fraction == 0.5 and c.worst_index == (1,)
+    assert not B.compare([1.0, 4.0], [1.0, 2.0], 1.0).passed
+
+
+def test_compare_refuses_nan_wrong_shape_and_wrong_infinity():
+    assert "NaN" in B.compare([np.nan], [1.0], 1.0).problem
+    assert "shape" in B.compare(np.zeros(3), np.zeros((3, 1)), 1.0).problem
+    assert not B.compare([np.inf], [-np.inf], 1.0).passed
+    assert B.compare([-np.inf, 1.0], [-np.inf, 1.0], 0.0).passed
+    assert not B.exact([1.0 + 1e-16 * 4], [1.0]).passed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_model_budget_covers_an_honest_low_precision_computation(dtype):
+    """The derived budget must cover a plain same-dtype computation of the model (here
+    the reference's own formulas evaluated in torch at that dtype), yet stay far below
+    the size of the logits so that real bugs are seen."""
+    from gptspec.conformance.strategies import ParameterRecipe
+    from gptspec.spec import preset
+
+    config = preset("tiny")
+    params = {k: B.round_to(v, dtype)
+              for k, v in ParameterRecipe(config, 0.3, 1).make().items()}
+    tokens = np.random.default_rng(2).integers(0, config.vocab_size, (2, config.n_ctx))
+    exact = ref.gpt_forward(tokens, params, config)
+    budget = B.budget(B.gpt_forward_bound(tokens, params, config, B.Precision.of(dtype)))
+    naive = _torch_forward(tokens, params, config, getattr(torch, dtype))
+    c = B.compare(naive, exact, budget)
+    assert c.passed, c.describe()
+    if dtype == "float32":
+        assert np.median(budget / np.abs(exact)) < 1e-3
+
+
+def _torch_forward(tokens, params, config, dtype):
+    """A plain pre-LN forward in ``dtype`` (matmuls accumulate in float32 on the CPU)."""
+    t = {k: torch.tensor(v, dtype=dtype) for k, v in params.items()}
+    x = torch.as_tensor(tokens)
+    T = x.shape[1]
+    H = t["wte"][x] + t["wpe"][:T]
+    h, d = config.n_heads, config.d_model
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    for layer in range(config.n_layers):
+        p = {k[len(f"blocks.{layer}."):]: v for k, v in t.items()
+             if k.startswith(f"blocks.{layer}.")}
+        a = torch.nn.functional.layer_norm(H, (d,), p["ln_1.weight"], p["ln_1.bias"], 1e-5)
+        q, k, v = (a @ p["attn.w_qkv"] + p["attn.b_qkv"]).split(d, dim=-1)
+        q, k, v = (z.view(*z.shape[:2], h, d // h).transpose(1, 2) for z in (q, k, v))
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(d // h)
+        o = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
+        H = H + o.transpose(1, 2).reshape(H.shape) @ p["attn.w_o"] + p["attn.b_o"]
+        a = torch.nn.functional.layer_norm(H, (d,), p["ln_2.weight"], p["ln_2.bias"], 1e-5)
+        f = torch.nn.functional.gelu(a @ p["ffn.w_1"] + p["ffn.b_1"], approximate="tanh")
+        H = H + f @ p["ffn.w_2"] + p["ffn.b_2"]
+    H = torch.nn.functional.layer_norm(H, (d,), t["ln_f.weight"], t["ln_f.bias"], 1e-5)
+    return (H @ t["wte"].T).double().numpy()
+
+
+@given(recipe=st.builds(ArrayRecipe, shape=st.just((3, 5)), flavour=st.sampled_from(FLAVOURS),
+                        scale=st.sampled_from((0.1, 1.0, 1e3)), seed=st.integers(0, 2**32 - 1)))
+@settings(max_examples=20, deadline=None)
+def test_array_recipes_rebuild_exactly(recipe):
+    a, b = recipe.make(), recipe.make()
+    assert a.shape == (3, 5) and np.array_equal(a, b) and np.all(np.isfinite(a))
+
+
+@given(case=model_cases())
+@settings(max_examples=20, deadline=None)
+def test_model_cases_are_valid_models(case):
+    config, recipe, tokens = case
+    check_parameters(config, recipe.make())
+    assert tokens.shape[1] <= config.n_ctx and tokens.max() < config.vocab_size
+
+
+@given(config=configs())
+@settings(max_examples=30, deadline=None)
+def test_generated_configurations_cover_the_variants_validly(config):
+    assert config.d_model % config.n_heads == 0
+    assert config.ffn != "guide_product" or config.d_ff == config.d_model
