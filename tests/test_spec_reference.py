@@ -419,3 +419,12 @@ def test_exact_side_carries_more_than_double_precision() -> None:
     exact = exact_arrays(sp.Matrix([[3 * _float(0.1)]]))[0]
     error = relative_error(np.array([[3 * 0.1]]), exact)
     assert 0 < error < 1e-15
+
+
+@pytest.mark.parametrize("tokens", [[0, 5], [-1, 2], [[1, 7]]])
+def test_reference_refuses_token_ids_outside_the_vocabulary(tokens: list) -> None:
+    W_E = np.zeros((5, 4))
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        forward.token_embedding(tokens, W_E)
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        forward.one_hot(tokens, 5)
