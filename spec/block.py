@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import sympy as sp
+
 from gptspec.spec.attention import linear, multi_head_attention
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.embedding import ROW_VECTORS

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import pytest
+
 from gptspec.spec import PRESETS, ConfigError, GPTConfig, parameter_count, parameter_schema, preset
 
 SIZE_FIELDS = ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_ff")

@@ -25,10 +25,10 @@ import mpmath
 import numpy as np
 import pytest
 import sympy as sp
-from gptspec.reference import forward
-from gptspec.spec import REGISTRY, Equation, GPTConfig, parameter_schema
 
 from gptspec import reference
+from gptspec.reference import forward
+from gptspec.spec import REGISTRY, Equation, GPTConfig, parameter_schema
 
 GROUPS = ("embedding", "attention", "block", "output")
 RTOL = 1e-12

@@ -8,11 +8,11 @@ import inspect
 import re
 
 import pytest
+
+from gptspec import reference
 from gptspec.reference import forward
 from gptspec.spec import GROUPS, REGISTRY, Decision, Equation, sources
 from gptspec.spec.sources import BLUEPRINT, DOCUMENTS, GUIDE, NOTES, Source
-
-from gptspec import reference
 
 KNOWN_SOURCES = {value for name, value in vars(sources).items()
                  if name.isupper() and isinstance(value, str)}
