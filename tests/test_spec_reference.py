@@ -57,6 +57,7 @@ CONFIGS: dict[str, list[GPTConfig]] = {
         tiny(norm="guide", ffn="guide_product", d_ff=SIZES["d_model"], tied_embeddings=False,
              output_bias=True, final_norm=False),
         tiny(ffn="gelu", tied_embeddings=False, bias=False),
+        tiny(n_layers=2),  # the layers must be applied in order, each with its own parameters
     ],
 }
 
@@ -384,6 +385,14 @@ def _gpt_forward_untied_ignoring_bias(tokens, params, config):
                                config.replace(output_bias=False))
 
 
+def _gpt_forward_reusing_the_first_block(tokens, params, config):
+    first = forward.block_parameters(params, 0)
+    shared = {k: v for k, v in params.items() if not k.startswith("blocks.")}
+    for layer in range(config.n_layers):
+        shared.update({f"blocks.{layer}.{k}": v for k, v in first.items()})
+    return forward.gpt_forward(tokens, shared, config)
+
+
 WRONG = [
     ("softmax", _softmax_unnormalised),
     ("layer_norm", _layer_norm_unbiased),
@@ -398,6 +407,7 @@ WRONG = [
     ("block_pre_ln", _block_pre_ln_without_second_residual),
     ("block_post_ln", forward.block_pre_ln),
     ("gpt_forward", _gpt_forward_untied_ignoring_bias),
+    ("gpt_forward", _gpt_forward_reusing_the_first_block),
 ]
 
 
