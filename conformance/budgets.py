@@ -32,6 +32,7 @@ A comparison reports the fraction of the budget used: max |actual − expected| 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -114,8 +115,9 @@ def budget(scale: Array) -> Array:
 
 
 def _q(*terms) -> Array:
-    """Independent error contributions add in quadrature."""
-    return np.sqrt(sum(np.square(t) for t in terms))
+    """Independent error contributions add in quadrature (hypot: no underflow when the
+    terms are tiny, as for the far tail of a softmax)."""
+    return functools.reduce(np.hypot, terms)
 
 
 # --- rounding inputs to a dtype (done before both sides see them) ------------------------
@@ -139,6 +141,13 @@ def round_to(x, dtype: str) -> Array:
     raise ValueError(f"cannot round to dtype {dtype!r}")
 
 
+def representable(x, dtype: str) -> bool:
+    """Whether every finite entry of x stays finite when rounded to ``dtype``."""
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    return bool(np.all(np.abs(x[finite]) <= LARGEST[str(dtype).replace("torch.", "")]))
+
+
 # --- comparing -------------------------------------------------------------------------
 
 
@@ -160,7 +169,8 @@ class Comparison:
     def describe(self) -> str:
         if self.problem:
             return self.problem
-        return (f"worst at {self.worst_index}: got {self.actual!r}, reference {self.expected!r}, "
+        return (f"worst at {self.worst_index}: got {self.actual:.9g}, reference "
+                f"{self.expected:.9g}, "
                 f"|diff| {abs(self.actual - self.expected):.3g} vs budget {self.bound:.3g} "
                 f"({100 * self.fraction:.1f}% of budget)")
 
@@ -182,14 +192,14 @@ def compare(actual, expected, bound) -> Comparison:
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         return Comparison(math.inf, idx, math.nan, float(expected[idx]), float(bound[idx]),
-                          f"NaN at {idx} where the reference is {expected[idx]!r}")
+                          f"NaN at {idx} where the reference is {float(expected[idx]):.9g}")
     infinite = ~np.isfinite(expected) | ~np.isfinite(actual)
     mismatch = infinite & (actual != expected) & ~(np.isnan(actual) & np.isnan(expected))
     if mismatch.any():
         idx = tuple(int(i) for i in np.argwhere(mismatch)[0])
         return Comparison(math.inf, idx, float(actual[idx]), float(expected[idx]),
-                          float(bound[idx]), f"got {actual[idx]!r} at {idx}, reference "
-                          f"{expected[idx]!r}")
+                          float(bound[idx]), f"got {float(actual[idx]):.9g} at {idx}, "
+                          f"reference {float(expected[idx]):.9g}")
     with np.errstate(invalid="ignore"):
         diff = np.where(infinite, 0.0, np.abs(actual - expected))
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -190,8 +190,9 @@ def softmax_stability(backend, ctx):
         float64), within the softmax budget.
     (2) No NaN or ∞ for inputs up to half the dtype's largest value: every output is
         finite, in [0, 1], and each row sums to one within the sum's budget.
-    (3) The one-hot limit: if z_k exceeds every other entry by G with e^{−G} < u/4, then
-        softmax(z)_k = 1 within 2u and every other entry is at most e^{z_j − z_k}(1 + 4u).
+    (3) The one-hot limit: if z_k exceeds each of the other n − 1 entries by at least G,
+        with (n − 1)·e^{−G} < u/4, then softmax(z)_k = 1 within 2u and every other entry
+        is at most e^{z_j − z_k}(1 + 4u).
     """
     p = ctx.precision
     sm = ctx.op("softmax")
@@ -219,7 +220,8 @@ def softmax_stability(backend, ctx):
 
     @ctx.given(n=st.integers(2, 30), data=st.data())
     def _(n, data):
-        gap = float(np.ceil(-np.log(p.u / 4))) + data.draw(st.integers(0, 20), label="extra gap")
+        gap = float(np.ceil(np.log(4 * (n - 1) / p.u))) + data.draw(st.integers(0, 20),
+                                                                     label="extra gap")
         others = np.array(data.draw(st.lists(st.integers(-40, 0), min_size=n - 1,
                                              max_size=n - 1)), dtype=np.float64)
         k = data.draw(st.integers(0, n - 1), label="k")

@@ -94,8 +94,18 @@ class CheckContext:
             with hypothesis.reporting.with_reporter(reports.append):
                 try:
                     wrapped()
-                except BaseException:
-                    self.falsifying.extend(str(r) for r in reports)
+                except BaseException as err:
+                    # Hypothesis attaches the falsifying example to the exception's notes
+                    # (and, in older versions, sends it to the reporter).
+                    first = err
+                    while isinstance(first, BaseExceptionGroup) and first.exceptions:
+                        first = first.exceptions[0]
+                    notes = getattr(first, "__notes__", []) or getattr(err, "__notes__", [])
+                    # (its @reproduce_failure hint names our inner test: the report gives
+                    # the command that reproduces the check instead)
+                    self.falsifying.extend(str(n) for n in notes
+                                           if "reproduce_failure" not in str(n))
+                    self.falsifying.extend(str(r) for r in reports if str(r) not in notes)
                     raise
 
         return run

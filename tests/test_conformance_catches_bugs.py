@@ -1,0 +1,215 @@
+"""A check that cannot catch a planted bug is not a check.
+
+Each case plants one realistic bug in the float64 reference backend and asserts that
+the named check fails (and that the honest backend passes the same check). The whole
+suite's run against the honest reference and torch backends is in test_conformance.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gptspec import reference as ref
+from gptspec.conformance.registry import all_checks
+from gptspec.conformance.runner import run_suite
+from gptspec.reference.backend import ReferenceBackend
+
+
+def _run(backend, *ids):
+    suite = run_suite(backend, profile="quick", seed=0, select=lambda c: c.id in ids)
+    return {r.id: r for r in suite.results}
+
+
+class SoftmaxWithoutShift(ReferenceBackend):
+    def softmax(self, z, axis=-1):
+        e = np.exp(np.asarray(z, dtype=np.float64))
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+class MaskShiftedByOne(ReferenceBackend):
+    def causal_mask(self, T):
+        M = np.zeros((T, T))
+        M[np.triu_indices(T, k=2)] = -np.inf
+        return M
+
+
+class ScoresWithoutScale(ReferenceBackend):
+    def attention_scores(self, Q, K, M):
+        return np.asarray(Q) @ np.asarray(K).swapaxes(-1, -2) + M
+
+
+class ScoresScaledTwice(ReferenceBackend):
+    def attention_scores(self, Q, K, M):
+        return np.asarray(Q) @ np.asarray(K).swapaxes(-1, -2) / np.shape(Q)[-1] + M
+
+
+class LayerNormUnbiased(ReferenceBackend):
+    def layer_norm(self, x, gamma, beta, eps):
+        x = np.asarray(x, dtype=np.float64)
+        mu = x.mean(-1, keepdims=True)
+        n = x.shape[-1]
+        var = ((x - mu) ** 2).sum(-1, keepdims=True) / max(n - 1, 1)  # Bessel-corrected
+        return gamma * (x - mu) / np.sqrt(var + eps) + beta
+
+
+class LayerNormEpsOutsideRoot(ReferenceBackend):
+    def layer_norm(self, x, gamma, beta, eps):
+        x = np.asarray(x, dtype=np.float64)
+        mu = x.mean(-1, keepdims=True)
+        return gamma * (x - mu) / (np.sqrt(x.var(-1, keepdims=True)) + eps) + beta
+
+
+class ExactGeluForTanh(ReferenceBackend):
+    def gelu_tanh(self, x):
+        return ref.gelu(x)
+
+
+class HeadsWithoutTranspose(ReferenceBackend):
+    def split_heads(self, X, n_heads):
+        X = np.asarray(X, dtype=np.float64)
+        *lead, T, d = X.shape
+        return X.reshape(*lead, n_heads, T, d // n_heads)
+
+
+class PositionsOffByOne(ReferenceBackend):
+    def forward(self, config, params, tokens):
+        shifted = dict(params)
+        shifted["wpe"] = np.roll(params["wpe"], -1, axis=0)
+        return ref.gpt_forward(tokens, shifted, config)
+
+
+class NoCausalMask(ReferenceBackend):
+    def forward(self, config, params, tokens):
+        original = ref.forward.causal_mask
+        ref.forward.causal_mask = lambda T: np.zeros((T, T))
+        try:
+            return ref.gpt_forward(tokens, params, config)
+        finally:
+            ref.forward.causal_mask = original
+
+
+class BatchDependent(ReferenceBackend):
+    def forward(self, config, params, tokens):
+        logits = ref.gpt_forward(tokens, params, config)
+        return logits - 1e-3 * logits.mean(axis=0, keepdims=True)  # leaks across the batch
+
+
+class HeadSumMissingOneHead(ReferenceBackend):
+    def multi_head_attention_head_sum(self, H, W_qkv, b_qkv, W_O, b_O, n_heads):
+        W_O = np.array(W_O, dtype=np.float64)
+        W_O[: W_O.shape[0] // n_heads] = 0  # head 1 never reaches the stream
+        return ref.multi_head_attention_head_sum(H, W_qkv, b_qkv, W_O, b_O, n_heads)
+
+
+class ResidualDropped(ReferenceBackend):
+    def block_pre_ln(self, H, p, config):
+        return ref.block_pre_ln(H, p, config) - np.asarray(H)  # forgot "+ H"
+
+
+class UnembedWithoutTranspose(ReferenceBackend):
+    def unembed_tied(self, H, W_E):
+        W_E = np.asarray(W_E)
+        H = np.asarray(H)
+        return H @ W_E[: H.shape[-1]] if W_E.shape[0] >= H.shape[-1] else H @ W_E.T * 1.5
+
+
+PLANTED = [
+    (SoftmaxWithoutShift, "softmax.stability"),
+    (MaskShiftedByOne, "causal_mask.differential"),
+    (ScoresWithoutScale, "attention_scores.differential"),
+    (ScoresScaledTwice, "attention_scores.differential"),
+    (LayerNormUnbiased, "layer_norm.differential"),
+    (LayerNormEpsOutsideRoot, "layer_norm.differential"),
+    (ExactGeluForTanh, "gelu_tanh.differential"),
+    (HeadsWithoutTranspose, "split_heads.differential"),
+    (PositionsOffByOne, "gpt_forward.differential"),
+    (NoCausalMask, "causal_mask.causality"),
+    (BatchDependent, "model.batch_independence"),
+    (HeadSumMissingOneHead, "attention.head_sum"),
+    (ResidualDropped, "residual.identity"),
+    (UnembedWithoutTranspose, "embedding.round_trip"),
+]
+
+
+@pytest.mark.parametrize("backend_class, check_id", PLANTED,
+                         ids=[f"{c.__name__}->{i}" for c, i in PLANTED])
+def test_planted_bug_is_caught_by_its_check(backend_class, check_id):
+    assert check_id in {c.id for c in all_checks()}
+    result = _run(backend_class(), check_id)[check_id]
+    assert result.status in ("fail", "error"), (check_id, result.status, result.detail)
+    assert result.detail
+
+
+@pytest.mark.parametrize("check_id", sorted({c for _, c in PLANTED}))
+def test_honest_reference_passes_the_checks_that_catch_bugs(check_id):
+    result = _run(ReferenceBackend(), check_id)[check_id]
+    assert result.status == "pass", result.detail
+
+
+class Raises(ReferenceBackend):
+    def softmax(self, z, axis=-1):
+        raise RuntimeError("kernel exploded")
+
+
+class ReturnsNaN(ReferenceBackend):
+    def layer_norm(self, x, gamma, beta, eps):
+        return np.full(np.shape(x), math.nan)
+
+
+class WrongShape(ReferenceBackend):
+    def forward(self, config, params, tokens):
+        return ref.gpt_forward(tokens, params, config)[:, :-1]
+
+
+def test_a_backend_that_raises_is_an_error_and_the_run_goes_on():
+    results = _run(Raises(), "softmax.differential", "linear.differential")
+    assert results["softmax.differential"].status == "error"
+    assert "RuntimeError: kernel exploded" in results["softmax.differential"].detail
+    assert results["linear.differential"].status == "pass"
+
+
+def test_nan_fails_with_a_message_naming_it():
+    r = _run(ReturnsNaN(), "layer_norm.differential")["layer_norm.differential"]
+    assert r.status == "fail" and "NaN" in r.detail
+
+
+def test_wrong_shape_fails_with_a_message_naming_it():
+    r = _run(WrongShape(), "gpt_forward.differential")["gpt_forward.differential"]
+    assert r.status == "fail" and "shape" in r.detail
+
+
+def test_failure_blocks_its_dependents_naming_the_root_cause():
+    results = _run(Raises(), "softmax.differential", "attention_weights.differential",
+                   "scaled_dot_product_attention.differential",
+                   "multi_head_attention.differential")
+    assert results["attention_weights.differential"].status == "blocked"
+    assert results["attention_weights.differential"].blocked_by == "softmax.differential"
+    # blocked transitively: multi-head depends on sdpa, which depends on softmax
+    assert results["multi_head_attention.differential"].blocked_by == "softmax.differential"
+
+
+class ForwardOnly:
+    name, version, device, dtype = "forward-only", "0", "cpu", "float64"
+
+    def forward(self, config, params, tokens):
+        return ref.gpt_forward(tokens, params, config)
+
+
+def test_missing_operations_are_not_implemented_not_crashes():
+    suite = run_suite(ForwardOnly(), profile="quick",
+                      select=lambda c: c.id in ("softmax.differential", "gpt_forward.differential",
+                                                "model.dimensionality"))
+    status = {r.id: r.status for r in suite.results}
+    assert status == {"softmax.differential": "not-implemented",
+                      "gpt_forward.differential": "pass", "model.dimensionality": "pass"}
+
+
+def test_failing_example_is_reported_minimally_with_a_reproduction():
+    suite = run_suite(MaskShiftedByOne(), profile="quick", reproduce="gptspec conformance X",
+                      select=lambda c: c.id == "causal_mask.differential")
+    (r,) = suite.results
+    assert "Falsifying example" in r.minimal_example
+    assert r.reproduce.endswith("--check causal_mask.differential --seed 0")
