@@ -343,10 +343,21 @@ def _check_unicode(text: str) -> None:
 
 
 class FastTokenizerBackend:
-    """The fast tokenizer as a conformance tokenizer backend
-    (see gptspec.conformance.checks_tokenizer)."""
+    """The fast tokenizer as a conformance tokenizer backend (see
+    gptspec.conformance.checks_tokenizer). It is also a suite backend with only the
+    tokenizer area: ``gptspec conformance --backend
+    gptspec.fast.tokenizer:FastTokenizerBackend --area tokenizer``."""
 
-    name = "fast"
+    name = "fast-tokenizer"
+    version = f"gptspec {__import__('gptspec').__version__}, tiktoken {tiktoken.__version__}"
+    device = "cpu"
+    dtype = "float64"  # token ids are exact; the suite asks every backend for a dtype
+
+    def tokenizer(self) -> FastTokenizerBackend:
+        return self
+
+    def forward(self, config, params, tokens):
+        raise NotImplementedError("a tokenizer backend has no model; run --area tokenizer")
 
     def train(self, text: str, vocab_size: int, pattern: str) -> list[Pair]:
         check_vocab_size(vocab_size)

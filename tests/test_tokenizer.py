@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 import gptspec.reference as reference
 from gptspec.conformance import checks_tokenizer as checks
+from gptspec.conformance.registry import all_checks, checks_for
+from gptspec.conformance.runner import run_suite
 from gptspec.fast.tokenizer import (
     ENDOFTEXT,
     FastTokenizerBackend,
@@ -196,10 +198,38 @@ def test_fast_fallback_encoder_equals_tiktoken_path():
     assert tok_fallback.encode(sample) == tok.encode(sample) == ref.encode(sample, tok.merges)
 
 
-@pytest.mark.parametrize("check_id", list(checks.CHECKS))
+TOKENIZER_CHECKS = [c.id for c in all_checks("tokenizer")]
+
+
+def run_tokenizer_checks(backend, *ids, profile="quick"):
+    suite = run_suite(backend, profile=profile, seed=0, area="tokenizer",
+                      select=lambda c: c.id in ids)
+    return {r.id: r for r in suite.results}
+
+
+def test_tokenizer_checks_are_registered_for_the_entries():
+    assert len(TOKENIZER_CHECKS) == 6
+    covered = {e for c in all_checks("tokenizer") for e in c.entries}
+    assert {"train", "encode", "decode", "bpe_chunk", "split_special"} <= covered
+    assert checks_for("bpe_chunk") and all(c.area == "tokenizer" for c in checks_for("train"))
+
+
+@pytest.mark.parametrize("check_id", TOKENIZER_CHECKS)
 def test_fast_backend_passes_conformance_check(check_id):
-    _, check = checks.CHECKS[check_id]
-    check(FastTokenizerBackend(), settings(max_examples=40, deadline=None))
+    result = run_tokenizer_checks(FastTokenizerBackend(), check_id, profile="default")[check_id]
+    assert result.status == "pass", (result.detail, result.minimal_example)
+    assert result.examples > 0 and result.comparisons > 0
+
+
+def test_a_model_backend_without_a_tokenizer_is_reported_not_implemented():
+    class NoTokenizer:
+        name, version, device, dtype = "none", "0", "cpu", "float64"
+
+        def forward(self, config, params, tokens):
+            raise NotImplementedError
+
+    results = run_tokenizer_checks(NoTokenizer(), *TOKENIZER_CHECKS)
+    assert {r.status for r in results.values()} == {"not-implemented"}
 
 
 # --- the checks catch planted bugs -----------------------------------------------------------
@@ -267,7 +297,7 @@ PLANTED = {
     "train.matches_reference": Planted(train=first_seen_tie_break),
     "bpe_chunk.rank_order": Planted(encode=leftmost_first),
     "encode.matches_reference": Planted(encode=leftmost_first),
-    "decode.roundtrip": Planted(encode=lambda tok, s, a=(): tok.encode(s.rstrip(" "))),
+    "decode.round_trip": Planted(encode=lambda tok, s, a=(): tok.encode(s.rstrip(" "))),
     "split_special.allowed_and_disallowed": Planted(
         encode=lambda tok, s, a=(): tok.encode_ordinary(s)),
     "decode.out_of_range": Planted(
@@ -277,13 +307,13 @@ PLANTED = {
 
 @pytest.mark.parametrize("check_id", list(PLANTED))
 def test_conformance_check_catches_planted_bug(check_id):
-    _, check = checks.CHECKS[check_id]
-    with pytest.raises(AssertionError):
-        check(PLANTED[check_id], settings(max_examples=200, deadline=None))
+    result = run_tokenizer_checks(PLANTED[check_id], check_id, profile="thorough")[check_id]
+    assert result.status == "fail", (result.status, result.detail)
+    assert result.minimal_example  # the report shows the counterexample
 
 
 def test_every_check_has_a_planted_bug():
-    assert set(PLANTED) == set(checks.CHECKS)
+    assert set(PLANTED) == set(TOKENIZER_CHECKS)
 
 
 # --- the Tokenizer API and its errors ----------------------------------------------------------
