@@ -95,6 +95,9 @@ def save(tokenizer: Tokenizer, path: str | Path, format: str = "gptspec") -> Non
     writers = {"gptspec": _gptspec_bytes, "tiktoken": _tiktoken_bytes, "hf": _hf_bytes}
     if format not in writers:
         raise TokenizerError(f"unknown tokenizer format {format!r}; choose one of {FORMATS}")
+    if format != "gptspec" and len(tokenizer.mergeable_ranks()) != tokenizer._n_bpe:
+        raise TokenizerError(f"two merges of this tokenizer spell the same bytes; the "
+                             f"{format} format keys tokens by their bytes and cannot hold it")
     _write_atomic(Path(path), writers[format](tokenizer))
 
 

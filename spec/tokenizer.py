@@ -8,8 +8,9 @@ applies the learned merges in rank order inside the chunks of a pre-tokenization
 The meaning of each entry is its decorated function. The algorithms are discrete, so
 these are short Python definitions (sympy integers where a count is computed); they are
 written independently of ``gptspec.reference.tokenizer`` and the tests evaluate both on
-random inputs. One entry's definition uses another's as ``entry.sympy``. The one-hot encoding of a token sequence, which comes next in the
-pipeline, is the entry ``one_hot`` of the embedding group.
+random inputs. One entry's definition uses another's as ``entry.sympy``. The one-hot
+encoding of a token sequence, which comes next in the pipeline, is the entry ``one_hot``
+of the embedding group.
 
 Notation: a chunk is a tuple of token ids w = (w_1, …, w_n); merges are
 m_0, m_1, … with m_k = (a_k, b_k) creating token 256 + k; k is the merge's rank.

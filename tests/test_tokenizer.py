@@ -54,6 +54,7 @@ def test_every_tokenizer_entry_has_its_reference_function_and_back():
 
 def test_one_hot_is_not_duplicated_here():
     assert "one_hot" not in {e.id for e in ENTRIES}
+    assert REGISTRY["one_hot"].group == "embedding"
     assert "one_hot" in REGISTRY["encode"].notes
 
 
@@ -373,3 +374,18 @@ def test_project_file_is_plain_json_with_the_spec_data(tmp_path):
     assert doc["format"] == "gptspec-tokenizer" and doc["version"] == 1
     assert [tuple(m) for m in doc["merges"]] == tok.merges
     assert doc["special_tokens"] == {ENDOFTEXT: 299} and doc["pattern"] == ref.GPT2_PATTERN
+
+
+def test_merges_that_spell_the_same_bytes(tmp_path):
+    # (aa, a) and (a, aa) both spell "aaa": tiktoken cannot hold them, the fallback can
+    merges = [(97, 97), (256, 97), (97, 256)]
+    tok = Tokenizer(merges)
+    for s in ("aaa", "aaaa", "aaaaa a aa"):
+        assert tok.encode(s) == ref.encode(s, merges)
+        assert tok.decode(tok.encode(s)) == s
+    for fmt in ("tiktoken", "hf"):
+        with pytest.raises(TokenizerError, match="same bytes"):
+            tok.save(tmp_path / f"t.{fmt}", fmt)
+        assert not (tmp_path / f"t.{fmt}").exists()
+    tok.save(tmp_path / "t.json")
+    assert Tokenizer.load(tmp_path / "t.json").merges == merges
