@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,11 +32,35 @@ from gptspec.reference.tokenizer import (
 )
 
 __all__ = ["Tokenizer", "TokenizerError", "FastTokenizerBackend", "train_merges",
-           "resolve_pattern", "GPT2_PATTERN", "CL100K_PATTERN", "ENDOFTEXT", "MAX_VOCAB_SIZE"]
+           "split_for_threads", "resolve_pattern", "GPT2_PATTERN", "CL100K_PATTERN",
+           "ENDOFTEXT", "MAX_VOCAB_SIZE"]
 
 # Far beyond any BPE vocabulary in use (cl100k ≈ 100k, o200k ≈ 200k); a larger request
 # is a typo, and would mostly learn merges of count 1.
 MAX_VOCAB_SIZE = 1 << 21
+
+# Pieces below this many characters are not worth a thread.
+PARALLEL_MIN_PIECE = 1 << 17
+# The patterns whose chunks never hold a non-space followed by a space (see below).
+SPLITTABLE = (GPT2_PATTERN, CL100K_PATTERN)
+
+
+def split_for_threads(text: str, n: int) -> list[str]:
+    """Cut text into about n pieces, each cut just before a space that follows a printable
+    ASCII character. For GPT-2's and the cl100k-style pattern such a place is a chunk
+    boundary: no alternative matches a non-space followed by a space; and chunking
+    each side on its own gives the same chunks, as the patterns look neither behind a
+    position nor, from a match that ends before the cut, past a non-space."""
+    cuts = [0]
+    for i in range(1, n):
+        p = text.find(" ", max(cuts[-1] + 1, len(text) * i // n))
+        while p > 0 and not ("!" <= text[p - 1] <= "~"):
+            p = text.find(" ", p + 1)
+        if p <= 0:
+            break
+        cuts.append(p)
+    cuts.append(len(text))
+    return [text[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 class TokenizerError(ValueError):
@@ -245,9 +270,12 @@ class Tokenizer:
 
     # --- encode / decode ----------------------------------------------------------------
 
-    def encode(self, text: str, allowed_special: Collection[str] | str = ()) -> list[int]:
+    def encode(self, text: str, allowed_special: Collection[str] | str = (),
+               num_threads: int = 1) -> list[int]:
         """Text → tokens. Special tokens in ``allowed_special`` (or "all") become their
-        ids; the text of any other special token is an error."""
+        ids; the text of any other special token is an error. With ``num_threads`` > 1 a
+        long text is cut into pieces at places where every chunking agrees and the
+        pieces are encoded in parallel (tiktoken releases the GIL); same tokens."""
         if not isinstance(text, str):
             raise TokenizerError(f"can only encode str, got {type(text).__name__}")
         allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
@@ -260,25 +288,31 @@ class Tokenizer:
                     f"text contains the special token {special!r}, which is not allowed here "
                     f"(allow special tokens to encode it as its id)")
         if not allowed:
-            return self.encode_ordinary(text)
+            return self.encode_ordinary(text, num_threads)
         # longest first, so that where two start at one place the longer one wins
         alternatives = "|".join(regex.escape(s) for s in sorted(allowed, key=len, reverse=True))
         ids: list[int] = []
         start = 0
         for match in regex.finditer(alternatives, text):
-            ids += self.encode_ordinary(text[start:match.start()])
+            ids += self.encode_ordinary(text[start:match.start()], num_threads)
             ids.append(self.special_tokens[match.group()])
             start = match.end()
-        ids += self.encode_ordinary(text[start:])
+        ids += self.encode_ordinary(text[start:], num_threads)
         return ids
 
-    def encode_ordinary(self, text: str) -> list[int]:
+    def encode_ordinary(self, text: str, num_threads: int = 1,
+                        min_piece: int = PARALLEL_MIN_PIECE) -> list[int]:
         """Text → tokens, reading special tokens' text as ordinary text."""
         if not text.isascii():
             _check_unicode(text)
         if not self.merges and self.base == IDENTITY_BASE:
             return list(text.encode("utf-8"))
         if self._encoding is not None:
+            if num_threads > 1 and self.pattern in SPLITTABLE and len(text) >= 2 * min_piece:
+                pieces = split_for_threads(text, min(num_threads, len(text) // min_piece))
+                with ThreadPoolExecutor(num_threads) as pool:
+                    parts = list(pool.map(self._encoding.encode_ordinary, pieces))
+                return [t for part in parts for t in part]
             return self._encoding.encode_ordinary(text)
         ids: list[int] = []
         for chunk in self._compiled.findall(text):

@@ -20,6 +20,7 @@ from gptspec.fast.tokenizer import (
     FastTokenizerBackend,
     Tokenizer,
     TokenizerError,
+    split_for_threads,
     train_merges,
 )
 from gptspec.reference import tokenizer as ref
@@ -389,3 +390,25 @@ def test_merges_that_spell_the_same_bytes(tmp_path):
         assert not (tmp_path / f"t.{fmt}").exists()
     tok.save(tmp_path / "t.json")
     assert Tokenizer.load(tmp_path / "t.json").merges == merges
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=60) | small_texts()
+                | st.sampled_from(["it's  x", "a \n b", "x  ", "  ", "1,000 ", "ab.  c"]),
+                min_size=1, max_size=40),
+       st.integers(2, 8), st.sampled_from(checks.PATTERNS))
+def test_threaded_encoding_cuts_only_where_every_chunking_agrees(parts, n_threads, pattern):
+    text = "".join(parts)
+    tok = Tokenizer(ref.train(corpus()[:2000], 300, pattern), pattern)
+    assert tok.encode_ordinary(text, n_threads, min_piece=4) == tok.encode_ordinary(text)
+    pieces = split_for_threads(text, n_threads)
+    assert "".join(pieces) == text
+    chunks = ref.pretokenize(text, pattern)
+    assert [c for p in pieces for c in ref.pretokenize(p, pattern)] == chunks
+
+
+def test_threaded_encoding_of_a_long_text():
+    text = corpus() * 2
+    tok = Tokenizer.train(text[:20_000], 400)
+    assert tok.encode(text, num_threads=4) == tok.encode(text)
+    assert len(split_for_threads(text, 4)) == 4
