@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 import pytest
+import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,10 @@ from gptspec.fast.tokenizer import (
     ENDOFTEXT,
     FastTokenizerBackend,
     Tokenizer,
+    GPT2_NO_LOOKAHEAD,
+    WHITE_SPACE,
     TokenizerError,
+    cut_whitespace_runs,
     split_for_threads,
     train_merges,
 )
@@ -412,3 +416,27 @@ def test_threaded_encoding_of_a_long_text():
     tok = Tokenizer.train(text[:20_000], 400)
     assert tok.encode(text, num_threads=4) == tok.encode(text)
     assert len(split_for_threads(text, 4)) == 4
+
+
+def test_white_space_is_what_the_patterns_call_whitespace():
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    assert [ord(c) for c in regex.findall(r"\s", every)] == sorted(WHITE_SPACE)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
+                | st.text(" \t\n\r\x0b\x0c\x85\xa0\u2000\u3000\x1cab1.'!", max_size=20),
+                min_size=1, max_size=20))
+def test_lookahead_free_pattern_on_cut_pieces_gives_gpt2_chunks(parts):
+    text = "".join(parts)
+    pieces = cut_whitespace_runs(text)
+    assert "".join(pieces) == text
+    chunks = [c for p in pieces for c in regex.findall(GPT2_NO_LOOKAHEAD, p)]
+    assert chunks == ref.pretokenize(text, ref.GPT2_PATTERN)
+
+
+def test_the_cut_is_needed():
+    # without it the lookahead-free pattern keeps a whole run of spaces in one chunk
+    assert regex.findall(GPT2_NO_LOOKAHEAD, "a   b") == ["a", "   ", "b"]
+    assert ref.pretokenize("a   b") == ["a", "  ", " b"]
+    assert cut_whitespace_runs("a   b\n\nc  ") == ["a  ", " b\n", "\nc  "]
