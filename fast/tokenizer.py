@@ -38,8 +38,8 @@ from gptspec.reference.tokenizer import (
 )
 
 __all__ = ["Tokenizer", "TokenizerError", "FastTokenizerBackend", "train_merges",
-           "split_for_threads", "cut_whitespace_runs", "resolve_pattern", "GPT2_PATTERN", "CL100K_PATTERN",
-           "ENDOFTEXT", "MAX_VOCAB_SIZE"]
+           "split_for_threads", "cut_whitespace_runs", "resolve_pattern", "GPT2_PATTERN",
+           "GPT2_NO_LOOKAHEAD", "CL100K_PATTERN", "ENDOFTEXT", "MAX_VOCAB_SIZE", "WHITE_SPACE"]
 
 # Far beyond any BPE vocabulary in use (cl100k ≈ 100k, o200k ≈ 200k); a larger request
 # is a typo, and would mostly learn merges of count 1.
