@@ -1,0 +1,262 @@
+"""Batched generation with a preallocated KV cache, streaming tokens as they are produced.
+
+``stream(model, prompts, max_new_tokens, ...)`` is a Python generator: each step runs one
+forward call for the whole batch and yields the new token of every sequence still going.
+``generate(...)`` drains it into lists. The meaning is the reference loop
+(``gptspec.reference.generate``: the full forward recomputed at every step); the cache
+computes the same logits from one new row per step (the spec's KV-cache identity).
+
+- Prompts of different lengths are right-padded and fed once (``lengths``), so a prompt
+  gives the same tokens alone or inside a batch.
+- Each sequence stops on its own: end-of-text or its length. A stopped sequence is no
+  longer advanced in the cache (its new-token count is 0).
+- A context that reaches n_ctx is cropped to its last n_ctx tokens (spec: crop_context);
+  positions then move, so the cache is refilled from the cropped contexts.
+- Sampling follows ``sampling_distribution`` (temperature → top-k → nucleus), drawn with an
+  explicitly seeded ``torch.Generator``: a fixed seed reproduces the tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from gptspec.fast.kv_cache import KVCache
+from gptspec.fast.model import GPT
+from gptspec.reference.sampling import check_sampling_settings
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: temperature 0 is greedy; top_k / top_p None is off."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        check_sampling_settings(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling(temperature=0.0)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _sampling_dtype(dtype: torch.dtype) -> torch.dtype:
+    # 16-bit logits are widened: the nucleus's cumulative sum needs float32 at least
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def top_k_filter(z: Tensor, k: int) -> Tensor:
+    """Keep z_i ≥ the k-th largest logit (ties with it kept); −∞ elsewhere. (…, V)."""
+    k = min(int(k), z.shape[-1])
+    kth = torch.topk(z, k, dim=-1).values[..., -1:]
+    return z.masked_fill(z < kth, float("-inf"))
+
+
+def nucleus_filter(z: Tensor, p: float) -> Tensor:
+    """Keep the shortest prefix, by descending probability with equal probabilities in
+    ascending token id (a stable sort), whose mass reaches p; −∞ elsewhere. (…, V)."""
+    if p >= 1:
+        return z
+    probs = torch.softmax(z, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    # kept iff the mass strictly before it is < p: the prefix up to the crossing token
+    cum = torch.cumsum(sorted_probs, dim=-1)
+    before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)
+    keep = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before < p)
+    return z.masked_fill(~keep, float("-inf"))
+
+
+def sampling_distribution(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                          top_p: float | None = None) -> Tensor:
+    """q = softmax(nucleus_p(top_k(z / τ))) for τ > 0; the one-hot of argmax z for τ = 0
+    (torch.argmax returns the first maximum: the lowest id at a tie). (…, V) → (…, V)."""
+    check_sampling_settings(temperature, top_k, top_p)
+    z = logits.to(_sampling_dtype(logits.dtype))
+    if temperature == 0:
+        best = torch.argmax(z, dim=-1, keepdim=True)
+        return torch.zeros_like(z).scatter(-1, best, 1.0)
+    z = z / temperature
+    if top_k is not None:
+        z = top_k_filter(z, top_k)
+    if top_p is not None:
+        z = nucleus_filter(z, top_p)
+    return torch.softmax(z, dim=-1)
+
+
+def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
+    """One token per row of ``logits`` (B, V) → (B,)."""
+    if sampling.greedy:
+        return torch.argmax(logits, dim=-1)
+    q = sampling_distribution(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    # multinomial never draws a category of probability 0: draws stay in the filtered set
+    return torch.multinomial(q, 1, generator=generator)[:, 0]
+
+
+@dataclass
+class Step:
+    """One generation step: ``tokens[b]`` is sequence b's new token, None once it stopped.
+    ``logits`` (B, V) are what the tokens were drawn from (kept when asked for)."""
+
+    index: int  # n: how many new tokens each running sequence now has
+    tokens: list[int | None]
+    finished: list[bool]  # after this step
+    logits: Tensor | None = None
+
+
+def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    if isinstance(prompts, (str, bytes)) or not len(prompts):
+        raise ValueError("prompts must be a non-empty list of token lists")
+    out = []
+    for b, prompt in enumerate(prompts):
+        tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise ValueError(f"prompt {b} is empty: generation needs at least one token")
+        bad = [t for t in tokens if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {b} holds token id {bad[0]}, outside [0, {vocab_size})")
+        out.append(tokens)
+    return out
+
+
+class _Contexts:
+    """The batch's token sequences and what the model has seen of them."""
+
+    def __init__(self, model: GPT, prompts: list[list[int]], max_new_tokens: int,
+                 use_cache: bool) -> None:
+        self.model = model
+        self.n_ctx = model.config.n_ctx
+        self.device = model.wte.device
+        self.sequences = prompts
+        self.max_new_tokens = max_new_tokens
+        self.use_cache = use_cache
+        self.cache: KVCache | None = None
+
+    def context(self, b: int) -> list[int]:
+        seq = self.sequences[b]
+        return seq[max(0, len(seq) - self.n_ctx):]  # crop_context
+
+    def full_forward(self, remaining: int) -> Tensor:
+        """Logits (B, V) at the last position of every cropped context, from scratch;
+        with a cache, the cache is refilled with those contexts."""
+        contexts = [self.context(b) for b in range(len(self.sequences))]
+        lengths = [len(c) for c in contexts]
+        T = max(lengths)
+        tokens = torch.zeros((len(contexts), T), dtype=torch.long)
+        for b, c in enumerate(contexts):
+            tokens[b, : len(c)] = torch.tensor(c)
+        tokens = tokens.to(self.device)
+        last = torch.tensor(lengths, device=self.device) - 1
+        rows = torch.arange(len(contexts), device=self.device)
+        if not self.use_cache:
+            return self.model(tokens)[rows, last]
+        max_len = min(self.n_ctx, T + remaining)  # room for every token still to come
+        if self.cache is None or self.cache.max_len < max_len:
+            self.cache = self.model.new_cache(len(contexts), max_len)
+        else:
+            self.cache.reset()
+        uniform = all(n == T for n in lengths)  # the cache's fast path needs no lengths
+        lens = None if uniform else torch.tensor(lengths, device=self.device)
+        return self.model(tokens, cache=self.cache, lengths=lens)[rows, last]
+
+    def needs_refill(self, running: list[bool]) -> bool:
+        """Whether a running sequence has no room left in the cache: its context reached
+        n_ctx (cropping moves every position) or the cache's length."""
+        if not self.use_cache or self.cache is None:
+            return True
+        fed = self.cache.lengths.tolist()
+        return any(r and fed[b] >= self.cache.max_len for b, r in enumerate(running))
+
+    def cached_step(self, new: Tensor, running: list[bool]) -> Tensor:
+        """Logits (B, V) after feeding each running sequence its newest token."""
+        assert self.cache is not None
+        lens = None if all(running) else torch.tensor(running, device=self.device).long()
+        return self.model(new[:, None], cache=self.cache, lengths=lens)[:, 0]
+
+
+@torch.inference_mode()
+def stream(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+           sampling: Sampling = GREEDY, *, eot_token: int | None = None,
+           seed: int | None = None, generator: torch.Generator | None = None,
+           use_cache: bool = True, keep_logits: bool = False) -> Iterator[Step]:
+    """Generate up to ``max_new_tokens`` tokens after each prompt, yielding every step.
+
+    ``seed`` (or an explicit ``generator`` on the model's device) fixes the draws;
+    ``use_cache=False`` recomputes the full forward each step (the spec's definition)."""
+    config = model.config
+    prompts_ = _check_prompts(prompts, config.vocab_size)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
+    if eot_token is not None and not 0 <= eot_token < config.vocab_size:
+        raise ValueError(f"eot_token {eot_token} lies outside [0, {config.vocab_size})")
+    device = model.wte.device
+    if generator is None and not sampling.greedy:
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+    if max_new_tokens == 0:
+        return
+    B = len(prompts_)
+    ctx = _Contexts(model, prompts_, max_new_tokens, use_cache)
+    running = [True] * B
+    logits = ctx.full_forward(max_new_tokens)
+    for n in range(1, max_new_tokens + 1):
+        new = sample(logits, sampling, generator)
+        new_list = new.tolist()
+        tokens: list[int | None] = []
+        for b in range(B):
+            if not running[b]:
+                tokens.append(None)
+                continue
+            token = new_list[b]
+            ctx.sequences[b].append(token)
+            tokens.append(token)
+            if (eot_token is not None and token == eot_token) or n >= max_new_tokens:
+                running[b] = False  # stop_condition
+        yield Step(n, tokens, [not r for r in running], logits if keep_logits else None)
+        if not any(running):
+            return
+        if ctx.needs_refill(running):
+            logits = ctx.full_forward(max_new_tokens - n)
+        else:
+            logits = ctx.cached_step(new, running)
+
+
+def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+             sampling: Sampling = GREEDY, *, eot_token: int | None = None,
+             seed: int | None = None, generator: torch.Generator | None = None,
+             use_cache: bool = True, on_token: Callable[[int, int], None] | None = None,
+             return_logits: bool = False):
+    """The new tokens of every prompt (end-of-text included where it stopped a sequence).
+
+    ``on_token(b, token)`` is called as each token is produced. With ``return_logits``,
+    also each sequence's (n_b, V) tensor (float32 at least) of the logits its tokens were
+    drawn from."""
+    out: list[list[int]] = [[] for _ in prompts]
+    step_logits: list[list[Tensor]] = [[] for _ in prompts]
+    for step in stream(model, prompts, max_new_tokens, sampling, eot_token=eot_token, seed=seed,
+                       generator=generator, use_cache=use_cache, keep_logits=return_logits):
+        for b, token in enumerate(step.tokens):
+            if token is None:
+                continue
+            out[b].append(token)
+            if return_logits:
+                assert step.logits is not None
+                z = step.logits[b]
+                step_logits[b].append((z.float() if z.dtype in _HALF else z).cpu())
+            if on_token is not None:
+                on_token(b, token)
+    if return_logits:
+        V = model.config.vocab_size
+        return out, [torch.stack(s) if s else torch.empty(0, V) for s in step_logits]
+    return out

@@ -1,0 +1,153 @@
+"""``gptspec generate``: continue a prompt from a checkpoint, streaming text to stdout.
+
+    gptspec generate --checkpoint DIR --prompt TEXT [--max-new-tokens N]
+                     [--temperature T] [--top-k K] [--top-p P] [--seed S]
+
+Temperature 0 is greedy decoding. A prompt longer than the model's context is cropped
+to its last n_ctx tokens, with a warning on stderr. Generation stops at the end-of-text
+token (not printed) or after N tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from gptspec.cli import CLIError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="checkpoint directory (model.safetensors and tokenizer.json)")
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=100, metavar="N",
+                        help="most tokens to generate (default 100)")
+    parser.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                        help="softmax temperature ≥ 0; 0 is greedy decoding (default 1)")
+    parser.add_argument("--top-k", type=int, default=None, metavar="K",
+                        help="sample only among the K most likely tokens (K ≥ 1)")
+    parser.add_argument("--top-p", type=float, default=None, metavar="P",
+                        help="nucleus sampling: the smallest set of mass ≥ P, 0 < P ≤ 1")
+    parser.add_argument("--seed", type=int, default=None, metavar="S",
+                        help="seed of the sampler: the same seed gives the same text")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, …")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16",
+                                                               "float64"))
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """Refuse settings that define no distribution, naming the option."""
+    if args.max_new_tokens < 0:
+        raise CLIError(f"--max-new-tokens must be ≥ 0, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise CLIError(f"--temperature must be a finite number ≥ 0 (0 is greedy), "
+                       f"got {args.temperature}")
+    if args.top_k is not None and args.top_k <= 0:
+        raise CLIError(f"--top-k must be a positive integer, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise CLIError(f"--top-p must lie in (0, 1], got {args.top_p}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise CLIError(f"--seed must lie in [0, 2^63), got {args.seed}")
+
+
+def load_checkpoint(directory: str) -> tuple[Any, Any, Any]:
+    """(config, params, tokenizer) of a checkpoint directory, or a one-line CLIError."""
+    from gptspec.fast.checkpoint import load_model
+    from gptspec.fast.tokenizer import Tokenizer
+
+    path = Path(directory)
+    if not path.exists():
+        raise CLIError(f"checkpoint directory {directory!r} does not exist")
+    if not path.is_dir():
+        raise CLIError(f"checkpoint {directory!r} is not a directory")
+    try:
+        config, params = load_model(path)
+    except Exception as err:  # any failure to read the file is the user's file's problem
+        raise CLIError(f"cannot load the model from {directory!r}: {_one_line(err)}") from None
+    tokenizer_file = path / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise CLIError(f"checkpoint {directory!r} has no tokenizer.json")
+    try:
+        tokenizer = Tokenizer.load(tokenizer_file)
+    except Exception as err:
+        raise CLIError(f"cannot load the tokenizer from {str(tokenizer_file)!r}: "
+                       f"{_one_line(err)}") from None
+    return config, params, tokenizer
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]
+
+
+class TextStream:
+    """Writes tokens as text as they arrive; a character split across tokens is held back
+    until its last byte arrives (an incremental UTF-8 decoder)."""
+
+    def __init__(self, tokenizer: Any, out: Any) -> None:
+        self.tokenizer = tokenizer
+        self.out = out
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, token: int) -> None:
+        try:
+            data = self.tokenizer.decode_bytes([token])
+        except Exception:  # an id the tokenizer does not define (a model with spare ids)
+            data = "\ufffd".encode()
+        self.out.write(self.decoder.decode(data))
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.write(self.decoder.decode(b"", final=True))
+        self.out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    check_settings(args)
+    import torch
+
+    from gptspec.fast.generate import Sampling, stream
+    from gptspec.fast.model import GPT
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CLIError(f"--device {args.device} asked for, but CUDA is not available")
+    config, params, tokenizer = load_checkpoint(args.checkpoint)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CLIError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                       f"{config.vocab_size}: they do not belong together")
+    try:
+        prompt = tokenizer.encode(args.prompt)
+    except Exception as err:
+        raise CLIError(f"cannot encode the prompt: {_one_line(err)}") from None
+    eot = tokenizer.eot_token
+    if not prompt:
+        if eot is None:
+            raise CLIError("the prompt is empty and the tokenizer has no end-of-text token "
+                           "to start from")
+        prompt = [eot]  # an empty prompt starts a new document
+    if len(prompt) > config.n_ctx:
+        print(f"gptspec generate: warning: the prompt has {len(prompt)} tokens, more than the "
+              f"context of {config.n_ctx}; keeping its last {config.n_ctx}", file=sys.stderr)
+        prompt = prompt[-config.n_ctx:]
+    try:
+        model = GPT.from_parameters(config, params, device=args.device, dtype=args.dtype)
+    except ValueError as err:
+        raise CLIError(f"cannot build the model: {_one_line(err)}") from None
+    model.requires_grad_(False)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+
+    out = TextStream(tokenizer, sys.stdout)
+    if args.prompt:
+        sys.stdout.write(args.prompt)
+    for step in stream(model, [prompt], args.max_new_tokens, sampling, eot_token=eot,
+                       seed=args.seed):
+        token = step.tokens[0]
+        if token is not None and token != eot:
+            out.write(token)
+    out.close()
+    sys.stdout.write("\n")
+    return 0

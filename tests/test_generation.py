@@ -1,0 +1,439 @@
+"""Sampling and generation: spec ↔ reference, the reference loop, and gptspec.fast.generate.
+
+The spec's sympy forms are evaluated exactly (rationals) or at 40 digits and compared
+with the float64 reference; the fast generator is compared with the reference loop (the
+spec's definition: the full forward recomputed every step) token for token.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import mpmath
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+from gptspec.fast.generate import GREEDY, Sampling, generate, stream
+from gptspec.fast.generate import nucleus_filter as fast_nucleus
+from gptspec.fast.generate import sampling_distribution as fast_distribution
+from gptspec.fast.generate import top_k_filter as fast_top_k
+from gptspec.fast.model import GPT
+from gptspec.spec import REGISTRY, init_parameters, preset
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from gptspec import reference as R
+
+U64 = 2.0**-53  # float64 unit roundoff
+SPEC = {e.id: e.sympy for e in REGISTRY.by_group("sampling")}
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def row(values) -> sp.Matrix:
+    return sp.Matrix([list(values)])
+
+
+def as_floats(m) -> np.ndarray:
+    return np.array([float(v) for v in m], dtype=np.float64)
+
+
+def kept(filtered) -> set[int]:
+    """The token ids a filter kept (finite entries)."""
+    return {i for i, v in enumerate(filtered) if v != -sp.oo and v != -np.inf}
+
+
+small_ints = st.lists(st.integers(-3, 3), min_size=1, max_size=8)  # ties are likely
+
+
+# --- temperature and greedy ------------------------------------------------------------------
+
+
+@SETTINGS
+@given(st.lists(st.floats(-8, 8), min_size=1, max_size=8),
+       st.sampled_from([0.25, 0.7, 1.0, 3.0]))
+def test_temperature_softmax_reference_matches_spec(z, tau):
+    exact = SPEC["temperature_softmax"](
+        row(sp.Float(v, 40) for v in z), sp.Float(tau, 40)).evalf(40)
+    got = R.temperature_softmax(np.array(z), tau)
+    # exp(z/τ) carries the rounding of z/τ (relative |z/τ| u); the sum adds V roundings
+    budget = (2 * max(abs(v) for v in z) / tau + len(z) + 5) * U64
+    for g, e in zip(got, exact, strict=True):
+        assert abs(mpmath.mpf(g) - mpmath.mpf(sp.Float(e, 40)._mpf_)) <= budget * float(e)
+
+
+def test_temperature_zero_and_negative_are_not_softmax():
+    with pytest.raises(ValueError, match="greedy"):
+        R.temperature_softmax(np.zeros(3), 0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        R.sampling_distribution(np.zeros(3), -1.0)
+
+
+@SETTINGS
+@given(small_ints)
+def test_greedy_takes_the_lowest_id_among_maxima(z):
+    expected = min(i for i, v in enumerate(z) if v == max(z))  # the stated rule, directly
+    assert int(SPEC["greedy_token"](row(z))) == expected
+    assert R.greedy_token(np.array(z, dtype=float)) == expected
+    q = R.sampling_distribution(np.array(z, dtype=float), temperature=0)
+    assert q[expected] == 1 and q.sum() == 1
+
+
+# --- top-k -----------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(small_ints, st.integers(1, 10))
+def test_top_k_reference_matches_spec_and_the_tie_rule(z, k):
+    spec_set = kept(SPEC["top_k_filter"](row(z), k))
+    ref = R.top_k_filter(np.array(z, dtype=float), k)
+    assert kept(ref) == spec_set
+    # The rule, checked from its statement: everything kept is ≥ everything dropped, at
+    # least min(k, V) are kept, and more only when they tie with the k-th value.
+    kth = sorted(z, reverse=True)[min(k, len(z)) - 1]
+    assert spec_set == {i for i, v in enumerate(z) if v >= kth}
+    assert len(spec_set) >= min(k, len(z))
+    if len(set(z)) == len(z):
+        assert len(spec_set) == min(k, len(z))
+    assert all(ref[i] == z[i] for i in spec_set)  # kept logits unchanged
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth_value():
+    z = [2, 2, 2, 0]
+    assert kept(SPEC["top_k_filter"](row(z), 2)) == {0, 1, 2}
+    assert kept(R.top_k_filter(np.array(z, dtype=float), 2)) == {0, 1, 2}
+
+    def exactly_k(z, k):  # a plausible but different rule: the first k after a sort
+        return set(np.argsort(-np.asarray(z), kind="stable")[:k].tolist())
+
+    assert exactly_k(z, 2) != kept(SPEC["top_k_filter"](row(z), 2))  # the test tells them apart
+
+
+# --- nucleus ---------------------------------------------------------------------------------
+
+
+def smallest_mass_set_size(probs, p) -> int:
+    """By brute force over all subsets: the least size of a set of mass ≥ p."""
+    n = len(probs)
+    for size in range(1, n + 1):
+        if any(sum(probs[i] for i in c) >= p for c in itertools.combinations(range(n), size)):
+            return size
+    raise AssertionError("no set reaches p")
+
+
+rational_probs = st.lists(st.integers(1, 6), min_size=1, max_size=6).map(
+    lambda w: [sp.Rational(x, sum(w)) for x in w])
+
+
+@SETTINGS
+@given(rational_probs, st.integers(1, 12).map(lambda n: sp.Rational(n, 12)))
+def test_nucleus_is_the_smallest_set_reaching_p(probs, p):
+    logits = row(sp.log(q) for q in probs)  # exp(log q) = q exactly: exact masses
+    nucleus = kept(SPEC["nucleus_filter"](logits, p))
+    assert sum(probs[i] for i in nucleus) >= p
+    assert len(nucleus) == smallest_mass_set_size(probs, p)
+    # it is a prefix of the stated order: descending probability, then ascending id
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    assert nucleus == set(order[: len(nucleus)])
+
+
+@SETTINGS
+@given(st.lists(st.floats(-4, 4), min_size=1, max_size=7), st.floats(0.05, 1.0))
+def test_nucleus_reference_matches_spec(z, p):
+    probs = R.softmax(np.array(z))
+    order = sorted(range(len(z)), key=lambda i: (-probs[i], i))
+    # Off the boundary: no cumulative mass within rounding of p, no near-ties.
+    assume(all(abs(np.cumsum(probs[order])[m] - p) > 1e-9 for m in range(len(z))))
+    assume(all(abs(a - b) > 1e-9 or a == b for a, b in itertools.combinations(probs, 2)))
+    spec = kept(SPEC["nucleus_filter"](row(sp.Float(v, 40) for v in z), sp.Float(p, 40)))
+    assert kept(R.nucleus_filter(np.array(z), p)) == spec
+
+
+def test_nucleus_includes_the_crossing_token_and_breaks_ties_by_id():
+    probs = [sp.Rational(1, 5), sp.Rational(1, 2), sp.Rational(3, 10)]
+    logits = row(sp.log(q) for q in probs)
+    assert kept(SPEC["nucleus_filter"](logits, sp.Rational(1, 2))) == {1}  # reaches p exactly
+    assert kept(SPEC["nucleus_filter"](logits, sp.Rational(6, 10))) == {1, 2}  # 2 crosses p
+    assert kept(SPEC["nucleus_filter"](logits, 1)) == {0, 1, 2}
+    flat = row([0, 0, 0, 0])
+    assert kept(SPEC["nucleus_filter"](flat, sp.Rational(1, 2))) == {0, 1}
+    assert kept(R.nucleus_filter(np.zeros(4), 0.5)) == {0, 1}
+    assert kept(R.nucleus_filter(np.log([0.2, 0.5, 0.3]), 0.6)) == {1, 2}
+    # A rule without the crossing token keeps only {1} at p = 0.6: the test tells it apart.
+    without_crossing = {i for i in (1, 2) if sum(probs[j] for j in (1, 2)[: (1, 2).index(i) + 1])
+                        < sp.Rational(6, 10)}
+    assert without_crossing != {1, 2}
+
+
+def test_nucleus_rejects_p_outside_0_1():
+    for p in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="top-p"):
+            R.nucleus_filter(np.zeros(3), p)
+
+
+# --- the composed distribution and the draw --------------------------------------------------
+
+
+@SETTINGS
+@given(st.lists(st.integers(-6, 6), min_size=2, max_size=7),
+       st.sampled_from([sp.Rational(1, 2), sp.Integer(1), sp.Integer(2)]),
+       st.one_of(st.none(), st.integers(1, 5)),
+       st.one_of(st.none(), st.sampled_from([sp.Rational(1, 3), sp.Rational(4, 5)])))
+def test_sampling_distribution_reference_matches_spec(z, tau, k, p):
+    exact = SPEC["sampling_distribution"](row(z), tau, k, p)
+    exact_f = as_floats(exact.evalf(30))
+    mass = np.cumsum(np.sort(exact_f)[::-1])
+    assume(p is None or np.all(np.abs(mass - float(p)) > 1e-9))  # off the nucleus boundary
+    got = R.sampling_distribution(np.array(z, dtype=float), float(tau), k,
+                                  None if p is None else float(p))
+    assert set(np.flatnonzero(got)) == set(np.flatnonzero(exact_f))
+    np.testing.assert_allclose(got, exact_f, rtol=(len(z) + 2 * 6 / float(tau) + 5) * U64,
+                               atol=0)
+
+
+def test_nucleus_is_taken_after_the_temperature():
+    z = np.log([0.6, 0.3, 0.1])
+    # at τ = 1 the top token alone has mass 0.6 ≥ 0.55; at τ = 2 mass moves to the others
+    assert np.count_nonzero(R.sampling_distribution(z, 1.0, top_p=0.55)) == 1
+    assert np.count_nonzero(R.sampling_distribution(z, 2.0, top_p=0.55)) == 2
+
+
+class FixedDraws:
+    """A stand-in generator whose uniforms are given."""
+
+    def __init__(self, *u: float) -> None:
+        self.u = list(u)
+
+    def random(self) -> float:
+        return self.u.pop(0)
+
+
+def test_sample_token_is_the_inverse_cdf_and_never_draws_a_zero():
+    q = [0.25, 0.0, 0.75]
+    for u, token in [(0.0, 0), (0.2499, 0), (0.25, 2), (0.9999, 2)]:
+        assert R.sample_token(np.array(q), FixedDraws(u)) == token
+        exact = [sp.Rational(1, 4), 0, sp.Rational(3, 4)]
+        assert int(SPEC["sample_token"](row(exact), sp.Rational(u))) == token
+
+
+def test_seeded_draws_are_reproducible_and_in_the_support():
+    z = np.random.default_rng(0).normal(size=20) * 3
+    q = R.sampling_distribution(z, 0.8, top_k=5, top_p=0.9)
+    draws = [R.sample_token(q, np.random.default_rng(s)) for s in range(200)]
+    again = [R.sample_token(q, np.random.default_rng(s)) for s in range(200)]
+    assert draws == again
+    assert set(draws) <= set(np.flatnonzero(q))
+
+
+# --- the KV-cache identity -------------------------------------------------------------------
+
+
+def test_kv_cache_identity_symbolically():
+    """Row t of masked attention over all T positions equals attention of q_t over the
+    keys and values of positions 0…t, as expressions in the matrices' entries."""
+    T, d = 3, 2
+    Q, K, V = (sp.Matrix(T, d, lambda i, j, n=n: sp.Symbol(f"{n}{i}{j}", real=True))
+               for n in "qkv")
+    scores = Q * K.T / sp.sqrt(d) + sp.Matrix(T, T, lambda i, j: -sp.oo if j > i else 0)
+    for t in range(T):
+        e = scores.row(t).applyfunc(sp.exp)
+        full_row = (e / sum(e)) * V  # Blueprint eq 3, row t
+        cached = SPEC["kv_cache_attention"](Q.row(t), K[: t + 1, :], V[: t + 1, :])
+        assert sp.simplify(full_row - cached) == sp.zeros(1, d)
+
+
+def test_kv_cache_attention_reference_matches_full_attention():
+    rng = np.random.default_rng(3)
+    T, d = 6, 4
+    Q, K, V = (rng.normal(size=(T, d)) for _ in range(3))
+    full = R.scaled_dot_product_attention(Q, K, V, R.causal_mask(T))
+    for t in range(T):
+        cached = R.kv_cache_attention(Q[t : t + 1], K[: t + 1], V[: t + 1])
+        # two summation orders of the same d + T terms
+        np.testing.assert_allclose(cached[0], full[t], rtol=0,
+                                   atol=4 * (d + T) * U64 * np.abs(V).max())
+
+
+# --- cropping, stopping, the loop ------------------------------------------------------------
+
+
+def test_crop_context_and_stop_condition():
+    assert R.crop_context(range(10), 4) == [6, 7, 8, 9] == SPEC["crop_context"](range(10), 4)
+    assert R.crop_context([1, 2], 4) == [1, 2]
+    assert R.stop_condition(7, 1, 5, eot_token=7) and not R.stop_condition(7, 1, 5)
+    assert R.stop_condition(3, 5, 5) and not R.stop_condition(3, 4, 5, eot_token=7)
+
+
+def peaked(name: str, seed: int = 0) -> tuple:
+    """A tiny model with large weights: peaked next-token distributions, so greedy choices
+    have margins far above rounding."""
+    config = preset(name)
+    return config, init_parameters(config, seed=seed, std=0.5)
+
+
+def test_reference_loop_equals_the_spec_loop():
+    config, params = peaked("tiny")
+    prompt = [3, 1, 4, 1, 5]
+    n = config.n_ctx + 4  # runs past n_ctx: cropping is exercised
+
+    def next_logits(context):
+        return row(R.gpt_forward(np.array(context), params, config)[-1])
+
+    spec = SPEC["generate"](prompt, next_logits, n, config.n_ctx)
+    assert R.generate(params, config, prompt, n, temperature=0) == spec
+    draws = np.random.default_rng(9).random(n)
+    spec_sampled = SPEC["generate"](prompt, next_logits, n, config.n_ctx, 1, 4, None,
+                                    [sp.Float(u, 30) for u in draws])
+    ref_sampled = R.generate(params, config, prompt, n, temperature=1.0, top_k=4,
+                             rng=FixedDraws(*draws))
+    assert ref_sampled == spec_sampled
+
+
+def test_reference_generate_crops_stops_and_reports_logits():
+    config, params = peaked("tiny")
+    long_prompt = list(np.random.default_rng(1).integers(0, config.vocab_size, 40))
+    cropped = long_prompt[-config.n_ctx:]
+    assert R.generate(params, config, long_prompt, 5, temperature=0) == \
+        R.generate(params, config, cropped, 5, temperature=0)
+    first = R.generate(params, config, cropped, 1, temperature=0)[0]
+    assert R.generate(params, config, cropped, 10, temperature=0, eot_token=first) == [first]
+    assert R.generate(params, config, cropped, 0, temperature=0) == []
+    tokens, logits = R.generate(params, config, [1, 2], 3, temperature=0, return_logits=True)
+    expected = R.gpt_forward(np.array([1, 2, *tokens[:2]]), params, config)[1:]
+    np.testing.assert_array_equal(logits, expected)
+    assert tokens == [int(np.argmax(z)) for z in logits]
+
+
+def test_reference_sampling_stays_in_the_top_k_and_is_seeded():
+    config, params = peaked("tiny")
+    tokens, logits = R.generate(params, config, [1], 12, temperature=1.5, top_k=3,
+                                rng=np.random.default_rng(4), return_logits=True)
+    for t, z in zip(tokens, logits, strict=True):
+        assert z[t] >= np.sort(z)[-3]
+    assert tokens == R.generate(params, config, [1], 12, temperature=1.5, top_k=3,
+                                rng=np.random.default_rng(4))
+    with pytest.raises(ValueError, match="rng"):
+        R.generate(params, config, [1], 2, temperature=1.0)
+
+
+# --- gptspec.fast.generate -------------------------------------------------------------------
+
+
+def fast_model(config, params, dtype="float64") -> GPT:
+    return GPT.from_parameters(config, params, dtype=dtype).requires_grad_(False)
+
+
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1]]
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-post", "tiny-guide"])
+def test_fast_greedy_equals_the_reference_loop(name):
+    config, params = peaked(name)
+    n = config.n_ctx + 5  # past n_ctx: cropping and the cache refill are exercised
+    model = fast_model(config, params)
+    tokens, logits = generate(model, PROMPTS, n, GREEDY, return_logits=True)
+    for prompt, got, got_logits in zip(PROMPTS, tokens, logits, strict=True):
+        ref, ref_logits = R.generate(params, config, prompt, n, temperature=0,
+                                     return_logits=True)
+        assert got == ref
+        # float64 both ways: the cache changes only the summation order
+        scale = np.abs(ref_logits).max()
+        np.testing.assert_allclose(got_logits.numpy(), ref_logits, rtol=0,
+                                   atol=64 * (config.d_model + config.n_ctx) * U64 * scale)
+
+
+def test_fast_cache_equals_no_cache_and_batch_equals_alone():
+    config, params = peaked("tiny", seed=2)
+    model = fast_model(config, params, "float32")
+    n = config.n_ctx + 3
+    cached, cached_logits = generate(model, PROMPTS, n, return_logits=True)
+    fresh, fresh_logits = generate(model, PROMPTS, n, use_cache=False, return_logits=True)
+    assert cached == fresh
+    u32 = 2.0**-24
+    for a, b in zip(cached_logits, fresh_logits, strict=True):
+        budget = 16 * (config.d_model + config.d_ff) * u32 * float(b.abs().max())
+        assert float((a - b).abs().max()) <= budget
+    alone = [generate(model, [p], n)[0] for p in PROMPTS]
+    assert alone == cached
+
+
+def test_fast_stops_each_sequence_on_its_own():
+    config, params = peaked("tiny")
+    model = fast_model(config, params)
+    free = generate(model, PROMPTS, 6)
+    eot = free[1][2]  # sequence 1's third token: it stops there (others may too, earlier)
+    stopped = generate(model, PROMPTS, 6, eot_token=eot)
+    for seq, ref in zip(stopped, free, strict=True):
+        end = ref.index(eot) + 1 if eot in ref else len(ref)
+        assert seq == ref[:end]
+    steps = list(stream(model, PROMPTS, 6, eot_token=eot))
+    assert steps[-1].index == max(len(s) for s in stopped)
+    for step in steps:
+        for b, token in enumerate(step.tokens):
+            assert (token is None) == (step.index > len(stopped[b]))
+
+
+def test_fast_stream_yields_each_token_before_computing_the_next():
+    config, params = peaked("tiny")
+    model = fast_model(config, params)
+    calls = []
+    model.register_forward_hook(lambda *args: calls.append(1))
+    steps = stream(model, PROMPTS[:1], 5)
+    first = next(steps)
+    assert first.index == 1 and len(calls) == 1  # the prompt, nothing more yet
+    next(steps)
+    assert len(calls) == 2
+    seen = []
+    generate(model, PROMPTS, 3, on_token=lambda b, t: seen.append((b, t)))
+    assert [b for b, _ in seen] == [0, 1, 2] * 3
+
+
+def test_fast_sampling_is_seeded_and_stays_in_the_filtered_set():
+    config, params = peaked("tiny")
+    model = fast_model(config, params, "float32")
+    sampling = Sampling(temperature=1.3, top_k=4, top_p=0.9)
+    a, logits = generate(model, PROMPTS, 12, sampling, seed=11, return_logits=True)
+    assert generate(model, PROMPTS, 12, sampling, seed=11) == a
+    for tokens, z in zip(a, logits, strict=True):
+        for t, row_z in zip(tokens, z, strict=True):
+            q = R.sampling_distribution(row_z.double().numpy(), 1.3, 4, 0.9)
+            assert q[t] > 0
+
+
+@SETTINGS
+@given(st.lists(st.integers(-5, 5), min_size=2, max_size=12),
+       st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.one_of(st.none(), st.integers(1, 6)),
+       st.one_of(st.none(), st.sampled_from([0.3, 0.75, 0.95, 1.0])))
+def test_fast_distribution_has_the_reference_support(z, tau, k, p):
+    """The distribution fast samples from: same support as the reference's (checked on
+    the distribution, so a draw outside the set is impossible, not merely unlikely)."""
+    ref = R.sampling_distribution(np.array(z, dtype=float), tau, k, p)
+    probs = R.softmax(np.array(z, dtype=float) / (tau or 1))
+    assume(p is None or np.all(np.abs(np.cumsum(np.sort(probs)[::-1]) - p) > 1e-6))
+    got = fast_distribution(torch.tensor(z, dtype=torch.float32), tau, k, p).double().numpy()
+    assert set(np.flatnonzero(got)) == set(np.flatnonzero(ref))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=(len(z) + 8 * 5 / (tau or 1)) * 2.0**-24)
+
+
+def test_fast_filters_follow_the_tie_rules():
+    z = torch.tensor([[2.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.isfinite(fast_top_k(z, 2)).tolist() == [[True, True, True, False]] * 1 + \
+        [[True, True, True, True]]
+    assert torch.isfinite(fast_nucleus(z, 0.5)).tolist() == [[True, True, False, False],
+                                                            [True, True, False, False]]
+
+
+def test_fast_generate_rejects_bad_input():
+    config, params = peaked("tiny")
+    model = fast_model(config, params)
+    for prompts, match in [([[]], "empty"), ([[config.vocab_size]], "outside"), ([], "non-empty")]:
+        with pytest.raises(ValueError, match=match):
+            generate(model, prompts, 3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, [[1]], -1)
+    for kwargs, match in [(dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top-k"),
+                          (dict(top_p=0.0), "top-p"), (dict(top_p=1.5), "top-p")]:
+        with pytest.raises(ValueError, match=match):
+            Sampling(**kwargs)
+    assert generate(model, [[1]], 0) == [[]]
