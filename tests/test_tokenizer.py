@@ -18,10 +18,10 @@ from gptspec.conformance.registry import all_checks, checks_for
 from gptspec.conformance.runner import run_suite
 from gptspec.fast.tokenizer import (
     ENDOFTEXT,
-    FastTokenizerBackend,
-    Tokenizer,
     GPT2_NO_LOOKAHEAD,
     WHITE_SPACE,
+    FastTokenizerBackend,
+    Tokenizer,
     TokenizerError,
     cut_whitespace_runs,
     split_for_threads,
