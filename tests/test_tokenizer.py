@@ -440,3 +440,45 @@ def test_the_cut_is_needed():
     assert regex.findall(GPT2_NO_LOOKAHEAD, "a   b") == ["a", "   ", "b"]
     assert ref.pretokenize("a   b") == ["a", "  ", " b"]
     assert cut_whitespace_runs("a   b\n\nc  ") == ["a  ", " b\n", "\nc  "]
+
+
+def hf_trained(tmp_path, special_tokens):
+    from tokenizers import Regex, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import BPE
+
+    hf = HFTokenizer(BPE())
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(ref.GPT2_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    trainer = trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=special_tokens)
+    hf.train_from_iterator([corpus()], trainer)
+    path = tmp_path / "tokenizer.json"
+    hf.save(str(path))
+    return hf, path
+
+
+def test_tokenizer_json_written_by_hf_tokenizers_loads_and_encodes_alike(tmp_path):
+    hf, path = hf_trained(tmp_path, [])
+    tok = Tokenizer.load(path)
+    assert tok.vocab_size == hf.get_vocab_size() == 600
+    assert tok.base != tuple(range(256))  # HF numbers the bytes in its own order
+    sample = corpus()[-5000:] + "naïve 😀 中文"
+    assert tok.encode(sample) == hf.encode(sample).ids
+    assert tok.encode(sample) == ref.encode(sample, tok.merges, base=tok.base)
+
+
+def test_tokenizer_json_with_special_tokens_first_is_a_clear_error(tmp_path):
+    from gptspec.fast.tokenizer_files import TokenizerFileError
+
+    _, path = hf_trained(tmp_path, [ENDOFTEXT])
+    with pytest.raises(TokenizerFileError, match=r"special tokens after them \(special tokens at"):
+        Tokenizer.load(path)
+    doc = json.loads(path.read_text())
+    doc["normalizer"] = {"type": "NFC"}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TokenizerFileError, match="normalizer"):
+        Tokenizer.load(path)
