@@ -281,25 +281,26 @@ def test_reference_loop_equals_the_spec_loop():
         return row(R.gpt_forward(np.array(context), params, config)[-1])
 
     spec = SPEC["generate"](prompt, next_logits, n, config.n_ctx)
-    assert R.generate(params, config, prompt, n, temperature=0) == spec
+    assert R.generate(params, config, [prompt], n, temperature=0) == [spec]
     draws = np.random.default_rng(9).random(n)
     spec_sampled = SPEC["generate"](prompt, next_logits, n, config.n_ctx, 1, 4, None,
                                     [sp.Float(u, 30) for u in draws])
-    ref_sampled = R.generate(params, config, prompt, n, temperature=1.0, top_k=4,
+    ref_sampled = R.generate(params, config, [prompt], n, temperature=1.0, top_k=4,
                              rng=FixedDraws(*draws))
-    assert ref_sampled == spec_sampled
+    assert ref_sampled == [spec_sampled]
 
 
 def test_reference_generate_crops_stops_and_reports_logits():
     config, params = peaked("tiny")
     long_prompt = list(np.random.default_rng(1).integers(0, config.vocab_size, 40))
     cropped = long_prompt[-config.n_ctx:]
-    assert R.generate(params, config, long_prompt, 5, temperature=0) == \
-        R.generate(params, config, cropped, 5, temperature=0)
-    first = R.generate(params, config, cropped, 1, temperature=0)[0]
-    assert R.generate(params, config, cropped, 10, temperature=0, eot_token=first) == [first]
-    assert R.generate(params, config, cropped, 0, temperature=0) == []
-    tokens, logits = R.generate(params, config, [1, 2], 3, temperature=0, return_logits=True)
+    assert R.generate(params, config, [long_prompt], 5, temperature=0) == \
+        R.generate(params, config, [cropped], 5, temperature=0)
+    first = R.generate(params, config, [cropped], 1, temperature=0)[0][0]
+    assert R.generate(params, config, [cropped], 10, temperature=0, eot_token=first) == [[first]]
+    assert R.generate(params, config, [cropped], 0, temperature=0) == [[]]
+    [tokens], [logits] = R.generate(params, config, [[1, 2]], 3, temperature=0,
+                                    return_logits=True)
     expected = R.gpt_forward(np.array([1, 2, *tokens[:2]]), params, config)[1:]
     np.testing.assert_array_equal(logits, expected)
     assert tokens == [int(np.argmax(z)) for z in logits]
@@ -307,14 +308,14 @@ def test_reference_generate_crops_stops_and_reports_logits():
 
 def test_reference_sampling_stays_in_the_top_k_and_is_seeded():
     config, params = peaked("tiny")
-    tokens, logits = R.generate(params, config, [1], 12, temperature=1.5, top_k=3,
-                                rng=np.random.default_rng(4), return_logits=True)
+    [tokens], [logits] = R.generate(params, config, [[1]], 12, temperature=1.5, top_k=3,
+                                    rng=np.random.default_rng(4), return_logits=True)
     for t, z in zip(tokens, logits, strict=True):
         assert z[t] >= np.sort(z)[-3]
-    assert tokens == R.generate(params, config, [1], 12, temperature=1.5, top_k=3,
-                                rng=np.random.default_rng(4))
+    assert [tokens] == R.generate(params, config, [[1]], 12, temperature=1.5, top_k=3,
+                                  rng=np.random.default_rng(4))
     with pytest.raises(ValueError, match="rng"):
-        R.generate(params, config, [1], 2, temperature=1.0)
+        R.generate(params, config, [[1]], 2, temperature=1.0)
 
 
 # --- gptspec.fast.generate -------------------------------------------------------------------
@@ -333,9 +334,8 @@ def test_fast_greedy_equals_the_reference_loop(name):
     n = config.n_ctx + 5  # past n_ctx: cropping and the cache refill are exercised
     model = fast_model(config, params)
     tokens, logits = generate(model, PROMPTS, n, GREEDY, return_logits=True)
-    for prompt, got, got_logits in zip(PROMPTS, tokens, logits, strict=True):
-        ref, ref_logits = R.generate(params, config, prompt, n, temperature=0,
-                                     return_logits=True)
+    refs, refs_logits = R.generate(params, config, PROMPTS, n, temperature=0, return_logits=True)
+    for got, got_logits, ref, ref_logits in zip(tokens, logits, refs, refs_logits, strict=True):
         assert got == ref
         # float64 both ways: the cache changes only the summation order
         scale = np.abs(ref_logits).max()
