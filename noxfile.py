@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.sessions = ["lint", "tests", "conformance", "wheel"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
@@ -34,7 +34,7 @@ def install(session: nox.Session, extras: str = "") -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The project's own tests: spec ↔ reference, traceability, every component."""
-    install(session, "interop")
+    install(session, "interop,docs")
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -51,3 +51,46 @@ def lint(session: nox.Session) -> None:
     install(session, "dev")
     session.run("ruff", "check", ".")
     session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Every benchmark, several rounds: medians, ratios and utilisation into out/bench
+    (bench.json, bench.md). Options after --: --quick, --corpus PATH, --out DIR."""
+    install(session, "interop")
+    session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the spec site with --strict into site/ (`nox -s docs -- serve` serves it).
+
+    KaTeX is installed from the npm registry into .cache/katex on the first build; after
+    that the build needs no network."""
+    install(session, "docs")
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def wheel(session: nox.Session) -> None:
+    """Build a plain wheel and check it installs and works outside the source tree."""
+    tmp = Path(session.create_tmp()).resolve()
+    for old in tmp.glob("gptspec-*.whl"):
+        old.unlink()
+    session.install(*pip_args(), "torch==2.13.0")
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", str(tmp), str(ROOT))
+    (built,) = tmp.glob("gptspec-*.whl")
+    session.install(*pip_args(), "--force-reinstall", "--no-deps", str(built))
+    session.install(*pip_args(), str(built))
+    session.chdir(tmp)  # away from the source folders, so only the wheel can be imported
+    session.run("python", "-c", (
+        "import gptspec, gptspec.spec, gptspec.reference, gptspec.fast.model, "
+        "gptspec.conformance, gptspec.cli; "
+        "assert 'site-packages' in gptspec.spec.__file__, gptspec.spec.__file__; "
+        "print('wheel imports from', gptspec.__file__)"))
+    session.run("gptspec", "info", "gpt2")
+    session.run("gptspec", "conformance", "--backend", "reference", "--profile", "quick")
+    session.run("gptspec", "conformance", "--dtype", "float32", "--profile", "quick")

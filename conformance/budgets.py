@@ -32,6 +32,7 @@ A comparison reports the fraction of the budget used: max |actual − expected| 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -114,8 +115,9 @@ def budget(scale: Array) -> Array:
 
 
 def _q(*terms) -> Array:
-    """Independent error contributions add in quadrature."""
-    return np.sqrt(sum(np.square(t) for t in terms))
+    """Independent error contributions add in quadrature (hypot: no underflow when the
+    terms are tiny, as for the far tail of a softmax)."""
+    return functools.reduce(np.hypot, terms)
 
 
 # --- rounding inputs to a dtype (done before both sides see them) ------------------------

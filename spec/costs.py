@@ -1,1 +1,347 @@
-"""Spec entries: costs (declared by its issue; empty until then)."""
+"""Spec entries: costs — the size of a model and what running it takes.
+
+Every entry's meaning is a sympy expression of the configuration. Called with no
+configuration it returns the formula in the size symbols (V, n_ctx, d_model, L, h,
+d_ff) for the GPT-2 structure (pre-LN, biases, tied embeddings, final LayerNorm);
+called with a :class:`GPTConfig` it substitutes that configuration's sizes and
+structure and returns an exact integer.
+
+FLOP convention (stated once, used by every FLOP entry; Kaplan et al. 2020, table 1):
+
+* a multiply-add is 2 FLOPs; only matrix products are counted — biases, LayerNorm,
+  softmax, the nonlinearity and the embedding lookups (row selections) are O(d) per
+  token and left out, as in Kaplan's table;
+* N_mm, the weights a token meets in a matrix product, is every block's weight
+  matrices **plus the unembedding d_model·V** (tied or not: the tied output map is a
+  product with W_Eᵀ). Kaplan's C_forward ≈ 2N + 2·L·n_ctx·d_model uses the
+  non-embedding N and lists the de-embedding's 2·d_model·V separately; we keep it,
+  because at GPT-2's sizes it is a third of the forward pass;
+* the attention term is a full causal window of n_ctx tokens: on average a token
+  attends to n_ctx/2 positions, and Q Kᵀ and A V each cost 2·d_model per position,
+  so 2·L·n_ctx·d_model per token (Kaplan's "attention: mask" row);
+* a training step is a forward and a backward pass, the backward costing twice the
+  forward (a product's gradient needs two products of the same size): 3× forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+from gptspec.spec.config import GPTConfig
+from gptspec.spec.equation import Decision, Reading, Symbol, equation
+from gptspec.spec.sources import BLUEPRINT, GUIDE, KAPLAN_2020, RADFORD_2019, Source
+
+V, n_ctx, d_model, L, h, d_ff = sp.symbols("V n_ctx d_model L h d_ff", positive=True,
+                                           integer=True)
+B, T, s = sp.symbols("B T s", positive=True, integer=True)
+
+SIZE_SYMBOLS = (
+    Symbol("V", "()", "vocabulary size"),
+    Symbol("n_{ctx}", "()", "context length"),
+    Symbol("d_{model}", "()", "width of the residual stream"),
+    Symbol("L", "()", "number of blocks"),
+    Symbol("d_{ff}", "()", "width of the feed-forward layer"),
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A configuration as sympy quantities: numbers for a GPTConfig, symbols for None."""
+
+    V: sp.Expr
+    n_ctx: sp.Expr
+    d: sp.Expr
+    L: sp.Expr
+    h: sp.Expr
+    d_ff: sp.Expr
+    bias: int
+    norms_per_block: int  # the Guide's block has one LayerNorm, the others two
+    ffn_second_in: sp.Expr  # rows of W_2: d_ff, or d_model for the Guide's product FFN
+    final_norm: int
+    tied: int
+    output_bias: int
+
+
+def sizes(config: GPTConfig | None) -> Sizes:
+    if config is None:
+        return Sizes(V, n_ctx, d_model, L, h, d_ff, bias=1, norms_per_block=2,
+                     ffn_second_in=d_ff, final_norm=1, tied=1, output_bias=0)
+    c = config
+    I = sp.Integer
+    return Sizes(I(c.vocab_size), I(c.n_ctx), I(c.d_model), I(c.n_layers), I(c.n_heads),
+                 I(c.d_ff), bias=int(c.bias), norms_per_block=1 if c.norm == "guide" else 2,
+                 ffn_second_in=I(c.d_model) if c.ffn == "guide_product" else I(c.d_ff),
+                 final_norm=int(c.final_norm), tied=int(c.tied_embeddings),
+                 output_bias=int(c.output_bias))
+
+
+def _value(x: int | None, symbol: sp.Symbol) -> sp.Expr:
+    return symbol if x is None else sp.Integer(x)
+
+
+COUNT_SOURCES = (Source(RADFORD_2019, "sec. 2.3, table 2"),
+                 Source(KAPLAN_2020, "sec. 2.1, table 1"))
+
+# --- parameter counts -------------------------------------------------------------------
+
+
+@equation(
+    id="param_count_token_embedding",
+    title="Parameters: token embedding",
+    group="costs",
+    latex=r"N_E = V \, d_{model}",
+    symbols=SIZE_SYMBOLS,
+    sources=(Source(BLUEPRINT, "sec. 2.1"),) + COUNT_SOURCES,
+    reference="param_count_token_embedding",
+)
+def param_count_token_embedding(config: GPTConfig | None = None):
+    c = sizes(config)
+    return c.V * c.d
+
+
+@equation(
+    id="param_count_positional_embedding",
+    title="Parameters: learned positional embedding",
+    group="costs",
+    latex=r"N_P = n_{ctx} \, d_{model}",
+    symbols=SIZE_SYMBOLS,
+    sources=(Source(BLUEPRINT, "sec. 2.1"),) + COUNT_SOURCES,
+    reference="param_count_positional_embedding",
+)
+def param_count_positional_embedding(config: GPTConfig | None = None):
+    c = sizes(config)
+    return c.n_ctx * c.d
+
+
+@equation(
+    id="param_count_attention",
+    title="Parameters: one block's multi-head attention",
+    group="costs",
+    latex=r"N_{attn} = 4 d_{model}^2 + 4 d_{model} \quad (W_Q, W_K, W_V, W_O \text{ and biases})",
+    symbols=SIZE_SYMBOLS,
+    sources=(Source(BLUEPRINT, "eqs 2, 5"),) + COUNT_SOURCES,
+    reference="param_count_attention",
+    notes="The number of heads does not change the count: h heads of width d_model/h.",
+)
+def param_count_attention(config: GPTConfig | None = None):
+    c = sizes(config)
+    return 3 * c.d * c.d + c.d * c.d + c.bias * (3 * c.d + c.d)
+
+
+@equation(
+    id="param_count_ffn",
+    title="Parameters: one block's feed-forward layer",
+    group="costs",
+    latex=r"N_{ffn} = 2 d_{model} d_{ff} + d_{ff} + d_{model}",
+    symbols=SIZE_SYMBOLS,
+    sources=(Source(BLUEPRINT, "eq 6"), Source(GUIDE, "sec. 4")) + COUNT_SOURCES,
+    reference="param_count_ffn",
+    notes="For the Guide's product FFN, W_2 reads the block input: d_model·d_model.",
+)
+def param_count_ffn(config: GPTConfig | None = None):
+    c = sizes(config)
+    return c.d * c.d_ff + c.ffn_second_in * c.d + c.bias * (c.d_ff + c.d)
+
+
+@equation(
+    id="param_count_block_norms",
+    title="Parameters: one block's LayerNorms",
+    group="costs",
+    latex=r"N_{LN} = 2 \cdot 2 d_{model} \quad (\gamma, \beta \text{ of } LN_1, LN_2)",
+    symbols=SIZE_SYMBOLS,
+    sources=(Source(BLUEPRINT, "eqs 7-8"), Source(GUIDE, "sec. 5")) + COUNT_SOURCES,
+    reference="param_count_block_norms",
+    notes="The Guide's block has a single LayerNorm: 2·d_model.",
+)
+def param_count_block_norms(config: GPTConfig | None = None):
+    c = sizes(config)
+    return c.norms_per_block * 2 * c.d
+
+
+@equation(
+    id="param_count_block",
+    title="Parameters: one block",
+    group="costs",
+    latex=r"N_{block} = N_{attn} + N_{ffn} + N_{LN} = 12 d_{model}^2 + 13 d_{model} "
+          r"\quad (d_{ff} = 4 d_{model})",
+    symbols=SIZE_SYMBOLS,
+    sources=COUNT_SOURCES,
+    reference="param_count_block",
+)
+def param_count_block(config: GPTConfig | None = None):
+    return (param_count_attention.sympy(config) + param_count_ffn.sympy(config)
+            + param_count_block_norms.sympy(config))
+
+
+@equation(
+    id="param_count_final_norm",
+    title="Parameters: final LayerNorm",
+    group="costs",
+    latex=r"N_{LN_f} = 2 d_{model}",
+    symbols=SIZE_SYMBOLS,
+    sources=(Source(RADFORD_2019, "sec. 2.3"),),
+    reference="param_count_final_norm",
+    notes="Zero where the configuration has no final LayerNorm (the Blueprint, the Guide).",
+)
+def param_count_final_norm(config: GPTConfig | None = None):
+    c = sizes(config)
+    return c.final_norm * 2 * c.d
+
+
+@equation(
+    id="param_count_unembedding",
+    title="Parameters: unembedding",
+    group="costs",
+    latex=r"N_U = 0 \ \text{(tied: } W_E^\top\text{)}, \quad "
+          r"d_{model} V + V \ \text{(untied, with bias)}",
+    symbols=SIZE_SYMBOLS,
+    sources=(Source(BLUEPRINT, "eq 9"), Source(GUIDE, "sec. 6")),
+    reference="param_count_unembedding",
+)
+def param_count_unembedding(config: GPTConfig | None = None):
+    c = sizes(config)
+    return (1 - c.tied) * (c.d * c.V + c.output_bias * c.V)
+
+
+@equation(
+    id="param_count_total",
+    title="Parameters: the whole model",
+    group="costs",
+    latex=r"N = N_E + N_P + L\,N_{block} + N_{LN_f} + N_U",
+    symbols=SIZE_SYMBOLS,
+    sources=COUNT_SOURCES,
+    reference="param_count_total",
+    notes="GPT-2 small, medium, large and xl: 124,439,808; 354,823,168; 774,030,080; "
+          "1,557,611,200.",
+    decisions=(Decision(
+        question="How many parameters has GPT-2 small?",
+        readings=(Reading(Source(RADFORD_2019, "table 2"), "117M"),),
+        decision="124,439,808, the number of elements of the released weights and of this "
+                 "formula (the paper's 117M is a rounded figure the authors later corrected).",
+        why="The count must equal the parameters a backend actually holds.",
+    ),),
+)
+def param_count_total(config: GPTConfig | None = None):
+    c = sizes(config)
+    return (param_count_token_embedding.sympy(config)
+            + param_count_positional_embedding.sympy(config)
+            + c.L * param_count_block.sympy(config)
+            + param_count_final_norm.sympy(config)
+            + param_count_unembedding.sympy(config))
+
+
+# --- compute ------------------------------------------------------------------------------
+
+FLOP_SOURCES = (Source(KAPLAN_2020, "sec. 2.1, table 1"),)
+
+
+@equation(
+    id="matmul_weights_per_token",
+    title="Weights a token meets in matrix products",
+    group="costs",
+    latex=r"N_{mm} = L\,(4 d_{model}^2 + 2 d_{model} d_{ff}) + d_{model} V",
+    symbols=SIZE_SYMBOLS,
+    sources=FLOP_SOURCES,
+    reference="matmul_weights_per_token",
+    notes="Every block's weight matrices and the unembedding (even when tied); no "
+          "embedding lookup, bias or LayerNorm gain.",
+)
+def matmul_weights_per_token(config: GPTConfig | None = None):
+    c = sizes(config)
+    per_block = 4 * c.d * c.d + c.d * c.d_ff + c.ffn_second_in * c.d
+    return c.L * per_block + c.d * c.V
+
+
+@equation(
+    id="forward_flops_per_token",
+    title="Forward FLOPs per token",
+    group="costs",
+    latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{ctx} d_{model}",
+    symbols=SIZE_SYMBOLS,
+    sources=FLOP_SOURCES,
+    reference="forward_flops_per_token",
+    notes="Multiply-add = 2 FLOPs; matrix products only; the attention term is a full "
+          "causal window of n_ctx (see the module's docstring for the convention).",
+    decisions=(Decision(
+        question="Does the forward count include the unembedding?",
+        readings=(Reading(Source(KAPLAN_2020, "table 1"),
+                          r"C_{forward} \approx 2N + 2 n_{layer} n_{ctx} d_{attn}, N without "
+                          r"embeddings; the de-embedding's 2 d_{model} n_{vocab} listed apart"),),
+        decision="Yes: 2·d_model·V is part of N_mm.",
+        why="At GPT-2 small it is 77 MFLOP of 290: utilisation figures would be a third low.",
+    ),),
+)
+def forward_flops_per_token(config: GPTConfig | None = None):
+    c = sizes(config)
+    return 2 * matmul_weights_per_token.sympy(config) + 2 * c.L * c.n_ctx * c.d
+
+
+@equation(
+    id="training_flops_per_token",
+    title="Training FLOPs per token",
+    group="costs",
+    latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{ctx} d_{model}",
+    symbols=SIZE_SYMBOLS,
+    sources=FLOP_SOURCES,
+    reference="training_flops_per_token",
+    notes="The backward pass costs twice the forward: each product's gradient with respect "
+          "to its input and to its weight is a product of the same size.",
+)
+def training_flops_per_token(config: GPTConfig | None = None):
+    return 3 * forward_flops_per_token.sympy(config)
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+MEMORY_SYMBOLS = SIZE_SYMBOLS + (
+    Symbol("B", "()", "batch size (sequences)"),
+    Symbol("T", "()", "sequence length"),
+    Symbol("s", "()", "bytes per element (2 for bf16, 4 for float32)"),
+)
+
+
+@equation(
+    id="kv_cache_bytes",
+    title="KV-cache size",
+    group="costs",
+    latex=r"M_{KV} = 2 \, B \, L \, n_{ctx} \, d_{model} \, s",
+    symbols=MEMORY_SYMBOLS,
+    sources=(Source(BLUEPRINT, "eq 3"),),
+    reference="kv_cache_bytes",
+    notes="K and V of every layer and head for a full window of n_ctx positions per "
+          "sequence (the cache is preallocated at n_ctx).",
+)
+def kv_cache_bytes(config: GPTConfig | None = None, batch: int | None = None,
+                   bytes_per_element: int | None = None):
+    c = sizes(config)
+    return 2 * _value(batch, B) * c.L * c.n_ctx * c.d * _value(bytes_per_element, s)
+
+
+@equation(
+    id="activation_memory_bytes",
+    title="Activation memory of a training step",
+    group="costs",
+    latex=r"M_{act} = B\,s\,\Big(L\,\big((6 + n_{LN})\,T d_{model} + 2 T d_{ff} + h T^2\big) "
+          r"+ 2 T d_{model} + T V\Big)",
+    symbols=MEMORY_SYMBOLS + (Symbol("h", "()", "number of heads"),),
+    sources=(Source(BLUEPRINT, "eqs 3-8"),),
+    reference="activation_memory_bytes",
+    notes="The tensors the backward pass reads, kept from the forward pass. Assumptions: "
+          "no recomputation, no dropout, attention weights materialised (h·T² per layer; a "
+          "fused attention kernel keeps none of them), every saved tensor in the activation "
+          "dtype of s bytes, LayerNorm row statistics (O(T)) left out. Per block: the "
+          "attention input, Q, K, V, the merged heads, the FFN input, the input of each "
+          "LayerNorm (n_LN of them), the FFN's two hidden tensors and the attention weights; "
+          "then the final LayerNorm's input and output (or the last block's output alone) "
+          "and the logits.",
+)
+def activation_memory_bytes(config: GPTConfig | None = None, batch: int | None = None,
+                            seq_len: int | None = None, bytes_per_element: int | None = None):
+    c = sizes(config)
+    t = _value(seq_len, T)
+    # the FFN's two hidden tensors: W_1's output and the activation's, or the Guide
+    # product's two pre-activations (there d_ff = d_model)
+    per_block = (6 + c.norms_per_block) * t * c.d + 2 * t * c.d_ff + c.h * t * t
+    head = (1 + c.final_norm) * t * c.d + t * c.V
+    return _value(batch, B) * _value(bytes_per_element, s) * (c.L * per_block + head)

@@ -1,0 +1,124 @@
+"""MkDocs hooks: generate the spec pages, figures and diagram, and ship KaTeX.
+
+Registered in mkdocs.yml (``hooks: [docs/hooks.py]``). At each build:
+
+- ``on_config`` reads ``gptspec.spec.REGISTRY``, writes a page per entry, the index by
+  group, the traceability matrix and the conformance results into ``docs/generated/``,
+  adds them to the navigation, and fails the build if the matrix has an empty cell;
+  it also makes the figures (a tiny model trained for a few seconds) and installs KaTeX;
+- ``on_files`` adds the generated files and KaTeX's ``dist`` to the site (``docs/generated``
+  is excluded from the ordinary file scan so its pages get URLs like ``/spec/softmax/``);
+- ``on_page_markdown`` inlines the data-flow diagram where a page asks for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
+
+DOCS = Path(__file__).resolve().parent
+if str(DOCS) not in sys.path:
+    sys.path.insert(0, str(DOCS))
+
+from sitegen import dataflow, figures, katex, spec_pages  # noqa: E402
+from sitegen.checks import load_checks_for  # noqa: E402
+from sitegen.conformance_results import ReportError, load_reports  # noqa: E402
+
+log = logging.getLogger("mkdocs.hooks.gptspec")
+GENERATED = DOCS / "generated"
+KATEX_FILES = ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js")
+DIAGRAM_MARKER = "<!-- gptspec:dataflow -->"
+FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
+SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
+
+_state: dict[str, Any] = {}
+
+
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    root = Path(config.config_file_path).resolve().parent
+    import gptspec.reference
+    from gptspec.spec import GROUPS, REGISTRY
+
+    checks_for, checks_problem = load_checks_for()
+    views = spec_pages.build_views(REGISTRY, gptspec.reference, checks_for, root)
+    try:
+        reports = load_reports(root)
+    except ReportError as err:
+        raise PluginError(str(err)) from None
+    pages = spec_pages.render_pages(views, GROUPS, reports)
+    gaps = spec_pages.traceability_gaps(views, set(pages), checks_problem)
+    if gaps:
+        raise PluginError("traceability matrix has empty cells:\n  " + "\n  ".join(gaps))
+    for path, text in pages.items():
+        spec_pages.write_if_changed(GENERATED / path, text)
+    if not reports:
+        log.info("no conformance report found: entry pages say 'not yet run'")
+
+    try:
+        stats = figures.make_figures(GENERATED / "assets" / "figures", root / ".cache" / "figures")
+        package = katex.ensure_katex(root)
+    except (figures.FigureError, katex.KatexError) as err:
+        raise PluginError(str(err)) from None
+
+    _state.update(package=package, entry_ids={v.entry.id for v in views}, figure_stats=stats)
+    nav = list(config.nav or [])
+    nav.append({"Specification": spec_pages.spec_nav(views, GROUPS)})
+    config.nav = nav
+    return config
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    for path in sorted(p for p in GENERATED.rglob("*") if p.is_file()):
+        if path.name.endswith(".tmp"):
+            continue
+        files.append(File.generated(config, path.relative_to(GENERATED).as_posix(),
+                                    abs_src_path=str(path)))
+    dist = _state["package"] / "dist"
+    wanted = [dist / f for f in KATEX_FILES] + sorted((dist / "fonts").glob("*.woff2"))
+    for path in wanted:
+        files.append(File.generated(config, "assets/katex/" + path.relative_to(dist).as_posix(),
+                                    abs_src_path=str(path)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    markdown = _spec_links(markdown, page)
+    if FIGURE_NOTE_MARKER in markdown:
+        s = _state["figure_stats"]
+        note = (f"The model below was trained with {s['model']} for {s['steps']} steps "
+                f"({s['train_seconds']:.0f} s on the machine that built this site); its final "
+                f"validation loss was {s['final_val']:.2f} nats per byte.")
+        markdown = markdown.replace(FIGURE_NOTE_MARKER, note)
+    if DIAGRAM_MARKER not in markdown:
+        return markdown
+
+    def href(entry_id: str) -> str | None:
+        target = files.get_file_from_path(f"{spec_pages.SPEC_DIR}/{entry_id}.md")
+        return target.url_relative_to(page.file) if target else None
+
+    return markdown.replace(DIAGRAM_MARKER, dataflow.svg(href))
+
+
+def _spec_links(markdown: str, page: Page) -> str:
+    """``[text](spec:ID)`` → a link to that entry's page; an unknown ID is a warning (and so
+    fails a --strict build), so the guides cannot point at an entry that was renamed."""
+    here = posixpath.dirname(page.file.src_uri)
+
+    def replace(match: re.Match[str]) -> str:
+        text, entry_id = match.groups()
+        if entry_id not in _state["entry_ids"]:
+            log.warning(f"{page.file.src_uri}: link to unknown spec entry {entry_id!r}")
+            return text
+        target = f"{spec_pages.SPEC_DIR}/{entry_id}.md"
+        return f"[{text}](" + posixpath.relpath(target, here or ".") + ")"
+
+    return SPEC_LINK.sub(replace, markdown)

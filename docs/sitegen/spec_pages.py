@@ -1,0 +1,336 @@
+"""Markdown pages generated from the spec registry: one per entry, an index by group,
+the traceability matrix, and the conformance results.
+
+Pages are plain strings; :func:`write_pages` puts them under a folder and returns the
+navigation. Every entry in the registry gets a page; the traceability matrix lists, for
+each, its reference function, its conformance checks and its page, and
+:class:`TraceabilityError` is raised when any of those is missing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
+from sitegen.checks import CheckInfo
+from sitegen.conformance_results import BackendReport
+from sitegen.markup import code, display_math, esc, inline_math, link, markdown_math, table
+
+SPEC_DIR = "spec"
+GROUP_TITLES = {
+    "tokenizer": "Tokenizer",
+    "embedding": "Embedding",
+    "attention": "Attention",
+    "block": "Block",
+    "output": "Output",
+    "loss": "Loss",
+    "gradients": "Gradients",
+    "optimizer": "Optimizer",
+    "sampling": "Sampling",
+    "costs": "Sizes and costs",
+}
+NOT_RUN = (
+    "Not yet run: no conformance report was found when the site was built. Run "
+    "<code>gptspec conformance --report out/conformance/&lt;backend&gt;.json</code> "
+    "and rebuild."
+)
+
+
+class TraceabilityError(RuntimeError):
+    """A spec entry without a reference function, a conformance check or a page."""
+
+
+@dataclass(frozen=True)
+class ReferenceCode:
+    name: str
+    path: str  # relative to the repository root
+    line: int
+    source: str
+
+
+@dataclass(frozen=True)
+class EntryView:
+    """One entry with what the site links to it."""
+
+    entry: Any  # gptspec.spec.Equation
+    reference: ReferenceCode | None
+    checks: tuple[CheckInfo, ...]
+
+    @property
+    def page(self) -> str:
+        return f"{SPEC_DIR}/{self.entry.id}.md"
+
+
+def group_title(group: str) -> str:
+    return GROUP_TITLES.get(group, group.capitalize())
+
+
+def reference_code(module: ModuleType, name: str, root: Path) -> ReferenceCode | None:
+    function = getattr(module, name, None) if name else None
+    if function is None or not callable(function):
+        return None
+    lines, line = inspect.getsourcelines(function)
+    path = Path(inspect.getsourcefile(function) or "")
+    try:
+        shown = path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        shown = path.name
+    return ReferenceCode(name, shown, line, "".join(lines))
+
+
+def sympy_definition(entry: Any) -> str:
+    """The sympy function from its ``def`` on: the decorator's fields are shown above."""
+    source = textwrap.dedent(entry.sympy_source)
+    lines = source.splitlines()
+    for i, text in enumerate(lines):
+        if text.startswith("def "):
+            return "\n".join(lines[i:])
+    return source
+
+
+def build_views(
+    entries: Iterable[Any],
+    reference_module: ModuleType,
+    checks_for: Callable[[str], list[CheckInfo]],
+    root: Path,
+) -> list[EntryView]:
+    return [
+        EntryView(e, reference_code(reference_module, e.reference, root), tuple(checks_for(e.id)))
+        for e in entries
+    ]
+
+
+# --- traceability ------------------------------------------------------------------------
+
+
+def traceability_gaps(views: Sequence[EntryView], pages: set[str], checks_problem: str = ""
+                      ) -> list[str]:
+    """One line per empty cell of the matrix; empty when every entry is fully traced."""
+    gaps = []
+    if not views:
+        gaps.append("the spec registry has no entries")
+    for v in views:
+        if v.reference is None:
+            gaps.append(f"{v.entry.id}: no reference function "
+                        f"gptspec.reference.{v.entry.reference or '?'}")
+        if not v.checks:
+            why = f" ({checks_problem})" if checks_problem else ""
+            gaps.append(f"{v.entry.id}: no conformance check covers it{why}")
+        if v.page not in pages:
+            gaps.append(f"{v.entry.id}: no page {v.page}")
+    return gaps
+
+
+def traceability_page(views: Sequence[EntryView], pages: set[str]) -> str:
+    missing = '<span class="gs-missing">missing</span>'
+    rows = []
+    for v in views:
+        ref = code(f"{v.reference.name}") + f"<br><small>{esc(v.reference.path)}:" \
+            f"{v.reference.line}</small>" if v.reference else missing
+        checks = "<br>".join(code(c.id) for c in v.checks) or missing
+        page = link(f"../{v.entry.id}/", v.entry.title) if v.page in pages else missing
+        rows.append([code(v.entry.id), ref, checks, page])
+    return (
+        "# Traceability\n\n"
+        "Every spec entry, the float64 reference function that transcribes it, the "
+        "conformance checks that cover it, and its page. The site is not built if any "
+        "cell is empty.\n\n"
+        f"{len(views)} entries, {sum(len(v.checks) for v in views)} checks.\n\n"
+        + table(["Equation", "Reference", "Checks", "Page"], rows, "gs-trace")
+    )
+
+
+# --- one entry ---------------------------------------------------------------------------
+
+
+def _python_html(source: str) -> str:
+    formatter = HtmlFormatter(cssclass="language-python highlight", wrapcode=True)
+    return highlight(source, PythonLexer(), formatter)
+
+
+def looks_like_latex(text: str) -> bool:
+    """A decision's reading written as bare LaTeX (rather than words with $…$)."""
+    return "\\" in text and "$" not in text
+
+
+def _symbols_table(entry: Any) -> str:
+    rows = [[inline_math(s.name), code(s.shape), esc(s.meaning)] for s in entry.symbols]
+    if not rows:
+        return "<p>No symbols.</p>\n"
+    return table(["Symbol", "Shape", "Meaning"], rows, "gs-symbols")
+
+
+def _decisions(entry: Any) -> str:
+    if not entry.decisions:
+        return ""
+    parts = ["## Where the documents disagree\n"]
+    for d in entry.decisions:
+        parts.append(f"### {d.question}\n")
+        for r in d.readings:
+            reading = markdown_math(r.reading) if looks_like_latex(r.reading) else r.reading
+            parts.append(f"- **{r.source}**: {reading}")
+        parts.append(f"\n**Decision.** {d.decision}\n\n**Why.** {d.why}\n")
+    return "\n".join(parts) + "\n"
+
+
+def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
+    out = ["## Results of the built-in backends\n"]
+    if not reports:
+        out.append(f'<p class="gs-not-run">{NOT_RUN}</p>\n')
+        return "\n".join(out)
+    for report in reports:
+        results = report.for_entry(view.entry.id)
+        out.append(f"**{esc(report.backend)}**" +
+                   (f" <small>({esc(report.settings)})</small>" if report.settings else "")
+                   + "\n")
+        if not results:
+            out.append('<p class="gs-not-run">Not yet run: this report has no check of this '
+                       "entry.</p>\n")
+            continue
+        rows = []
+        for r in results:
+            used = "—" if r.budget_fraction is None else f"{r.budget_fraction:.3g}"
+            rows.append([code(r.check_id), f'<span class="gs-status gs-{esc(r.status)}">'
+                         f"{esc(r.status)}</span>", used, esc(r.message)])
+        out.append(table(["Check", "Status", "Worst error / budget", "Note"], rows))
+    return "\n".join(out)
+
+
+def entry_page(view: EntryView, reports: Sequence[BackendReport]) -> str:
+    e = view.entry
+    ref = view.reference
+    left = (
+        "<div><p><strong>Equation</strong></p>\n" + display_math(e.latex)
+        + "\n<p><strong>Symbols</strong></p>\n" + _symbols_table(e) + "</div>"
+    )
+    if ref is not None:
+        right = (f"<div><p><strong>Reference</strong> {code('gptspec.reference.' + ref.name)} "
+                 f"<small>({esc(ref.path)}, line {ref.line})</small></p>\n"
+                 + _python_html(ref.source) + "</div>")
+    else:
+        right = '<div><p class="gs-missing">No reference function.</p></div>'
+    parts = [
+        f"# {e.title}\n",
+        f'<p class="gs-meta">Entry {code(e.id)} · group '
+        f'<a href="../#{esc(e.group)}">{esc(group_title(e.group))}</a></p>\n',
+        f'<div class="gs-beside">\n{left}\n{right}\n</div>\n',
+        "## Sources\n",
+        "\n".join(f"- {esc(str(s))}" for s in e.sources) + "\n",
+        _decisions(e),
+    ]
+    if e.notes:
+        parts += ["## Notes\n", textwrap.dedent(e.notes).strip() + "\n"]
+    parts += [
+        "## Meaning (sympy)\n",
+        "This function is the definition; the LaTeX above displays it. The tests "
+        "evaluate it at high precision on random inputs and compare the reference "
+        "function with it.\n",
+        _python_html(sympy_definition(e)),
+    ]
+    if e.sympy_inputs:
+        rows = [[code(n), code(s)] for n, s in e.sympy_inputs]
+        parts.append(table(["Argument", "Shape"], rows))
+    parts.append("## Tolerance\n")
+    if e.tolerance is not None:
+        t = e.tolerance
+        parts.append(f"<p>A backend's result may differ from the float64 reference by "
+                     f"{inline_math(t.formula)}, with the reduction length "
+                     f"{code(t.reduction)}.</p>\n" + (f"\n{t.note}\n" if t.note else ""))
+    else:
+        parts.append("No tolerance: the result is compared exactly.\n")
+    parts.append("## Conformance checks\n")
+    if view.checks:
+        parts.append(table(["Check", "Budget", "What it checks"],
+                           [[code(c.id), esc(c.budget) or "—", esc(c.description)]
+                            for c in view.checks], "gs-checks"))
+    else:
+        parts.append('<p class="gs-missing">No conformance check covers this entry.</p>\n')
+    parts.append(_results(view, reports))
+    return "\n".join(parts) + "\n"
+
+
+# --- index and results pages -------------------------------------------------------------
+
+
+def index_page(views: Sequence[EntryView], groups: Sequence[str]) -> str:
+    parts = [
+        "# The specification\n",
+        f"{len(views)} equations, grouped as the model computes them. Each page shows the "
+        "equation, its symbols and shapes, its sources, where the documents disagree, the "
+        "reference function beside it, and the conformance checks that cover it. See also "
+        "the [traceability matrix](traceability.md) and the "
+        "[conformance results](conformance.md).\n",
+    ]
+    for group in groups:
+        members = [v for v in views if v.entry.group == group]
+        parts.append(f'## {group_title(group)} {{ #{group} }}\n')
+        if not members:
+            parts.append("No entries yet.\n")
+            continue
+        rows = [[link(f"{v.entry.id}/", v.entry.title), inline_math(v.entry.latex),
+                 code(v.entry.reference)] for v in members]
+        parts.append(table(["Entry", "Equation", "Reference"], rows, "gs-index"))
+    return "\n".join(parts) + "\n"
+
+
+def conformance_page(reports: Sequence[BackendReport]) -> str:
+    parts = ["# Conformance results\n",
+             "The latest results of the built-in backends, read from the JSON reports of "
+             "`gptspec conformance --report FILE` when the site was built.\n"]
+    if not reports:
+        parts.append(f'<p class="gs-not-run">{NOT_RUN}</p>\n')
+    for report in reports:
+        parts.append(f"## {esc(report.backend)}\n")
+        if report.settings:
+            parts.append(f"Settings: {esc(report.settings)}.\n")
+        rows = [[code(r.check_id), esc(", ".join(r.entries)),
+                 f'<span class="gs-status gs-{esc(r.status)}">{esc(r.status)}</span>',
+                 "—" if r.budget_fraction is None else f"{r.budget_fraction:.3g}"]
+                for r in report.results]
+        parts.append(table(["Check", "Spec entry", "Status", "Worst error / budget"], rows))
+    return "\n".join(parts) + "\n"
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def write_if_changed(path: Path, text: str | bytes) -> None:
+    """Write only when the content differs, so that `mkdocs serve` (which watches the docs
+    folder) is not woken by its own output."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    if path.exists() and path.read_bytes() == data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def render_pages(views: Sequence[EntryView], groups: Sequence[str],
+                 reports: Sequence[BackendReport]) -> dict[str, str]:
+    """Every generated page by its path under the site's docs root."""
+    pages = {v.page: entry_page(v, reports) for v in views}
+    pages[f"{SPEC_DIR}/index.md"] = index_page(views, groups)
+    pages[f"{SPEC_DIR}/conformance.md"] = conformance_page(reports)
+    pages[f"{SPEC_DIR}/traceability.md"] = traceability_page(views, set(pages))
+    return pages
+
+
+def spec_nav(views: Sequence[EntryView], groups: Sequence[str]) -> list[Any]:
+    nav: list[Any] = [{"Index": f"{SPEC_DIR}/index.md"}]
+    for group in groups:
+        members = [{v.entry.title: v.page} for v in views if v.entry.group == group]
+        if members:
+            nav.append({group_title(group): members})
+    nav += [{"Traceability": f"{SPEC_DIR}/traceability.md"},
+            {"Conformance results": f"{SPEC_DIR}/conformance.md"}]
+    return nav

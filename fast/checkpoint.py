@@ -1,0 +1,123 @@
+"""Checkpoints: a model's parameters in one safetensors file, its configuration in the
+file's metadata.
+
+``save_model(path, config, params)`` writes ``model.safetensors`` (``path`` is the
+checkpoint directory, or the file itself if it ends in ``.safetensors``): the schema's
+tensors under their schema names, and the configuration JSON under the metadata key
+``gptspec_config`` (and a SHA-256 of the tensors under ``gptspec_sha256``). The file
+is written under a temporary name, flushed to disk and renamed over the old one, so a
+crash never leaves a half-written checkpoint.
+``load_model(path) -> (config, params)`` reads it back as NumPy arrays and refuses a
+missing, corrupt, truncated or mismatched file with a one-line :class:`CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gptspec.spec.config import ConfigError, GPTConfig
+from gptspec.spec.parameters import ParameterError, check_parameters
+
+MODEL_FILE = "model.safetensors"
+CONFIG_KEY = "gptspec_config"
+DIGEST_KEY = "gptspec_sha256"  # over the tensors: catches flipped bytes the format cannot
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or written; the message names the file."""
+
+
+def model_file(path: str | os.PathLike[str]) -> Path:
+    """The model file of a checkpoint directory (or the file itself)."""
+    p = Path(path)
+    return p if p.suffix == ".safetensors" else p / MODEL_FILE
+
+
+def _to_numpy(name: str, value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor; bfloat16 has no NumPy dtype
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()  # exact: every bfloat16 is a float32
+        value = value.numpy()
+    array = np.ascontiguousarray(value)
+    if array.dtype.kind != "f":
+        raise CheckpointError(f"parameter {name!r} has dtype {array.dtype}, expected floats")
+    return array
+
+
+def tensors_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` through a temporary file in the same directory."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:  # make the rename itself durable
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_model(path: str | os.PathLike[str], config: GPTConfig,
+               params: Mapping[str, Any]) -> Path:
+    """Write the parameters (NumPy arrays or torch tensors, schema names) and the config."""
+    from safetensors.numpy import save
+
+    try:
+        check_parameters(config, dict(params))
+    except ParameterError as err:
+        raise CheckpointError(f"cannot save {model_file(path)}: {err}") from None
+    arrays = {name: _to_numpy(name, value) for name, value in params.items()}
+    target = model_file(path)
+    metadata = {CONFIG_KEY: config.to_json(), DIGEST_KEY: tensors_digest(arrays)}
+    atomic_write_bytes(target, save(arrays, metadata=metadata))
+    return target
+
+
+def load_model(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.ndarray]]:
+    """Read a checkpoint written by :func:`save_model`: its config and NumPy parameters."""
+    from safetensors import SafetensorError, safe_open
+
+    file = model_file(path)
+    if not file.is_file():
+        raise CheckpointError(f"no checkpoint at {path}: {file} not found")
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            metadata = f.metadata() or {}
+            params = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, TypeError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{file} is not a readable safetensors file ({message})") from None
+    if CONFIG_KEY not in metadata:
+        raise CheckpointError(f"{file} has no {CONFIG_KEY!r} metadata: not a gptspec checkpoint")
+    if DIGEST_KEY in metadata and metadata[DIGEST_KEY] != tensors_digest(params):
+        raise CheckpointError(f"{file} is corrupt: its tensors do not match their checksum")
+    try:
+        config = GPTConfig.from_json(metadata[CONFIG_KEY])
+        check_parameters(config, params)
+    except (ConfigError, ParameterError, TypeError) as err:
+        raise CheckpointError(f"{file} does not match its configuration: {err}") from None
+    return config, params

@@ -1,0 +1,249 @@
+"""Hugging Face transformers interop: GPT2LMHeadModel ↔ a configuration and schema params.
+
+GPT-2's files already use the schema's layout: its Conv1D weights are stored (in, out),
+so ``c_attn.weight`` is [W_Q | W_K | W_V] and nothing is transposed except the untied
+output map (``lm_head.weight`` is (V, d), the schema's ``w_u`` is (d, V)).
+
+transformers' GPT-2 is one structure: pre-LN blocks with biases, a final LayerNorm, a
+GELU or ReLU FFN, and an output map that is W_Eᵀ or a separate matrix without bias.
+Configurations outside it (post-LN, the Guide's block or FFN, no biases, an output bias,
+no final norm) are refused with a message naming the field. transformers is an optional
+dependency (``pip install gptspec[interop]``), imported only here and only when called.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gptspec.spec.config import ConfigError, GPTConfig
+from gptspec.spec.parameters import check_parameters
+
+# our ffn name ↔ transformers' activation_function
+ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+ACTIVATION_ALIASES = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                      "gelu_fast": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+
+
+class InteropError(ValueError):
+    """A model or directory that cannot be converted; the message says why, in one line."""
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise InteropError("transformers is not installed: pip install 'gptspec[interop]'") \
+            from None
+    return transformers
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+def check_expressible(config: GPTConfig) -> None:
+    """Refuse a configuration that transformers' GPT-2 cannot express."""
+    refusals = [
+        (config.norm != "pre", f"norm={config.norm!r} (GPT-2 blocks are pre-LN)"),
+        (config.ffn not in ACTIVATIONS, f"ffn={config.ffn!r} (GPT-2's FFN is "
+                                        f"W_2 act(W_1 x); act one of {sorted(ACTIVATIONS)})"),
+        (not config.bias, "bias=False (GPT-2's linear maps all have biases)"),
+        (config.output_bias, "output_bias=True (GPT-2's lm_head has no bias)"),
+        (not config.final_norm, "final_norm=False (GPT-2 always applies ln_f)"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise InteropError(f"transformers' GPT-2 cannot express config field {why}")
+
+
+def config_to_hf(config: GPTConfig) -> Any:
+    """The GPT2Config of a configuration (dropout off: this project's model has none)."""
+    check_expressible(config)
+    transformers = _transformers()
+    eot = 50256 if config.vocab_size > 50256 else None  # GPT-2's <|endoftext|>
+    return transformers.GPT2Config(
+        vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.d_model,
+        n_layer=config.n_layers, n_head=config.n_heads, n_inner=config.d_ff,
+        activation_function=ACTIVATIONS[config.ffn], layer_norm_epsilon=config.ln_eps,
+        tie_word_embeddings=config.tied_embeddings, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=eot, eos_token_id=eot,
+    )
+
+
+def config_from_hf(hf_config: Any) -> GPTConfig:
+    """The configuration of a GPT2Config; refuses options outside this project's model."""
+    c = hf_config
+    if getattr(c, "model_type", "gpt2") != "gpt2":
+        raise InteropError(f"model_type {c.model_type!r} is not 'gpt2'")
+    unsupported = [
+        (not getattr(c, "scale_attn_weights", True), "scale_attn_weights=False"),
+        (getattr(c, "scale_attn_by_inverse_layer_idx", False),
+         "scale_attn_by_inverse_layer_idx=True"),
+        (getattr(c, "add_cross_attention", False), "add_cross_attention=True"),
+    ]
+    for refused, what in unsupported:
+        if refused:
+            raise InteropError(f"GPT2Config option {what} has no counterpart in gptspec")
+    activation = c.activation_function
+    if activation not in ACTIVATION_ALIASES:
+        raise InteropError(f"GPT2Config activation_function {activation!r} is not one of "
+                           f"{sorted(ACTIVATION_ALIASES)}")
+    try:
+        return GPTConfig(
+            vocab_size=c.vocab_size, n_ctx=c.n_positions, d_model=c.n_embd,
+            n_layers=c.n_layer, n_heads=c.n_head,
+            d_ff=c.n_inner if c.n_inner is not None else 4 * c.n_embd,
+            norm="pre", ffn=ACTIVATION_ALIASES[activation],
+            tied_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+            bias=True, output_bias=False, final_norm=True, ln_eps=float(c.layer_norm_epsilon),
+        )
+    except ConfigError as err:
+        raise InteropError(f"GPT2Config does not describe a valid model: {err}") from None
+
+
+# --- parameters -------------------------------------------------------------------------
+
+# schema name (after blocks.{l}.) ↔ transformers name (after transformer.h.{l}.)
+BLOCK_NAMES = {
+    "ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias",
+    "attn.w_qkv": "attn.c_attn.weight", "attn.b_qkv": "attn.c_attn.bias",
+    "attn.w_o": "attn.c_proj.weight", "attn.b_o": "attn.c_proj.bias",
+    "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
+    "ffn.w_1": "mlp.c_fc.weight", "ffn.b_1": "mlp.c_fc.bias",
+    "ffn.w_2": "mlp.c_proj.weight", "ffn.b_2": "mlp.c_proj.bias",
+}
+
+
+def hf_name(name: str) -> str:
+    """The transformers state-dict key of a schema name (w_u is stored transposed)."""
+    if name in ("wte", "wpe"):
+        return f"transformer.{name}.weight"
+    if name.startswith("ln_f."):
+        return f"transformer.{name}"
+    if name == "w_u":
+        return "lm_head.weight"
+    _, layer, rest = name.split(".", 2)
+    return f"transformer.h.{layer}.{BLOCK_NAMES[rest]}"
+
+
+def _numpy64(tensor: Any) -> np.ndarray:
+    return tensor.detach().to("cpu").double().numpy()
+
+
+def params_from_hf(config: GPTConfig, state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Schema parameters (float64 NumPy; exact, every float32 is a float64) from a state dict."""
+    from gptspec.spec.parameters import parameter_schema
+
+    params = {}
+    for spec in parameter_schema(config):
+        key = hf_name(spec.name)
+        if key not in state_dict:
+            raise InteropError(f"transformers state dict has no {key!r} (for {spec.name!r})")
+        value = _numpy64(state_dict[key])
+        params[spec.name] = value.T.copy() if spec.name == "w_u" else value
+    try:
+        check_parameters(config, params)
+    except ValueError as err:
+        raise InteropError(f"transformers weights do not match their config: {err}") from None
+    return params
+
+
+def params_to_hf(config: GPTConfig, params: Mapping[str, Any], dtype: Any = None
+                 ) -> dict[str, Any]:
+    """A GPT2LMHeadModel state dict (torch tensors of ``dtype``, float32 by default)."""
+    import torch
+
+    check_expressible(config)
+    check_parameters(config, dict(params))
+    dtype = torch.float32 if dtype is None else dtype
+    state = {}
+    for name, value in params.items():
+        t = torch.as_tensor(np.asarray(value)) if not isinstance(value, torch.Tensor) else value
+        t = t.detach().to("cpu", dtype)
+        state[hf_name(name)] = t.T.contiguous() if name == "w_u" else t.contiguous()
+    if config.tied_embeddings:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+def from_hf_model(model: Any) -> tuple[GPTConfig, dict[str, np.ndarray]]:
+    """The configuration and float64 schema parameters of a GPT2LMHeadModel."""
+    config = config_from_hf(model.config)
+    return config, params_from_hf(config, model.state_dict())
+
+
+def to_hf_model(config: GPTConfig, params: Mapping[str, Any], dtype: Any = None) -> Any:
+    """A GPT2LMHeadModel (eval mode) holding these parameters."""
+    transformers = _transformers()
+    state = params_to_hf(config, params, dtype)
+    model = transformers.GPT2LMHeadModel(config_to_hf(config))
+    model.to(next(iter(state.values())).dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith(".attn.bias")]  # old causal-mask buffers
+    if missing or unexpected:
+        raise InteropError(f"state dict does not fit GPT2LMHeadModel: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    if config.tied_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+# --- directories ----------------------------------------------------------------------------
+
+
+def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.ndarray]]:
+    """Read a ``save_pretrained`` directory (config.json + safetensors; never pickle)."""
+    transformers = _transformers()
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise InteropError(f"{p} is not a transformers model directory: no config.json")
+    if not any(p.glob("*.safetensors")):
+        raise InteropError(f"{p} holds no .safetensors weights (pickled .bin files are refused)")
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise InteropError(f"{p}/config.json cannot be read: {str(err).splitlines()[0]}") \
+            from None
+    config = config_from_hf(hf_config)
+    try:
+        model = transformers.GPT2LMHeadModel.from_pretrained(
+            str(p), local_files_only=True, use_safetensors=True)
+    except Exception as err:  # transformers raises many types for a bad file
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InteropError(f"{p}: weights cannot be loaded ({first})") from None
+    return config, params_from_hf(config, model.state_dict())
+
+
+def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping[str, Any],
+                dtype: Any = None) -> Path:
+    """Write a directory that ``GPT2LMHeadModel.from_pretrained`` loads (safetensors).
+
+    It is written in full under a temporary name beside ``path`` and then renamed, so
+    ``path`` either does not exist or is complete. An existing non-empty ``path`` is
+    refused rather than replaced."""
+    target = Path(path)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise InteropError(f"{target} already exists and is not an empty directory")
+    model = to_hf_model(config, params, dtype)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the temporary name only
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for f in tmp.iterdir():
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
+        if target.exists():
+            target.rmdir()
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,357 @@
+"""The byte-level BPE tokenizer people use: same maps as the reference, fast.
+
+Training keeps the pair counts up to date incrementally: a merge touches only the
+distinct chunks that contain its pair, so only their pairs are recounted, and a heap
+ordered by (−count, pair) yields the next merge with the spec's tie-break. Encoding goes
+through tiktoken's ``Encoding``, built offline from the merges' ranks (bytes → id);
+tiktoken ranks a pair by the rank of its concatenated bytes, which on BPE-learned merges
+is the same map as the spec's merge ranks (tests/test_tokenizer*.py and the conformance
+checks hold it to the reference). If two merges ever spelled the same bytes, tiktoken
+could not hold them, and encoding falls back to a cached transcription of the spec.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+import regex
+import tiktoken
+
+from gptspec.reference.tokenizer import (
+    CL100K_PATTERN,
+    ENDOFTEXT,
+    GPT2_PATTERN,
+    IDENTITY_BASE,
+    PATTERNS,
+    Pair,
+)
+
+__all__ = ["Tokenizer", "TokenizerError", "FastTokenizerBackend", "train_merges",
+           "resolve_pattern", "GPT2_PATTERN", "CL100K_PATTERN", "ENDOFTEXT", "MAX_VOCAB_SIZE"]
+
+# Far beyond any BPE vocabulary in use (cl100k ≈ 100k, o200k ≈ 200k); a larger request
+# is a typo, and would mostly learn merges of count 1.
+MAX_VOCAB_SIZE = 1 << 21
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be built, or input it cannot encode or decode."""
+
+
+def resolve_pattern(pattern: str) -> str:
+    """'gpt2' and 'cl100k' name the two patterns of the spec; any other string is a
+    regex of the `regex` module, checked here so that a typo fails at once."""
+    if pattern in PATTERNS:
+        return PATTERNS[pattern]
+    try:
+        regex.compile(pattern)
+    except regex.error as err:
+        raise TokenizerError(f"pre-tokenization pattern does not compile: {err}") from None
+    return pattern
+
+
+def check_vocab_size(vocab_size: int, n_special: int = 0) -> None:
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise TokenizerError(f"vocab size must be an integer, got {vocab_size!r}")
+    if vocab_size < 256 + n_special:
+        raise TokenizerError(
+            f"vocab size {vocab_size} is below 256 byte tokens + {n_special} special tokens")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise TokenizerError(f"vocab size {vocab_size} is absurdly large (limit {MAX_VOCAB_SIZE})")
+
+
+def _chunk_counts(text: str, pattern: str, special_tokens: Collection[str]) -> Counter[str]:
+    pieces = [text]
+    for special in special_tokens:
+        pieces = [part for piece in pieces for part in piece.split(special)]
+    compiled = regex.compile(pattern)
+    counts: Counter[str] = Counter()
+    for piece in pieces:
+        counts.update(compiled.findall(piece))
+    return counts
+
+
+def train_merges(text: str, n_merges: int, pattern: str = GPT2_PATTERN,
+                 special_tokens: Collection[str] = (),
+                 progress: Callable[[int], None] | None = None) -> list[Pair]:
+    """The reference's ``train``, with incremental pair counts (same merges, same order).
+
+    ``progress(k)`` is called after each merge with the number learned so far."""
+    words: list[list[int]] = []
+    freqs: list[int] = []
+    for chunk, mult in _chunk_counts(text, pattern, special_tokens).items():
+        data = chunk.encode("utf-8")
+        if len(data) > 1:  # a one-byte chunk has no pair, now or later
+            words.append(list(data))
+            freqs.append(mult)
+
+    counts: dict[Pair, int] = {}
+    where: dict[Pair, set[int]] = {}  # pair → chunks that contained it (may be stale)
+    for w, word in enumerate(words):
+        mult = freqs[w]
+        for pair in zip(word, word[1:], strict=False):
+            counts[pair] = counts.get(pair, 0) + mult
+            where.setdefault(pair, set()).add(w)
+    heap = [(-c, pair) for pair, c in counts.items()]
+    heapq.heapify(heap)
+
+    merges: list[Pair] = []
+    while len(merges) < n_merges and heap:
+        neg, pair = heapq.heappop(heap)
+        count = counts.get(pair, 0)
+        if count != -neg:
+            # stale: counts only rise through a push, so this one fell since its push;
+            # put it back at its current count (ties between equal counts still go to
+            # the smaller pair, since every entry is ≥ the pair's count)
+            if count > 0:
+                heapq.heappush(heap, (-count, pair))
+            continue
+        new = 256 + len(merges)
+        merges.append(pair)
+        a, b = pair
+        risen: set[Pair] = set()
+        for w in where.pop(pair):
+            word = words[w]
+            n = len(word)
+            starts = []  # where the pair occurs, left to right, without overlaps
+            j = 0
+            while j < n - 1:
+                if word[j] == a and word[j + 1] == b:
+                    starts.append(j)
+                    j += 2
+                else:
+                    j += 1
+            if not starts:  # stale membership: the pair left this chunk earlier
+                continue
+            mult = freqs[w]
+            # old pairs that touch a merged position lose this chunk's count
+            gone = {i for p in starts for i in (p - 1, p, p + 1) if 0 <= i < n - 1}
+            for i in gone:
+                old = (word[i], word[i + 1])
+                counts[old] -= mult
+            out: list[int] = []
+            j = 0
+            for p in starts:
+                out += word[j:p]
+                out.append(new)
+                j = p + 2
+            out += word[j:]
+            # new pairs are exactly those with the new token on one side
+            for i in range(len(out) - 1):
+                if out[i] == new or out[i + 1] == new:
+                    q = (out[i], out[i + 1])
+                    counts[q] = counts.get(q, 0) + mult
+                    risen.add(q)
+                    where.setdefault(q, set()).add(w)
+            words[w] = out
+        for q in risen:
+            heapq.heappush(heap, (-counts[q], q))
+        counts.pop(pair, None)
+        if progress is not None:
+            progress(len(merges))
+    return merges
+
+
+def _merge_bytes(merges: Sequence[Pair], base: Sequence[int]) -> list[bytes]:
+    vocab = [bytes([b]) for b in base]
+    for k, (a, b) in enumerate(merges):
+        if not (0 <= a < 256 + k and 0 <= b < 256 + k):
+            raise TokenizerError(f"merge {k} = ({a}, {b}) uses a token that is not defined yet")
+        vocab.append(vocab[a] + vocab[b])
+    return vocab
+
+
+class Tokenizer:
+    """Byte-level BPE: ``merges`` (merge k makes token 256 + k), a pre-tokenization
+    ``pattern``, ``special_tokens`` (text → id) and ``base`` (the byte of each of the
+    first 256 tokens; the identity unless the vocabulary came from elsewhere)."""
+
+    def __init__(self, merges: Sequence[Pair], pattern: str = GPT2_PATTERN,
+                 special_tokens: Mapping[str, int] | None = None,
+                 base: Sequence[int] = IDENTITY_BASE, name: str = "gptspec") -> None:
+        base = tuple(int(b) for b in base)
+        if sorted(base) != list(range(256)):
+            raise TokenizerError("base must list each of the 256 byte values exactly once")
+        self.merges: list[Pair] = [(int(a), int(b)) for a, b in merges]
+        self.pattern = resolve_pattern(pattern)
+        self.base = base
+        self.special_tokens: dict[str, int] = dict(special_tokens or {})
+        self._vocab = _merge_bytes(self.merges, base)
+        n = len(self._vocab)
+        ids = sorted(self.special_tokens.values())
+        if any(not isinstance(i, int) or i < n for i in ids) or len(set(ids)) != len(ids):
+            raise TokenizerError(
+                f"special token ids must be distinct integers ≥ {n} (after the BPE tokens), "
+                f"got {self.special_tokens}")
+        if any(not s for s in self.special_tokens):
+            raise TokenizerError("a special token's text must not be empty")
+        self._special_bytes = {i: s.encode("utf-8") for s, i in self.special_tokens.items()}
+        self._n_bpe = n
+        ranks = {data: i for i, data in enumerate(self._vocab)}
+        self._encoding: tiktoken.Encoding | None = None
+        self._rank = {pair: k for k, pair in enumerate(self.merges)}
+        if len(ranks) == n:
+            self._encoding = tiktoken.Encoding(
+                name, pat_str=self.pattern, mergeable_ranks=ranks, special_tokens={})
+        self._compiled = regex.compile(self.pattern)
+        self._chunk_cache = lru_cache(maxsize=1 << 16)(self._bpe_chunk)
+
+    # --- construction ------------------------------------------------------------------
+
+    @classmethod
+    def byte_level(cls, special_tokens: Collection[str] = ()) -> Tokenizer:
+        """256 byte tokens and no merges (the character-level recipe); special tokens,
+        if any, follow at 256, 257, …."""
+        return cls([], special_tokens={s: 256 + i for i, s in enumerate(special_tokens)})
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int, pattern: str = "gpt2",
+              special_tokens: Collection[str] = (ENDOFTEXT,),
+              progress: Callable[[int], None] | None = None) -> Tokenizer:
+        """Learn merges so that the vocabulary, special tokens included, has vocab_size
+        tokens (fewer if the text runs out of pairs); special tokens come last."""
+        special_tokens = list(dict.fromkeys(special_tokens))
+        check_vocab_size(vocab_size, len(special_tokens))
+        pattern = resolve_pattern(pattern)
+        merges = train_merges(text, vocab_size - 256 - len(special_tokens), pattern,
+                              special_tokens, progress)
+        n = 256 + len(merges)
+        return cls(merges, pattern, {s: n + i for i, s in enumerate(special_tokens)})
+
+    # --- properties -------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return max([self._n_bpe - 1, *self.special_tokens.values()]) + 1
+
+    @property
+    def eot_token(self) -> int | None:
+        return self.special_tokens.get(ENDOFTEXT)
+
+    def token_bytes(self, token: int) -> bytes:
+        if 0 <= token < self._n_bpe:
+            return self._vocab[token]
+        if token in self._special_bytes:
+            return self._special_bytes[token]
+        raise TokenizerError(f"token id {token} is not in the vocabulary (size {self.vocab_size})")
+
+    def mergeable_ranks(self) -> dict[bytes, int]:
+        """tiktoken's view of the BPE tokens: bytes → id."""
+        return {data: i for i, data in enumerate(self._vocab)}
+
+    # --- encode / decode ----------------------------------------------------------------
+
+    def encode(self, text: str, allowed_special: Collection[str] | str = ()) -> list[int]:
+        """Text → tokens. Special tokens in ``allowed_special`` (or "all") become their
+        ids; the text of any other special token is an error."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"can only encode str, got {type(text).__name__}")
+        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
+        unknown = allowed - set(self.special_tokens)
+        if unknown:
+            raise TokenizerError(f"allowed_special names unknown special tokens: {sorted(unknown)}")
+        for special in self.special_tokens:
+            if special not in allowed and special in text:
+                raise TokenizerError(
+                    f"text contains the special token {special!r}, which is not allowed here "
+                    f"(allow special tokens to encode it as its id)")
+        if not allowed:
+            return self.encode_ordinary(text)
+        # longest first, so that where two start at one place the longer one wins
+        alternatives = "|".join(regex.escape(s) for s in sorted(allowed, key=len, reverse=True))
+        ids: list[int] = []
+        start = 0
+        for match in regex.finditer(alternatives, text):
+            ids += self.encode_ordinary(text[start:match.start()])
+            ids.append(self.special_tokens[match.group()])
+            start = match.end()
+        ids += self.encode_ordinary(text[start:])
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Text → tokens, reading special tokens' text as ordinary text."""
+        if not text.isascii():
+            _check_unicode(text)
+        if not self.merges and self.base == IDENTITY_BASE:
+            return list(text.encode("utf-8"))
+        if self._encoding is not None:
+            return self._encoding.encode_ordinary(text)
+        ids: list[int] = []
+        for chunk in self._compiled.findall(text):
+            ids += self._chunk_cache(chunk)
+        return ids
+
+    def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
+        token_of_byte = {b: i for i, b in enumerate(self.base)}
+        ids = [token_of_byte[b] for b in chunk.encode("utf-8")]
+        rank = self._rank
+        while len(ids) > 1:
+            best = min(((rank[p], j) for j, p in enumerate(zip(ids, ids[1:], strict=False))
+                        if p in rank), default=None)
+            if best is None:
+                break
+            k, j = best
+            ids[j : j + 2] = [256 + k]
+        return tuple(ids)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        ids = list(ids)
+        vocab, n = self._vocab, self._n_bpe
+        try:
+            if ids and min(ids) >= 0 and max(ids) < n:
+                return b"".join([vocab[i] for i in ids])
+        except TypeError:
+            raise TokenizerError("token ids must be integers") from None
+        return b"".join([self.token_bytes(i) for i in ids])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Tokens → text; byte sequences that are not UTF-8 become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    # --- files -------------------------------------------------------------------------
+
+    def save(self, path: str | Path, format: str = "gptspec") -> None:
+        """Write the tokenizer: 'gptspec' (this project's JSON), 'tiktoken' (ranks only)
+        or 'hf' (HF tokenizers' tokenizer.json). Written atomically."""
+        from gptspec.fast import tokenizer_files
+
+        tokenizer_files.save(self, path, format)
+
+    @classmethod
+    def load(cls, path: str | Path, format: str | None = None, **options) -> Tokenizer:
+        """Read a tokenizer file of any of the three formats (detected when not given)."""
+        from gptspec.fast import tokenizer_files
+
+        return tokenizer_files.load(path, format, **options)
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+                f"special_tokens={self.special_tokens})")
+
+
+def _check_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise TokenizerError(
+            f"text is not valid Unicode: lone surrogate {text[err.start]!r} at position "
+            f"{err.start}") from None
+
+
+class FastTokenizerBackend:
+    """The fast tokenizer as a conformance tokenizer backend
+    (see gptspec.conformance.checks_tokenizer)."""
+
+    name = "fast"
+
+    def train(self, text: str, vocab_size: int, pattern: str) -> list[Pair]:
+        check_vocab_size(vocab_size)
+        return train_merges(text, vocab_size - 256, resolve_pattern(pattern))
+
+    def build(self, merges: Sequence[Pair], pattern: str,
+              special_tokens: Mapping[str, int]) -> Tokenizer:
+        return Tokenizer(merges, pattern, special_tokens)

@@ -1,0 +1,328 @@
+"""Tokenizer files: this project's JSON, tiktoken's ranks, HF tokenizers' tokenizer.json.
+
+- ``gptspec`` (JSON): ``{"format": "gptspec-tokenizer", "version": 1, "pattern": …,
+  "base": [256 byte values], "merges": [[a, b], …], "special_tokens": {text: id}}`` —
+  exactly the data of the spec, nothing derived.
+- ``tiktoken``: one line per BPE token, ``base64(bytes) rank``. It holds no pattern and
+  no special tokens; they are given when loading (GPT-2's by default). The merges are
+  recovered from the ranks: token r splits into the two tokens that BPE with ranks
+  below r leaves of its bytes.
+- ``hf``: HF tokenizers' tokenizer.json with a BPE model over GPT-2's printable byte
+  alphabet (spec entry ``bytes_to_unicode``), a Split pre-tokenizer with the pattern, and
+  the special tokens as added tokens; the `tokenizers` library reads it as is.
+
+Every file is written to a temporary name in the same folder, synced, then renamed, so
+an interrupted save leaves the old file whole. A corrupt or truncated file raises
+:class:`TokenizerFileError` with a one-line message naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gptspec.fast.tokenizer import ENDOFTEXT, GPT2_PATTERN, Tokenizer, TokenizerError
+from gptspec.reference.tokenizer import bytes_to_unicode
+
+__all__ = ["TokenizerFileError", "save", "load", "detect_format", "merges_from_ranks",
+           "FORMATS", "GPTSPEC_FORMAT"]
+
+FORMATS = ("gptspec", "tiktoken", "hf")
+GPTSPEC_FORMAT = "gptspec-tokenizer"
+GPTSPEC_VERSION = 1
+
+
+class TokenizerFileError(TokenizerError):
+    """A tokenizer file that is missing, unreadable, corrupt, truncated or inconsistent."""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TokenizerFileError(f"tokenizer file {path} does not exist") from None
+    except IsADirectoryError:
+        raise TokenizerFileError(f"tokenizer file {path} is a directory") from None
+    except OSError as err:
+        raise TokenizerFileError(f"cannot read tokenizer file {path}: {err.strerror}") from None
+
+
+def _json(path: Path, data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise TokenizerFileError(f"{path}: not UTF-8 text (byte {err.start}); corrupt?") from None
+    except json.JSONDecodeError as err:
+        raise TokenizerFileError(
+            f"{path}: not valid JSON, truncated or corrupt ({err.msg} at line {err.lineno}, "
+            f"column {err.colno})") from None
+
+
+def detect_format(data: bytes) -> str:
+    head = data.lstrip()[:1]
+    if head == b"{":
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return "gptspec" if b'"format"' in data[:200] else "hf"  # reported as corrupt JSON
+        if isinstance(doc, dict) and doc.get("format") == GPTSPEC_FORMAT:
+            return "gptspec"
+        return "hf"
+    return "tiktoken"
+
+
+def save(tokenizer: Tokenizer, path: str | Path, format: str = "gptspec") -> None:
+    writers = {"gptspec": _gptspec_bytes, "tiktoken": _tiktoken_bytes, "hf": _hf_bytes}
+    if format not in writers:
+        raise TokenizerError(f"unknown tokenizer format {format!r}; choose one of {FORMATS}")
+    _write_atomic(Path(path), writers[format](tokenizer))
+
+
+def load(path: str | Path, format: str | None = None, **options: Any) -> Tokenizer:
+    """Read a tokenizer. ``options`` for the tiktoken format: ``pattern`` (GPT-2's by
+    default) and ``special_tokens`` (default: <|endoftext|> right after the ranks)."""
+    path = Path(path)
+    data = _read(path)
+    if not data.strip():
+        raise TokenizerFileError(f"{path}: the file is empty")
+    format = format or detect_format(data)
+    readers = {"gptspec": _load_gptspec, "tiktoken": _load_tiktoken, "hf": _load_hf}
+    if format not in readers:
+        raise TokenizerError(f"unknown tokenizer format {format!r}; choose one of {FORMATS}")
+    try:
+        return readers[format](path, data, **options)
+    except TokenizerFileError:
+        raise
+    except TokenizerError as err:  # consistent syntax, inconsistent content
+        raise TokenizerFileError(f"{path}: {err}") from None
+
+
+# --- this project's format ------------------------------------------------------------
+
+
+def _gptspec_bytes(tok: Tokenizer) -> bytes:
+    doc = {
+        "format": GPTSPEC_FORMAT,
+        "version": GPTSPEC_VERSION,
+        "pattern": tok.pattern,
+        "base": list(tok.base),
+        "special_tokens": tok.special_tokens,
+        "merges": [list(m) for m in tok.merges],
+    }
+    # one merge per line keeps the file diffable and readable
+    head = json.dumps({k: v for k, v in doc.items() if k != "merges"}, ensure_ascii=False,
+                      indent=1)[:-2]
+    merges = ",\n  ".join(json.dumps(m) for m in doc["merges"])
+    return (head + ',\n "merges": [\n  ' + merges + "\n ]\n}\n").encode("utf-8")
+
+
+def _field(path: Path, doc: dict, name: str, kind: type | tuple[type, ...]) -> Any:
+    if name not in doc:
+        raise TokenizerFileError(f"{path}: missing field {name!r}")
+    value = doc[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TokenizerFileError(f"{path}: field {name!r} has the wrong type "
+                                 f"({type(value).__name__})")
+    return value
+
+
+def _load_gptspec(path: Path, data: bytes) -> Tokenizer:
+    doc = _json(path, data)
+    if not isinstance(doc, dict) or doc.get("format") != GPTSPEC_FORMAT:
+        raise TokenizerFileError(f"{path}: not a gptspec tokenizer file (no \"format\": "
+                                 f"\"{GPTSPEC_FORMAT}\")")
+    version = _field(path, doc, "version", int)
+    if version != GPTSPEC_VERSION:
+        raise TokenizerFileError(f"{path}: unsupported version {version} (this reads "
+                                 f"{GPTSPEC_VERSION})")
+    pattern = _field(path, doc, "pattern", str)
+    base = _field(path, doc, "base", list)
+    merges = _field(path, doc, "merges", list)
+    special = _field(path, doc, "special_tokens", dict)
+    if len(base) != 256 or not all(isinstance(b, int) for b in base):
+        raise TokenizerFileError(f"{path}: 'base' must list 256 byte values")
+    for k, m in enumerate(merges):
+        if (not isinstance(m, list) or len(m) != 2
+                or not all(isinstance(t, int) and not isinstance(t, bool) for t in m)):
+            raise TokenizerFileError(f"{path}: merge {k} is not a pair of token ids: {m!r}")
+    return Tokenizer([tuple(m) for m in merges], pattern, special, base)
+
+
+# --- tiktoken's ranks -------------------------------------------------------------------
+
+
+def _tiktoken_bytes(tok: Tokenizer) -> bytes:
+    lines = (f"{base64.b64encode(data).decode('ascii')} {rank}\n"
+             for data, rank in tok.mergeable_ranks().items())
+    return "".join(lines).encode("ascii")
+
+
+def merges_from_ranks(ranks: Mapping[bytes, int]) -> tuple[list[tuple[int, int]], list[int]]:
+    """(merges, base) from tiktoken ranks 0 … n−1 whose first 256 are the single bytes.
+
+    Token r's merge is the pair that BPE over its bytes, allowed only ranks below r,
+    ends with: the two tokens that were joined last when r was learned."""
+    n = len(ranks)
+    by_rank = sorted(ranks.items(), key=lambda item: item[1])
+    if [r for _, r in by_rank] != list(range(n)):
+        raise TokenizerError("ranks must be 0, 1, …, n−1, each once")
+    if n < 256 or any(len(data) != 1 for data, _ in by_rank[:256]):
+        raise TokenizerError("the first 256 ranks must be the 256 single bytes")
+    base = [data[0] for data, _ in by_rank[:256]]
+    merges: list[tuple[int, int]] = []
+    for data, r in by_rank[256:]:
+        parts = [data[i : i + 1] for i in range(len(data))]
+        while len(parts) > 2:
+            best = None
+            for j in range(len(parts) - 1):
+                q = ranks.get(parts[j] + parts[j + 1])
+                if q is not None and q < r and (best is None or q < best[0]):
+                    best = (q, j)
+            if best is None:
+                break
+            j = best[1]
+            parts[j : j + 2] = [parts[j] + parts[j + 1]]
+        if len(parts) != 2:
+            raise TokenizerError(f"token of rank {r} ({data!r}) is not a merge of two "
+                                 f"tokens of lower rank")
+        merges.append((ranks[parts[0]], ranks[parts[1]]))
+    return merges, base
+
+
+def _load_tiktoken(path: Path, data: bytes, pattern: str = GPT2_PATTERN,
+                   special_tokens: Mapping[str, int] | None = None) -> Tokenizer:
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split()
+        try:
+            if len(fields) != 2:
+                raise ValueError
+            token = base64.b64decode(fields[0], validate=True)
+            rank = int(fields[1])
+        except (ValueError, binascii.Error):
+            raise TokenizerFileError(f"{path}: line {number} is not 'base64 rank' "
+                                     f"(corrupt, or not a tiktoken ranks file)") from None
+        if token in ranks:
+            raise TokenizerFileError(f"{path}: line {number} repeats a token")
+        ranks[token] = rank
+    try:
+        merges, base = merges_from_ranks(ranks)
+    except TokenizerError as err:
+        raise TokenizerFileError(f"{path}: {err} (truncated or corrupt?)") from None
+    if special_tokens is None:
+        special_tokens = {ENDOFTEXT: len(ranks)}
+    return Tokenizer(merges, pattern, special_tokens, base)
+
+
+# --- HF tokenizers' tokenizer.json ---------------------------------------------------------
+
+
+def _hf_bytes(tok: Tokenizer) -> bytes:
+    phi = bytes_to_unicode()
+
+    def text(token: int) -> str:
+        return "".join(phi[b] for b in tok.token_bytes(token))
+
+    doc = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+            for s, i in sorted(tok.special_tokens.items(), key=lambda item: item[1])
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": tok.pattern}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+             "use_regex": False},
+        ]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                    "use_regex": False},
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None,
+            "continuing_subword_prefix": None, "end_of_word_suffix": None,
+            "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "vocab": {text(i): i for i in range(256 + len(tok.merges))},
+            "merges": [[text(a), text(b)] for a, b in tok.merges],
+        },
+    }
+    return json.dumps(doc, ensure_ascii=False, indent=1).encode("utf-8")
+
+
+def _hf_pattern(path: Path, doc: dict) -> str:
+    pre = doc.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if isinstance(pre, dict) else []
+    for step in steps:
+        if isinstance(step, dict) and step.get("type") == "Split":
+            regex_text = (step.get("pattern") or {}).get("Regex")
+            if isinstance(regex_text, str):
+                return regex_text
+        if isinstance(step, dict) and step.get("type") == "ByteLevel" and step.get("use_regex"):
+            return GPT2_PATTERN  # the ByteLevel pre-tokenizer's own regex is GPT-2's
+    raise TokenizerFileError(f"{path}: no Split or ByteLevel pre-tokenizer with a pattern")
+
+
+def _load_hf(path: Path, data: bytes) -> Tokenizer:
+    doc = _json(path, data)
+    model = doc.get("model") if isinstance(doc, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        raise TokenizerFileError(f"{path}: not an HF tokenizer.json with a BPE model")
+    vocab, merges_text = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not isinstance(merges_text, list):
+        raise TokenizerFileError(f"{path}: the BPE model lacks 'vocab' or 'merges'")
+    special = {}
+    for added in doc.get("added_tokens") or []:
+        if isinstance(added, dict) and added.get("special"):
+            special[added.get("content")] = added.get("id")
+    inverse = {c: b for b, c in bytes_to_unicode().items()}
+    try:  # a special token may also be listed in the model's vocab; it is not BPE's
+        id_bytes = {i: bytes(inverse[c] for c in s) for s, i in vocab.items()
+                    if s not in special}
+    except (KeyError, TypeError):
+        raise TokenizerFileError(f"{path}: the vocabulary is not over GPT-2's byte "
+                                 f"alphabet (not a byte-level BPE)") from None
+    if sorted(id_bytes) != list(range(len(id_bytes))) or len(id_bytes) < 256:
+        raise TokenizerFileError(f"{path}: vocabulary ids must be 0 … n−1 with n ≥ 256")
+    if any(len(id_bytes[i]) != 1 for i in range(256)):
+        raise TokenizerFileError(f"{path}: ids 0 … 255 must be the 256 single bytes")
+    if len(merges_text) != len(id_bytes) - 256:
+        raise TokenizerFileError(f"{path}: {len(merges_text)} merges for "
+                                 f"{len(id_bytes) - 256} tokens beyond the bytes")
+    merges = []
+    for k, m in enumerate(merges_text):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not isinstance(pair, list) or len(pair) != 2 or any(p not in vocab for p in pair):
+            raise TokenizerFileError(f"{path}: merge {k} is not a pair of known tokens: {m!r}")
+        a, b = vocab[pair[0]], vocab[pair[1]]
+        if id_bytes[a] + id_bytes[b] != id_bytes[256 + k]:
+            raise TokenizerFileError(f"{path}: merge {k} does not make token {256 + k} "
+                                     f"(merges out of vocabulary order)")
+        merges.append((a, b))
+    base = [id_bytes[i][0] for i in range(256)]
+    return Tokenizer(merges, _hf_pattern(path, doc), special, base)

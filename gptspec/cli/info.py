@@ -1,0 +1,118 @@
+"""``gptspec info PRESET``: a model's size and costs, from the formulas in spec/costs.py.
+
+PRESET is a preset name or a checkpoint (its configuration is read from the metadata).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gptspec.cli import CLIError
+from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("preset", metavar="PRESET",
+                        help=f"a preset ({', '.join(PRESETS)}) or a checkpoint directory")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per batch (default 1)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per sequence for activation memory (default n_ctx)")
+    parser.add_argument("--bytes", type=int, default=2, dest="bytes_per_element",
+                        help="bytes per activation / cache element (default 2: bf16)")
+
+
+def config_of(name: str) -> GPTConfig:
+    if name in PRESETS:
+        return PRESETS[name]
+    path = Path(name)
+    if not path.exists():
+        try:
+            return preset(name)
+        except ConfigError as err:
+            raise CLIError(str(err)) from None
+    from safetensors import SafetensorError, safe_open
+
+    from gptspec.fast.checkpoint import CONFIG_KEY, model_file
+
+    file = model_file(path)
+    if not file.is_file():
+        raise CLIError(f"{path} is neither a preset nor a checkpoint ({file} not found)")
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError) as err:
+        raise CLIError(f"{file} is not a readable safetensors file ({err})") from None
+    if CONFIG_KEY not in metadata:
+        raise CLIError(f"{file} has no {CONFIG_KEY!r} metadata")
+    try:
+        return GPTConfig.from_json(metadata[CONFIG_KEY])
+    except ConfigError as err:
+        raise CLIError(f"{file}: {err}") from None
+
+
+def human(n: int, unit: str = "") -> str:
+    """1234567 → '1.23 M'; bytes in binary units."""
+    if unit == "B":
+        for suffix, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if n >= scale:
+                return f"{n / scale:.2f} {suffix}"
+        return f"{n} B"
+    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {suffix}{unit}"
+    return f"{n} {unit}".strip()
+
+
+def rows(config: GPTConfig, batch: int, seq_len: int | None, nbytes: int
+         ) -> list[tuple[str, int, str]]:
+    """(quantity, exact value, unit) for every costs entry."""
+    from gptspec.reference import costs as c
+
+    L = config.n_layers
+    T = config.n_ctx if seq_len is None else seq_len
+    return [
+        ("token embedding W_E", c.param_count_token_embedding(config), "params"),
+        ("positional embedding W_P", c.param_count_positional_embedding(config), "params"),
+        (f"attention, per block (× {L})", c.param_count_attention(config), "params"),
+        (f"feed-forward, per block (× {L})", c.param_count_ffn(config), "params"),
+        (f"LayerNorms, per block (× {L})", c.param_count_block_norms(config), "params"),
+        (f"one block (× {L})", c.param_count_block(config), "params"),
+        ("final LayerNorm", c.param_count_final_norm(config), "params"),
+        ("unembedding" + (" (tied to W_E)" if config.tied_embeddings else ""),
+         c.param_count_unembedding(config), "params"),
+        ("total parameters", c.param_count_total(config), "params"),
+        ("weights in matmuls per token", c.matmul_weights_per_token(config), "params"),
+        ("forward FLOPs per token", c.forward_flops_per_token(config), "FLOP"),
+        ("training FLOPs per token", c.training_flops_per_token(config), "FLOP"),
+        (f"KV cache (B={batch}, {nbytes} B/elt)",
+         c.kv_cache_bytes(config, batch=batch, bytes_per_element=nbytes), "B"),
+        (f"activation memory (B={batch}, T={T}, {nbytes} B/elt)",
+         c.activation_memory_bytes(config, batch=batch, seq_len=T, bytes_per_element=nbytes),
+         "B"),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    for name in ("batch", "bytes_per_element"):
+        if getattr(args, name) <= 0:
+            raise CLIError(f"--{name.replace('_', '-')} must be positive")
+    if args.seq_len is not None and args.seq_len <= 0:
+        raise CLIError("--seq-len must be positive")
+    config = config_of(args.preset)
+    table = Table(title=f"{args.preset}: sizes and costs (spec/costs.py)")
+    table.add_column("quantity")
+    table.add_column("exact", justify="right")
+    table.add_column("", justify="right")
+    for quantity, value, unit in rows(config, args.batch, args.seq_len, args.bytes_per_element):
+        exact = f"{value:,}" + (" B" if unit == "B" else "")
+        table.add_row(quantity, exact, human(value, "B" if unit == "B" else ""))
+    console = Console()
+    console.print(table)
+    console.print("FLOPs: a multiply-add is 2, matrix products only, unembedding included, "
+                  "attention over a causal window of n_ctx (Kaplan et al. 2020, table 1). "
+                  "Activation memory: no recomputation, attention weights stored.")
+    return 0

@@ -1,0 +1,184 @@
+"""``gptspec tokenizer train | encode | decode``.
+
+    gptspec tokenizer train --data corpus.txt --vocab-size 4096 --out tokenizer.json
+    echo "hello world" | gptspec tokenizer encode --tokenizer tokenizer.json
+    gptspec tokenizer decode --tokenizer tokenizer.json --input ids.txt --output text.txt
+
+Token ids are written as whitespace-separated integers (``--json``: a JSON list); decode
+reads either. Outputs go to a temporary name first and are renamed when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from gptspec.cli import CLIError
+
+FORMATS = ("gptspec", "tiktoken", "hf")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    train = sub.add_parser("train", help="learn BPE merges from a text file")
+    train.add_argument("--data", required=True, type=Path, help="UTF-8 training text")
+    train.add_argument("--vocab-size", required=True, type=int,
+                       help="tokens in all: 256 bytes + merges + special tokens")
+    train.add_argument("--out", required=True, type=Path, help="tokenizer file to write")
+    train.add_argument("--pattern", default="gpt2",
+                       help="pre-tokenization: 'gpt2' (default), 'cl100k', or a regex")
+    train.add_argument("--format", choices=FORMATS, default="gptspec",
+                       help="file format (default: gptspec JSON)")
+    train.add_argument("--no-endoftext", action="store_true",
+                       help="do not add the <|endoftext|> special token")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    for name, what in (("encode", "text → token ids"), ("decode", "token ids → text")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--tokenizer", required=True, type=Path,
+                       help="tokenizer file (gptspec JSON, tiktoken ranks or tokenizer.json)")
+        p.add_argument("--input", type=Path, default=None, help="input file (default: stdin)")
+        p.add_argument("--output", type=Path, default=None, help="output file (default: stdout)")
+        if name == "encode":
+            p.add_argument("--allow-special", action="store_true",
+                           help="encode special tokens' text (<|endoftext|>) as their ids")
+            p.add_argument("--json", action="store_true", help="write a JSON list")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"train": _train, "encode": _encode, "decode": _decode}[args.action](args)
+
+
+# --- input and output ---------------------------------------------------------------------
+
+
+def _read_bytes(path: Path | None, what: str) -> bytes:
+    if path is None:
+        return sys.stdin.buffer.read()
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise CLIError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise CLIError(f"{what} {path} is a directory") from None
+    except OSError as err:
+        raise CLIError(f"cannot read {what} {path}: {err.strerror}") from None
+
+
+def _read_text(path: Path | None, what: str) -> str:
+    data = _read_bytes(path, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        name = "standard input" if path is None else str(path)
+        raise CLIError(f"{what} {name} is not valid UTF-8 (byte {err.start}: "
+                       f"{data[err.start:err.start + 1]!r})") from None
+
+
+def _write(path: Path | None, data: bytes) -> None:
+    if path is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    if not path.parent.is_dir():
+        raise CLIError(f"output folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load(path: Path):
+    from gptspec.fast.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.load(path)
+    except TokenizerError as err:
+        raise CLIError(str(err)) from None
+
+
+# --- actions -------------------------------------------------------------------------------
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from gptspec.fast.tokenizer import ENDOFTEXT, Tokenizer, TokenizerError, check_vocab_size
+
+    special = () if args.no_endoftext else (ENDOFTEXT,)
+    try:  # check the cheap things before reading a large file
+        check_vocab_size(args.vocab_size, len(special))
+    except TokenizerError as err:
+        raise CLIError(str(err)) from None
+    if not args.out.parent.is_dir():
+        raise CLIError(f"output folder {args.out.parent} does not exist")
+    text = _read_text(args.data, "training data")
+    n_merges = args.vocab_size - 256 - len(special)
+    with tqdm(total=n_merges, desc="learning merges", unit="merge", disable=args.quiet,
+              file=sys.stderr) as bar:
+        try:
+            tok = Tokenizer.train(text, args.vocab_size, args.pattern, special,
+                                  progress=lambda k: bar.update(k - bar.n))
+        except TokenizerError as err:
+            raise CLIError(str(err)) from None
+    try:
+        tok.save(args.out, args.format)
+    except OSError as err:
+        raise CLIError(f"cannot write {args.out}: {err.strerror}") from None
+    note = "" if len(tok.merges) == n_merges else " (the text ran out of pairs)"
+    print(f"wrote {args.out}: {len(tok.merges)} merges, vocab size {tok.vocab_size}{note}",
+          file=sys.stderr)
+    return 0
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from gptspec.fast.tokenizer import TokenizerError
+
+    tok = _load(args.tokenizer)
+    text = _read_text(args.input, "input")
+    try:
+        ids = tok.encode(text, allowed_special="all" if args.allow_special else ())
+    except TokenizerError as err:
+        raise CLIError(str(err)) from None
+    out = json.dumps(ids) if args.json else " ".join(map(str, ids))
+    _write(args.output, (out + "\n").encode("ascii"))
+    return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    body = text.strip()
+    if body.startswith("["):
+        if not body.endswith("]"):
+            raise CLIError("token ids: a JSON list that is not closed (truncated input?)")
+        body = body[1:-1]
+    ids = []
+    for n, word in enumerate(body.replace(",", " ").split()):
+        try:
+            ids.append(int(word))
+        except ValueError:
+            raise CLIError(f"token ids: item {n} is not an integer: {word[:20]!r}") from None
+    return ids
+
+
+def _decode(args: argparse.Namespace) -> int:
+    from gptspec.fast.tokenizer import TokenizerError
+
+    tok = _load(args.tokenizer)
+    ids = _parse_ids(_read_text(args.input, "input"))
+    try:
+        text = tok.decode(ids)
+    except TokenizerError as err:
+        raise CLIError(str(err)) from None
+    _write(args.output, text.encode("utf-8"))
+    return 0

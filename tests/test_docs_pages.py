@@ -1,0 +1,155 @@
+"""The page generator of the spec site (docs/sitegen), on entries made here for the test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+
+from gptspec.spec.equation import Decision, Equation, Reading, Symbol, Tolerance  # noqa: E402
+from gptspec.spec.sources import BLUEPRINT, GUIDE, Source  # noqa: E402
+from sitegen import spec_pages  # noqa: E402
+from sitegen.checks import CheckInfo  # noqa: E402
+from sitegen.conformance_results import ReportError, load_report  # noqa: E402
+
+
+def _scale(x):
+    return 2 * x
+
+
+def made_up_entry(entry_id: str = "scale", reference: str = "scale") -> Equation:
+    # Built directly, not through @equation, so the project's registry is untouched.
+    return Equation(
+        id=entry_id, title="Scale by two", group="attention",
+        latex=r"y = 2\,x \quad \lvert x \rvert < 1",
+        symbols=(Symbol(r"|x|", "(n,)", "a <b>row</b> & more"),),
+        sources=(Source(BLUEPRINT, "eq 99"),),
+        sympy=_scale, reference=reference,
+        tolerance=Tolerance(r"\sqrt{n}\,u", reduction="n", note="one rounding"),
+        decisions=(Decision("Two or three?", (Reading(Source(BLUEPRINT, "eq 99"), r"y = 2\,x"),
+                                              Reading(Source(GUIDE, "sec 1"), "three times x")),
+                            "two", "the Blueprint is explicit"),),
+        notes="Doubling is exact in binary floating point.",
+    )
+
+
+def reference_module() -> types.ModuleType:
+    module = types.ModuleType("fake_reference")
+
+    def scale(x):
+        """y = 2 x."""
+        return 2 * x
+
+    module.scale = scale  # type: ignore[attr-defined]
+    return module
+
+
+def checks(entry_id: str) -> list[CheckInfo]:
+    return [CheckInfo(f"{entry_id}.differential", r"\sqrt{n}\,u of float32", "against float64")]
+
+
+def views(entry: Equation, checks_for=checks) -> list[spec_pages.EntryView]:
+    return spec_pages.build_views([entry], reference_module(), checks_for, ROOT)
+
+
+def test_an_entry_page_shows_everything_about_the_entry() -> None:
+    page = spec_pages.entry_page(views(made_up_entry())[0], reports=[])
+    assert page.startswith("# Scale by two\n")
+    assert r'<div class="arithmatex">\[y = 2\,x \quad \lvert x \rvert &lt; 1\]</div>' in page
+    assert r'<span class="arithmatex">\(|x|\)</span>' in page  # a | does not split the table
+    assert "a &lt;b&gt;row&lt;/b&gt; &amp; more" in page  # meanings are escaped
+    assert "y = 2 x." in page  # the reference function's source, beside the equation
+    assert '<span class="nf">_scale</span>' in page  # the sympy definition
+    assert BLUEPRINT in page and "eq 99" in page
+    assert "Two or three?" in page and r"\(y = 2\,x\)" in page and "three times x" in page
+    assert "<code>scale.differential</code>" in page
+    assert "Not yet run" in page
+    assert "Doubling is exact" in page
+
+
+def test_reports_are_shown_on_the_page_of_the_entry_they_check(tmp_path: Path) -> None:
+    report = tmp_path / "torch.json"
+    report.write_text(json.dumps({
+        "backend": {"name": "torch", "version": "2.13.0", "device": "cpu", "dtype": "float32"},
+        "checks": [{"id": "scale.differential", "entry": "scale", "status": "pass",
+                    "budget_fraction": 0.25},
+                   {"id": "other.thing", "entry": "other", "status": "fail",
+                    "budget_fraction": 7.0}]}))
+    page = spec_pages.entry_page(views(made_up_entry())[0], [load_report(report)])
+    assert "torch 2.13.0 · cpu · float32" in page
+    assert "<code>scale.differential</code>" in page and "0.25" in page and "pass" in page
+    assert "other.thing" not in page and "Not yet run" not in page
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"checks": [{"status": "x"}]}',
+                                     '{"checks": [{"id": "a", "budget_fraction": "big"}]}'])
+def test_a_corrupt_report_is_an_error_naming_the_file(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ReportError, match="bad.json"):
+        load_report(path)
+
+
+def test_the_traceability_matrix_names_every_empty_cell() -> None:
+    full = views(made_up_entry())
+    pages = set(spec_pages.render_pages(full, ["attention"], []))
+    assert spec_pages.traceability_gaps(full, pages) == []
+    no_ref = views(made_up_entry(reference="nowhere"))
+    assert spec_pages.traceability_gaps(no_ref, pages) == [
+        "scale: no reference function gptspec.reference.nowhere"]
+    no_checks = views(made_up_entry(), checks_for=lambda entry_id: [])
+    assert spec_pages.traceability_gaps(no_checks, pages, "registry missing") == [
+        "scale: no conformance check covers it (registry missing)"]
+    assert spec_pages.traceability_gaps(full, set()) == ["scale: no page spec/scale.md"]
+    assert spec_pages.traceability_gaps([], set()) == ["the spec registry has no entries"]
+
+
+def test_the_index_groups_entries_and_links_their_pages() -> None:
+    pages = spec_pages.render_pages(views(made_up_entry()), ["embedding", "attention"], [])
+    index = pages["spec/index.md"]
+    assert "## Attention { #attention }" in index
+    assert '<a href="scale/">Scale by two</a>' in index
+    assert index.index("## Embedding") < index.index("No entries yet.") < index.index(
+        "## Attention")
+    nav = spec_pages.spec_nav(views(made_up_entry()), ["embedding", "attention"])
+    assert {"Attention": [{"Scale by two": "spec/scale.md"}]} in nav
+
+
+def test_the_site_build_fails_on_an_entry_without_a_check(tmp_path: Path) -> None:
+    """A planted entry whose reference exists but that no check covers stops the build."""
+    script = textwrap.dedent(f"""
+        import logging
+        import sys
+        from mkdocs.commands.build import build
+        from mkdocs.config import load_config
+        from mkdocs.exceptions import Abort
+        from gptspec.spec.equation import equation
+        from gptspec.spec.sources import BLUEPRINT, Source
+
+        @equation(id="planted_untested", title="Planted", group="output", latex="x",
+                  symbols=(), sources=(Source(BLUEPRINT),), reference="softmax")
+        def planted_untested(x):
+            return x
+
+        config = load_config({str(ROOT / "mkdocs.yml")!r}, site_dir={str(tmp_path / "site")!r})
+        logging.basicConfig(stream=sys.stdout, level=logging.ERROR)  # mkdocs logs the cause
+        try:
+            build(config)
+        except Abort:
+            sys.exit(3)
+    """)
+    (tmp_path / "plant.py").write_text(script)  # a file: inspect reads the sympy source
+    done = subprocess.run([sys.executable, str(tmp_path / "plant.py")], cwd=ROOT,
+                          capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 3, (done.stdout + done.stderr)[-2000:]
+    assert "planted_untested: no conformance check covers it" in done.stdout
+    assert not (tmp_path / "site" / "index.html").exists()

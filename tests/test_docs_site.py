@@ -1,0 +1,203 @@
+"""The spec site as a reader sees it: built with --strict, served on 127.0.0.1, opened in
+headless Chromium.
+
+Needs Debian's chromium (``apt-get install -y chromium``), node and npm (KaTeX comes from
+the npm registry the first time, then from .cache/katex). The site server is the
+browser's only proxy (see cdp_browser.py), so every request the browser makes is logged;
+the pages' own requests are also recorded through the DevTools protocol.
+
+A screenshot of one equation page is kept in out/docs-site/ (printed by the test).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cdp_browser import (  # noqa: E402
+    MATH_STATS_JS,
+    RAW_MATH_JS,
+    Browser,
+    SiteServer,
+    off_machine,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "out" / "docs-site"
+GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "figures/")
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site") / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+         "-d", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-4000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def entries() -> list:
+    from gptspec.spec import REGISTRY
+
+    return list(REGISTRY)
+
+
+@pytest.fixture(scope="module")
+def served(site: Path) -> Iterator[tuple[SiteServer, Browser]]:
+    with SiteServer(site) as server, tempfile.TemporaryDirectory() as profile:
+        browser = Browser(Path(profile), server.netloc)
+        try:
+            yield server, browser
+        finally:
+            browser.close()
+
+
+def test_every_entry_has_a_page_and_the_matrix_lists_it(site: Path, entries: list) -> None:
+    assert entries, "the spec registry is empty"
+    matrix = (site / "spec" / "traceability" / "index.html").read_text(encoding="utf-8")
+    for e in entries:
+        assert (site / "spec" / e.id / "index.html").is_file(), e.id
+        assert f"<code>{e.id}</code>" in matrix, e.id
+    assert "gs-missing" not in matrix
+
+
+def test_no_page_links_an_outside_asset(site: Path) -> None:
+    """Nothing in the built site loads a script, style, font or image from outside."""
+    asset = re.compile(r"""<(?:script|img|iframe|source)[^>]*\ssrc=["']?(?:https?:)?//"""
+                       r"""|<link[^>]*rel=["']?(?:stylesheet|preload|preconnect|icon)[^>]*"""
+                       r"""href=["']?(?:https?:)?//|url\(\s*["']?(?:https?:)?//|@import\s+["']?(?:https?:)?//""",
+                       re.IGNORECASE)
+    found = []
+    for path in site.rglob("*"):
+        if path.suffix in (".html", ".css"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found += [f"{path.relative_to(site)}: {m.group(0)[:100]}" for m in asset.finditer(text)]
+    assert not found, found
+
+
+def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entries: list
+                                        ) -> None:
+    server, browser = served
+    equation_pages = {f"spec/{e.id}/" for e in entries}
+    pages = sorted(equation_pages) + ["spec/", "spec/traceability/"] + list(GUIDES)
+    problems = []
+    fonts = None
+    for page in pages:
+        browser.navigate(server.url + page)
+        try:
+            stats = browser.wait_for(
+                f"(() => {{ const s = {MATH_STATS_JS}; "
+                "return s.katex === s.arithmatex ? s : null; })()",
+                f"KaTeX to typeset {page}", seconds=20)
+        except Exception as err:  # report every page, not just the first
+            problems.append(f"{page}: {err}; {browser.evaluate(MATH_STATS_JS)}")
+            continue
+        if page in equation_pages and stats["katex"] == 0:
+            problems.append(f"{page}: no equation on an equation page")
+        if stats["errors"]:
+            problems.append(f"{page}: {stats['errors']} KaTeX error(s)")
+        raw = browser.evaluate(RAW_MATH_JS)
+        if raw:
+            problems.append(f"{page}: raw LaTeX left: {raw[:3]}")
+        if fonts is None and page in equation_pages:  # KaTeX's fonts came from this site
+            fonts = browser.evaluate("document.fonts.ready.then(() => "
+                                     "document.fonts.check('16px KaTeX_Main'))")
+    assert not problems, "\n".join(problems)
+    assert fonts, "KaTeX's fonts did not load"
+
+
+def test_screenshot_of_an_equation_page(served: tuple[SiteServer, Browser], entries: list
+                                        ) -> None:
+    server, browser = served
+    entry = next((e for e in entries if e.id == "softmax"), entries[0])
+    browser.navigate(server.url + f"spec/{entry.id}/")
+    browser.wait_for("document.querySelectorAll('.arithmatex .katex').length > 0",
+                     "math to render")
+    path = browser.screenshot(ARTIFACTS / f"spec-{entry.id}.png")
+    print(f"\nscreenshot of {entry.id}'s page: {path}")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000
+
+
+def test_navigation_reaches_an_equation_from_the_home_page(
+        served: tuple[SiteServer, Browser], entries: list) -> None:
+    server, browser = served
+    browser.navigate(server.url)
+    # The sidebar's link to the specification index, clicked as a reader would.
+    assert browser.evaluate(
+        "(() => { const a = [...document.querySelectorAll('nav.md-nav a')]"
+        ".find(a => a.getAttribute('href').endsWith('spec/')); if (!a) return false;"
+        " a.click(); return true; })()")
+    browser.wait_for("location.pathname.endsWith('/spec/') && document.readyState === "
+                     "'complete'", "the specification index")
+    first = entries[0]
+    assert browser.evaluate(
+        "(() => { const a = [...document.querySelectorAll('article a')].find(a => "
+        f"a.getAttribute('href').replace(/\\/$/, '').endsWith('{first.id}')); "
+        "if (!a) return false; a.click(); return true; })()")
+    browser.wait_for(f"location.pathname.endsWith('/spec/{first.id}/') && "
+                     "document.readyState === 'complete'", f"{first.id}'s page")
+    assert browser.evaluate("document.querySelector('article h1').firstChild.textContent.trim()") \
+        == first.title
+
+
+def test_search_finds_an_equation(served: tuple[SiteServer, Browser], entries: list) -> None:
+    server, browser = served
+    entry = next((e for e in entries if e.id == "softmax"), entries[0])
+    browser.navigate(server.url)
+    browser.evaluate("document.querySelector('input.md-search__input').focus()")
+    browser.type_text(entry.title.split()[0].lower())
+    hrefs = browser.wait_for(
+        "(() => { const r = [...document.querySelectorAll('.md-search-result__item a')]"
+        ".map(a => a.getAttribute('href')); return r.length ? r : null; })()",
+        "search results", seconds=30)
+    assert any(f"spec/{entry.id}/" in h for h in hrefs), hrefs
+
+
+def test_no_request_left_the_machine(served: tuple[SiteServer, Browser]) -> None:
+    """Runs after the page tests: everything they loaded is in the logs."""
+    server, browser = served
+    browser.pump(1.0)
+    page_requests = browser.requested_urls()
+    assert len(page_requests) > 20  # the logs did record the pages' requests
+    assert any("search_index.json" in u for u in server.log.served)  # the search worker's
+    assert not off_machine(page_requests, server.netloc)
+    assert not off_machine(server.log.served, server.netloc)
+    # The browser's own services may try to call home; the proxy refused them. None of
+    # those is a request of the site's pages.
+    assert not set(server.log.refused) & set(page_requests)
+    print(f"\n{len(page_requests)} page requests, all to {server.netloc}; "
+          f"{len(server.log.refused)} requests of Chromium's own services refused")
+
+
+def test_the_checks_catch_a_broken_page(tmp_path: Path) -> None:
+    """A page with untypeset math and an outside asset fails the checks above."""
+    (tmp_path / "index.html").write_text(
+        "<!doctype html><html><head><title>broken</title>"
+        '<link rel="stylesheet" href="http://cdn.gptspec-test.invalid/katex.css"></head>'
+        '<body><p class="arithmatex">\\(x^2\\)</p>'
+        '<img src="http://cdn.gptspec-test.invalid/x.png"></body></html>', encoding="utf-8")
+    with SiteServer(tmp_path) as server, tempfile.TemporaryDirectory() as profile:
+        browser = Browser(Path(profile), server.netloc)
+        try:
+            browser.navigate(server.url)
+            browser.pump(1.0)
+            assert browser.evaluate(RAW_MATH_JS) == ["\\(x^2\\)"]
+            stats = browser.evaluate(MATH_STATS_JS)
+            assert stats["katex"] < stats["arithmatex"]
+            leaked = off_machine(browser.requested_urls(), server.netloc)
+            assert any("cdn.gptspec-test.invalid" in u for u in leaked), leaked
+            assert any("cdn.gptspec-test.invalid" in u for u in server.log.refused)
+        finally:
+            browser.close()
