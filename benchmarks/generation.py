@@ -2,10 +2,10 @@
 against the memory-bandwidth limit.
 
 A GPT-2-small-shaped model with random weights (GPT-2's initialisation), the same weights
-loaded into transformers' GPT2LMHeadModel (our schema maps onto its names one to one:
-Conv1D weights are (in, out) like ours). Both decode greedily with their KV cache, 256
-new tokens after an 8-token prompt, at batch 1 and 8, no end-of-text stop; tokens/s is
-(batch × new tokens) / median wall time.
+loaded into transformers' GPT2LMHeadModel (gptspec.fast.hf_interop: our schema maps onto
+its names one to one, Conv1D weights are (in, out) like ours). Both decode greedily with
+their KV cache, 256 new tokens after an 8-token prompt, at batch 1 and 8, no end-of-text
+stop; tokens/s is (batch × new tokens) / median wall time.
 
 The bandwidth limit: at batch 1 every step reads every weight once (the unembedding
 reads all of W_E; the embeddings only one row each), so no implementation can exceed
@@ -23,6 +23,7 @@ import time
 
 import torch
 from gptspec.fast.generate import GREEDY, generate
+from gptspec.fast.hf_interop import to_hf_model
 from gptspec.fast.model import GPT
 from gptspec.spec.config import GPTConfig, preset
 
@@ -33,39 +34,9 @@ PROMPT_LENGTH = 8
 
 
 def hf_model(config: GPTConfig, model: GPT):
-    """transformers' GPT2LMHeadModel holding ``model``'s weights (pre-LN, tanh GELU, tied)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    if (config.norm, config.ffn, config.tied_embeddings, config.bias, config.final_norm) != \
-            ("pre", "gelu_tanh", True, True, True):
-        raise ValueError("only GPT-2-shaped configurations map onto GPT2LMHeadModel")
-    hf_config = GPT2Config(vocab_size=config.vocab_size, n_positions=config.n_ctx,
-                           n_embd=config.d_model, n_layer=config.n_layers,
-                           n_head=config.n_heads, n_inner=config.d_ff,
-                           activation_function="gelu_new", layer_norm_epsilon=config.ln_eps,
-                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf = GPT2LMHeadModel(hf_config)
-    ours = dict(model.named_parameters())
-    state = {"transformer.wte.weight": ours["wte"], "transformer.wpe.weight": ours["wpe"],
-             "transformer.ln_f.weight": ours["ln_f.weight"],
-             "transformer.ln_f.bias": ours["ln_f.bias"], "lm_head.weight": ours["wte"]}
-    names = {"ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias",
-             "attn.w_qkv": "attn.c_attn.weight", "attn.b_qkv": "attn.c_attn.bias",
-             "attn.w_o": "attn.c_proj.weight", "attn.b_o": "attn.c_proj.bias",
-             "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
-             "ffn.w_1": "mlp.c_fc.weight", "ffn.b_1": "mlp.c_fc.bias",
-             "ffn.w_2": "mlp.c_proj.weight", "ffn.b_2": "mlp.c_proj.bias"}
-    for layer in range(config.n_layers):
-        for ours_name, hf_name in names.items():
-            state[f"transformer.h.{layer}.{hf_name}"] = ours[f"blocks.{layer}.{ours_name}"]
-    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in state.items()},
-                                             strict=False)
-    missing = [m for m in missing if not m.endswith(".attn.bias")]  # HF's stored mask buffer
-    if missing or unexpected:
-        raise RuntimeError(f"weight mapping incomplete: missing {missing}, unexpected {unexpected}")
-    hf.tie_weights()
-    return hf.eval().to(dtype=model.wte.dtype, device=model.wte.device)
+    """transformers' GPT2LMHeadModel holding ``model``'s weights (gptspec.fast.hf_interop)."""
+    hf = to_hf_model(config, dict(model.named_parameters()), dtype=model.wte.dtype)
+    return hf.to(model.wte.device)
 
 
 def hf_generate(hf, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
