@@ -27,6 +27,7 @@ from gptspec.fast.hf_interop import to_hf_model
 from gptspec.fast.model import GPT
 from gptspec.spec.config import GPTConfig, preset
 
+from benchmarks.machine import copy_bandwidth
 from benchmarks.report import Report, median_seconds
 
 GROUP = "generation"
@@ -46,14 +47,6 @@ def hf_generate(hf, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
                           max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                           do_sample=False, use_cache=True, pad_token_id=0)
     return out[:, prompts.shape[1]:]
-
-
-def copy_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 7) -> float:
-    """(bytes read + bytes written) per second of a large tensor copy."""
-    src = torch.ones(n_bytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), repeats=repeats, warmup=2)
-    return 2 * n_bytes / seconds
 
 
 def weight_bytes_per_step(model: GPT) -> int:
@@ -81,7 +74,9 @@ def run(report: Report, quick: bool) -> None:
     if not (ours_logits - theirs_logits).abs().max() <= 1e-3 * ours_logits.abs().max():
         raise RuntimeError("transformers' model does not compute our logits: bad weight mapping")
 
-    bandwidth = report.metric(GROUP, "copy bandwidth (read + write)", copy_bandwidth() / 1e9,
+    # measured here, beside the runs it bounds (benchmarks.machine's method)
+    bandwidth = report.metric(GROUP, "copy bandwidth (read + write)",
+                              copy_bandwidth("cpu", 256 << 20, 5 if quick else 9) / 1e9,
                               "GB/s", note=f"{threads} threads")
     n_bytes = weight_bytes_per_step(model)
     report.metric(GROUP, "weight bytes read per step", n_bytes / 1e6, "MB")
