@@ -176,6 +176,7 @@ def generate(params: dict, config: GPTConfig, prompts, max_new_tokens: int, *,
             if temperature == 0:
                 token = greedy_token(z)
             else:
+                assert rng is not None  # checked above
                 token = sample_token(sampling_distribution(z, temperature, top_k, top_p), rng)
             tokens.append(token)
             new.append(token)
