@@ -106,7 +106,8 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
 def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
               select: Callable[[Check], bool] | None = None, area: str | None = "forward",
               reproduce: str = "", on_result: Callable[[CheckResult], None] | None = None,
-              header: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
+              header: Callable[[SuiteResult], None] | None = None,
+              stop_on_failure: bool = False) -> SuiteResult:
     """Run every selected check against ``backend``, dependencies first. A check whose
     dependency failed is reported as blocked by the root cause, not run."""
     precision = Precision.of(str(getattr(backend, "dtype", "float64")))
@@ -137,6 +138,8 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
         suite.results.append(result)
         if on_result:
             on_result(result)
+        if stop_on_failure and result.status in ("fail", "error"):
+            break
     return suite
 
 
