@@ -89,8 +89,9 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-class CheckTimeout(Exception):
-    """The check ran past its time limit."""
+class CheckTimeout(BaseException):
+    """The check ran past its time limit (a BaseException, so that Hypothesis does not
+    take it for a failure to shrink)."""
 
 
 @contextlib.contextmanager
@@ -105,7 +106,8 @@ def _time_limit(seconds: float | None) -> Any:
         raise CheckTimeout(f"timed out after {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, float(seconds))  # type: ignore[arg-type]
+    # fires again every second until cleared, should anything swallow the first one
+    signal.setitimer(signal.ITIMER_REAL, float(seconds), 1.0)  # type: ignore[arg-type]
     try:
         yield
     finally:
@@ -130,7 +132,7 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         raise
     except BaseException as raised:  # noqa: BLE001 — a backend may raise anything
         err = _first(raised)
-        if isinstance(err, CheckTimeout):
+        if isinstance(err, CheckTimeout) or isinstance(raised, CheckTimeout):
             status, detail = "error", str(err)
         elif isinstance(err, NotImplementedOp):
             status, detail = "not-implemented", f"backend has no operation {err}"
