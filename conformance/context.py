@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
-from hypothesis import HealthCheck, settings
-
 from gptspec.conformance import budgets
 from gptspec.conformance.budgets import Comparison, Precision
+from hypothesis import HealthCheck, settings
 
 PROFILES = {"quick": 12, "default": 30, "thorough": 200}
 
@@ -186,8 +185,9 @@ class CheckContext:
                 test(*a, **k)
 
             counted.__name__ = test.__name__
-            wrapped = hypothesis.seed(self.seed)(self.settings(hypothesis.given(*args, **kwargs)(counted)))
-            reports: list[str] = []
+            property_ = hypothesis.given(*args, **kwargs)(counted)
+            wrapped = hypothesis.seed(self.seed)(self.settings(property_))
+            reports: list[object] = []
             with hypothesis.reporting.with_reporter(reports.append):
                 try:
                     wrapped()

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend
 from gptspec.fast.tokenizer import FastTokenizerBackend, Tokenizer
@@ -248,7 +247,8 @@ def _unembed_untied_without_bias(H: Tensor, W_U: Tensor, b_U: Tensor | None = No
 
 
 def _next_token_log_softmax(logits: Tensor) -> Tensor:
-    return torch.log_softmax(logits.to(ops.accumulation_dtype(logits.dtype)), dim=-1).to(logits.dtype)
+    acc = ops.accumulation_dtype(logits.dtype)
+    return torch.log_softmax(logits.to(acc), dim=-1).to(logits.dtype)
 
 
 def _log_probability_not_shifted(tokens: Tensor, logits: Tensor) -> Tensor:

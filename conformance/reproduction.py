@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from gptspec.conformance import budgets
 from gptspec.conformance.context import Call, FailureCapture
 from gptspec.spec.config import GPTConfig
@@ -127,7 +126,8 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
 
     def write_npz(tmp: str) -> None:
         with open(tmp, "wb") as f:
-            np.savez_compressed(f, manifest=np.array(json.dumps(manifest)), **arrays)
+            np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
+                                **arrays)  # type: ignore[arg-type]
 
     _write_atomically(npz, write_npz)
     written = [str(npz)]

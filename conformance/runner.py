@@ -141,8 +141,8 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         else:
             status = "error"
             where = traceback.extract_tb(err.__traceback__)
-            origin = where[-1] if where else None
-            at = f" (at {origin.filename.rsplit('/', 1)[-1]}:{origin.lineno})" if origin else ""
+            frame = where[-1] if where else None
+            at = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
             detail = f"raised {_one_line(err)}{at}"
     worst: float | None = ctx.worst if ctx.comparisons else None
     if status == "pass":

@@ -11,7 +11,6 @@ import sys
 import time
 
 import numpy as np
-
 from gptspec.conformance.isolation import run_isolated
 from gptspec.conformance.reproduction import load_case, replay
 from gptspec.conformance.runner import run_suite
