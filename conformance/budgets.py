@@ -176,8 +176,9 @@ class Comparison:
 
 
 def compare(actual, expected, bound) -> Comparison:
-    """Compare elementwise: |actual − expected| ≤ bound (a budget: λ × error scale). Where the reference is ±∞ the
-    backend must give the same infinity; a NaN where the reference has none fails."""
+    """Compare elementwise: |actual − expected| ≤ bound (a budget: λ × error scale).
+    Where the reference is ±∞ the backend must give the same infinity; a NaN where the
+    reference has none fails."""
     expected = np.asarray(expected, dtype=np.float64)
     try:
         actual = np.asarray(actual, dtype=np.float64)

@@ -34,7 +34,8 @@ def _block_check(norm: str):
 
         @ctx.given(config=configs(max_layers=1, norms=(norm,)), data=st.data())
         def _(config, data):
-            bp = block_parameters(_rounded(data.draw(parameter_recipes(config, ctx.precision.dtype)), p.dtype), 0)
+            recipe = data.draw(parameter_recipes(config, p.dtype))
+            bp = block_parameters(_rounded(recipe, p.dtype), 0)
             T = data.draw(st.integers(1, config.n_ctx), label="T")
             H = B.round_to(data.draw(arrays((T, config.d_model), p.dtype)), p.dtype)
             y, e = B.block_bound(H, 0 * H, bp, config, p)
