@@ -7,7 +7,9 @@ call, so a check that passes has really run that kernel. The fused kernels take 
 mask as a flag rather than an additive mask (FlashAttention takes no mask at all), so an
 attention call whose mask is exactly the causal mask is given ``is_causal=True`` instead:
 the same function, computed by the kernel under test. Any other mask is passed on (and
-refused by FlashAttention, which the report shows as an error naming the kernel).
+refused by FlashAttention, which the report shows as an error naming the kernel). The
+fused kernels take only 4-D (batch, heads, T, d_k) inputs, so other ranks are reshaped to
+four axes and back (a view: the arithmetic is the kernel's).
 """
 
 from __future__ import annotations
@@ -38,12 +40,17 @@ def _is_causal_mask(M: Any, T: int, S: int) -> bool:
     return bool(torch.equal(M, causal))
 
 
+def _four_axes(X: torch.Tensor) -> torch.Tensor:
+    return X.reshape(-1, *X.shape[-3:]) if X.dim() >= 3 else X.reshape(1, 1, *X.shape)
+
+
 def _sdpa_causal_flag(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                       M: torch.Tensor | None = None, *, is_causal: bool = False) -> torch.Tensor:
     if M is not None and _is_causal_mask(M, Q.shape[-2], K.shape[-2]):
         M, is_causal = None, True
-    return torch.nn.functional.scaled_dot_product_attention(Q, K, V, attn_mask=M,
-                                                            is_causal=is_causal)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        _four_axes(Q), _four_axes(K), _four_axes(V), attn_mask=M, is_causal=is_causal)
+    return out.reshape(*Q.shape[:-1], V.shape[-1])
 
 
 class SDPAKernelBackend(TorchBackend):
