@@ -71,6 +71,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"ln_eps": -1e-5}, "ln_eps"),
     ({"ln_eps": math.nan}, "ln_eps"),
     ({"ln_eps": "1e-5"}, "ln_eps"),
+    ({"ln_eps": math.inf}, "ln_eps"),
+    ({"ln_eps": True}, "ln_eps"),
 ]
 
 
