@@ -101,3 +101,11 @@ def wheel(session: nox.Session) -> None:
     session.run("gptspec", "info", "gpt2")
     session.run("gptspec", "conformance", "--backend", "reference", "--profile", "quick")
     session.run("gptspec", "conformance", "--dtype", "float32", "--profile", "quick")
+
+
+@nox.session(python=PYTHON)
+def mutants(session: nox.Session) -> None:
+    """Run the suite against every planted-bug mutant of the fast backend and print the
+    table mutant → killing check (options after --: names, --jobs N, --profile P)."""
+    install(session)
+    session.run("python", "-m", "gptspec.conformance.mutation", *session.posargs)
