@@ -31,7 +31,8 @@ from cdp_browser import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "out" / "docs-site"
-GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "figures/")
+GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "conformance-report/",
+          "figures/")
 
 pytestmark = pytest.mark.timeout(900)
 
