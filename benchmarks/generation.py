@@ -12,7 +12,7 @@ reads all of W_E; the embeddings only one row each), so no implementation can ex
 (copy bandwidth) / (bytes of weights) steps per second. Copy bandwidth is measured here
 as (bytes read + bytes written) / time of a large tensor copy.
 
-    python -m benchmarks.generation [--quick]
+    python -m benchmarks.generation [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -110,7 +110,11 @@ def run(report: Report, quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     report = Report()
     t0 = time.perf_counter()
     run(report, args.quick)
