@@ -316,7 +316,12 @@ class Tokenizer:
         pieces are encoded in parallel (tiktoken releases the GIL); same tokens."""
         if not isinstance(text, str):
             raise TokenizerError(f"can only encode str, got {type(text).__name__}")
-        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
+        if allowed_special == "all":
+            allowed = set(self.special_tokens)
+        elif isinstance(allowed_special, str):  # one token named on its own
+            allowed = {allowed_special}
+        else:
+            allowed = set(allowed_special)
         unknown = allowed - set(self.special_tokens)
         if unknown:
             raise TokenizerError(f"allowed_special names unknown special tokens: {sorted(unknown)}")
@@ -448,3 +453,10 @@ class FastTokenizerBackend:
     def build(self, merges: Sequence[Pair], pattern: str,
               special_tokens: Mapping[str, int]) -> Tokenizer:
         return Tokenizer(merges, pattern, special_tokens)
+
+    @staticmethod
+    def bytes_to_unicode() -> dict[int, str]:
+        """The byte alphabet this tokenizer's HF tokenizer.json files are written in."""
+        from gptspec.fast.tokenizer_files import bytes_to_unicode
+
+        return bytes_to_unicode()
