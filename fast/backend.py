@@ -95,6 +95,57 @@ class TorchBackend:
         return train.train_losses(config, dict(params), tokens, steps, seed, resume_at,
                                   device=self.device)
 
+    # --- generation (gptspec.fast.generate), under the reference functions' names ------------
+
+    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+                 max_new_tokens: int, **options: Any) -> Any:
+        from gptspec.fast.generate import generate_from_parameters
+
+        return generate_from_parameters(self.model(config, params), prompts, max_new_tokens,
+                                        **options)
+
+    @torch.no_grad()
+    def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
+                              top_p: float | None = None) -> np.ndarray:
+        from gptspec.fast.generate import sampling_distribution
+
+        return self._to_numpy(sampling_distribution(self._to_torch(np.asarray(z)), temperature,
+                                                    top_k, top_p))
+
+    # --- measured sizes and costs (gptspec.conformance.checks_costs) -----------------------
+
+    @staticmethod
+    def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+        from gptspec.fast import measure
+
+        return measure.parameter_shapes(config)
+
+    @staticmethod
+    def count_flops(config: GPTConfig, batch: int, T: int, backward: bool = False) -> int:
+        from gptspec.fast import measure
+
+        return measure.count_flops(config, batch, T, backward)
+
+    def kv_cache_nbytes(self, config: GPTConfig, batch: int) -> int:
+        from gptspec.fast import measure
+
+        return measure.kv_cache_nbytes(config, batch, self.torch_dtype)
+
+    @staticmethod
+    def saved_activation_bytes(config: GPTConfig, batch: int, T: int) -> int:
+        from gptspec.fast import measure
+
+        return measure.saved_activation_bytes(config, batch, T)
+
+    # --- the tokenizer (gptspec.conformance.checks_tokenizer) ------------------------------
+
+    @staticmethod
+    def tokenizer() -> Any:
+        """The fast tokenizer, for the suite's tokenizer area."""
+        from gptspec.fast.tokenizer import FastTokenizerBackend
+
+        return FastTokenizerBackend()
+
     # --- the operations --------------------------------------------------------------------
 
     @staticmethod
