@@ -145,8 +145,8 @@ def input_representation_backward(G):
     decisions=(
         Decision(
             question="Is the output map the embedding transposed (one matrix) or its own matrix?",
-            readings=(Reading(BLUEPRINT, r"eq 9: logits $= h W_E^\top$ (tied)"),
-                      Reading(GUIDE, "sec. 6: its own W and b (untied)")),
+            readings=(Reading(Source(BLUEPRINT, "eq 9"), r"logits $= h W_E^\top$ (tied)"),
+                      Reading(Source(GUIDE, "sec. 6"), "its own W and b (untied)")),
             decision="Both, by config.tied_embeddings; when tied, the one matrix receives "
                      "the sum of the gradients of its two uses.",
             why="A parameter used twice is differentiated by the product rule: the total "
@@ -380,7 +380,7 @@ def _elementwise_backward(G, x, prime):
     decisions=(
         Decision(
             question="What is the derivative of max(0, x) at x = 0?",
-            readings=(Reading(BLUEPRINT, "eq 6 uses max(0, ·) and says nothing of its derivative"),),
+            readings=(Reading(Source(BLUEPRINT, "eq 6"), "max(0, ·), and says nothing of its derivative"),),
             decision="0 (a subgradient), the value every framework uses.",
             why="Any value in [0, 1] is a subgradient; 0 makes backends agree bit for bit.",
         ),
@@ -651,3 +651,31 @@ def block_guide_backward(G, H, p, config):
 
 FFN_BACKWARD = {"relu": ffn_relu_backward, "gelu": ffn_gelu_backward,
                 "gelu_tanh": ffn_gelu_tanh_backward, "guide_product": ffn_guide_product_backward}
+
+
+@equation(
+    id="gpt_backward",
+    title="Backpropagation through the whole model",
+    group="gradients",
+    latex=r"\frac{\partial \bar{\mathcal{L}}}{\partial \theta} \text{ for every parameter } "
+          r"\theta: \text{ the backward entries above, applied in reverse order of the "
+          r"forward pass, from } \frac{\partial \bar{\mathcal{L}}}{\partial Z} = "
+          r"\frac{1}{N}(\operatorname{softmax}(Z) - Y)",
+    symbols=(Symbol("x", "(T,)", "input tokens"), Symbol("y", "(T,)", "target tokens"),
+             Symbol(r"\theta", "parameters", "every parameter of the schema")),
+    sources=(Source(BLUEPRINT, "eq 10"), Source(BLUEPRINT, "sec. 3.2")),
+    reference="gpt_backward",
+    tolerance=Tolerance(r"\lambda \sqrt{D n}\,u_{acc} \max|g|", reduction="T * V",
+                        note="D sequential stages; see gptspec.conformance.checks_training"),
+    notes="The meaning is the derivative itself: with symbolic parameters, sympy "
+          "differentiates the mean cross-entropy of gpt_forward. The reference computes the "
+          "same numbers by hand, entry by entry, and returns (loss, gradients by name).",
+)
+def gpt_backward(x, y, params, config):
+    from gptspec.spec.loss import cross_entropy_mean
+    from gptspec.spec.output import gpt_forward
+
+    Z = gpt_forward.sympy(x, params, config)
+    Y = sp.Matrix(len(y), Z.cols, lambda t, v: 1 if y[t] == v else 0)
+    L = cross_entropy_mean.sympy(Z, Y)
+    return L, {name: P.applyfunc(lambda s: sp.diff(L, s)) for name, P in params.items()}

@@ -51,8 +51,8 @@ def log_softmax(z):
         Decision(
             question="What is summed: every sequence of the corpus, or one sequence?",
             readings=(
-                Reading(BLUEPRINT, r"a double sum over the corpus $\mathcal{D}$ and positions t"),
-                Reading(GUIDE, r"$-\sum_{i=1}^{T} \log P(y_i \mid x_{1:i-1})$ over one sequence"),
+                Reading(Source(BLUEPRINT, "eq 10"), r"a double sum over the corpus $\mathcal{D}$ and positions t"),
+                Reading(Source(GUIDE, "sec. 7"), r"$-\sum_{i=1}^{T} \log P(y_i \mid x_{1:i-1})$ over one sequence"),
             ),
             decision="The same sum; a batch of sequences is a subset of the corpus. The sum over "
                      "positions runs over the positions that have a target.",
@@ -84,7 +84,7 @@ def cross_entropy_sum(Z, Y):
     decisions=(
         Decision(
             question="Train on the sum of eq 10 or on its mean per token?",
-            readings=(Reading(BLUEPRINT, "the sum over the corpus and positions"),),
+            readings=(Reading(Source(BLUEPRINT, "eq 10"), "the sum over the corpus and positions"),),
             decision="Training minimises the mean over the batch's positions; the sum is "
                      "kept as its own entry.",
             why="The mean has the same minimiser and a scale that does not grow with the "

@@ -36,10 +36,10 @@ CLIP_EPS = sp.Rational(1, 10**6)  # PyTorch's, so backends agree
         Decision(
             question="How is the weight decay scaled?",
             readings=(
-                Reading(LOSHCHILOV_2019, r"$\theta_t = \theta_{t-1} - \eta_t(\alpha \hat m_t/"
+                Reading(Source(LOSHCHILOV_2019, "Algorithm 2, line 12"), r"$\theta_t = \theta_{t-1} - \eta_t(\alpha \hat m_t/"
                                          r"(\sqrt{\hat v_t}+\epsilon) + \lambda\theta_{t-1})$ "
                                          r"with $\eta_t$ a schedule multiplier and $\alpha$ the step size"),
-                Reading(BLUEPRINT, "AdamW, decoupling weight decay from the gradient update; no formula"),
+                Reading(Source(BLUEPRINT, "sec. 3.2"), "AdamW, decoupling weight decay from the gradient update; no formula"),
             ),
             decision=r"The learning rate $\eta_t$ (schedule included) multiplies both terms: "
                      r"the paper's $\alpha$ is folded into $\eta_t$ and its $\lambda$ is ours "
@@ -50,7 +50,7 @@ CLIP_EPS = sp.Rational(1, 10**6)  # PyTorch's, so backends agree
         ),
         Decision(
             question="Which parameters are decayed?",
-            readings=(Reading(LOSHCHILOV_2019, "every weight"),),
+            readings=(Reading(Source(LOSHCHILOV_2019, "Algorithm 2"), "every weight"),),
             decision="The trainer decays matrices (embeddings and linear maps) and not biases "
                      "or LayerNorm gains; adamw_step itself takes λ per parameter.",
             why="Decaying a LayerNorm gain towards 0 or a bias towards 0 is not a prior "
@@ -83,7 +83,7 @@ def adamw_step(theta, g, m, v, t=1, lr=LR, beta1=BETA1, beta2=BETA2, eps=EPS, we
     decisions=(
         Decision(
             question="Is clipping part of the optimizer?",
-            readings=(Reading(BLUEPRINT, "names AdamW only"),),
+            readings=(Reading(Source(BLUEPRINT, "sec. 3.2"), "names AdamW only"),),
             decision="Clip the global norm to c = 1 before each step (c configurable; 0 turns "
                      "it off).",
             why="GPT-2/3 training recipes clip at 1.0; it keeps a rare large gradient from "

@@ -298,7 +298,8 @@ def test_every_gradient_entry_has_a_sympy_check():
                "ffn_gelu_tanh_backward", "ffn_guide_product_backward", "residual_backward"}
     # The block entries compose the entries above; their reference functions are checked
     # against finite differences (test_block_backward), not symbolically (too slow).
-    composed = {"block_pre_ln_backward", "block_post_ln_backward", "block_guide_backward"}
+    composed = {"block_pre_ln_backward", "block_post_ln_backward", "block_guide_backward",
+                "gpt_backward"}
     assert {e.id for e in REGISTRY.by_group("gradients")} == checked | composed
 
 
