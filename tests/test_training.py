@@ -12,7 +12,7 @@ import torch
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.checks_training import gradient_scale
+from gptspec.conformance.checks_training import gradient_scale, largest_gradient
 from gptspec.fast import train
 from gptspec.fast.checkpoint import CheckpointError, load_training_checkpoint
 from gptspec.fast.data import DataError, TokenData, open_tokens, write_tokens
@@ -41,8 +41,9 @@ def _within_budget(got: dict, expected: dict, config, tokens, dtype: str) -> flo
     """The largest fraction of its budget any gradient entry uses."""
     p = B.Precision.of(dtype)
     worst = 0.0
+    scale = gradient_scale(largest_gradient(expected), config, tokens, p)
     for name, g in expected.items():
-        c = B.compare(got[name], g, B.budget(gradient_scale(g, config, tokens, p)))
+        c = B.compare(got[name], g, B.budget(scale))
         worst = max(worst, c.fraction)
     return worst
 
