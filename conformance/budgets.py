@@ -37,11 +37,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from gptspec.reference.forward import block_parameters
+from gptspec.spec.config import GPTConfig
 from scipy.special import erf
 
 from gptspec import reference as ref
-from gptspec.reference.forward import block_parameters
-from gptspec.spec.config import GPTConfig
 
 Array = np.ndarray
 
@@ -176,8 +176,9 @@ class Comparison:
 
 
 def compare(actual, expected, bound) -> Comparison:
-    """Compare elementwise: |actual − expected| ≤ bound (a budget: λ × error scale). Where the reference is ±∞ the
-    backend must give the same infinity; a NaN where the reference has none fails."""
+    """Compare elementwise: |actual − expected| ≤ bound (a budget: λ × error scale).
+    Where the reference is ±∞ the backend must give the same infinity; a NaN where the
+    reference has none fails."""
     expected = np.asarray(expected, dtype=np.float64)
     try:
         actual = np.asarray(actual, dtype=np.float64)

@@ -4,13 +4,13 @@ dimensionality. The whole-model checks need nothing but ``backend.forward``."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import strategies as st
-
-from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import arrays, configs, model_cases, parameter_recipes
 from gptspec.reference.forward import block_parameters
+from hypothesis import strategies as st
+
+from gptspec import reference as ref
 
 MODEL = "every stage's roundings propagated through the model (budgets.gpt_forward_bound)"
 BLOCK_OPS = {"pre": "block_pre_ln", "post": "block_post_ln", "guide": "block_guide"}
@@ -34,7 +34,8 @@ def _block_check(norm: str):
 
         @ctx.given(config=configs(max_layers=1, norms=(norm,)), data=st.data())
         def _(config, data):
-            bp = block_parameters(_rounded(data.draw(parameter_recipes(config, ctx.precision.dtype)), p.dtype), 0)
+            recipe = data.draw(parameter_recipes(config, p.dtype))
+            bp = block_parameters(_rounded(recipe, p.dtype), 0)
             T = data.draw(st.integers(1, config.n_ctx), label="T")
             H = B.round_to(data.draw(arrays((T, config.d_model), p.dtype)), p.dtype)
             y, e = B.block_bound(H, 0 * H, bp, config, p)

@@ -1,17 +1,27 @@
 """What a check runs in: the Hypothesis settings of the run, and the record of its
-comparisons (the worst fraction of budget, and the example that produced it)."""
+comparisons (the worst fraction of budget, and the example that produced it).
+
+Capturing a failing example's exact inputs: the check sees the backend through a
+:class:`RecordingBackend`, which keeps the calls of the current example (operation or
+``forward``, its arguments and its result), and while a check runs ``budgets.compare`` is
+wrapped so that the arrays of each comparison are kept too. When a comparison fails, the
+context saves both as a :class:`FailureCapture`; Hypothesis replays the minimal example
+last, so the capture left at the end is the minimal one. ``reproduction`` writes it as an
+``.npz`` and a pytest file.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
-from hypothesis import HealthCheck, settings
-
+from gptspec.conformance import budgets
 from gptspec.conformance.budgets import Comparison, Precision
+from hypothesis import HealthCheck, settings
 
 PROFILES = {"quick": 12, "default": 30, "thorough": 200}
 
@@ -42,6 +52,77 @@ def suite_settings(profile: str) -> settings:
 
 
 @dataclass
+class Call:
+    """One call a check made to the backend."""
+
+    name: str  # "forward" or the operation's name
+    args: tuple
+    kwargs: dict
+    output: Any = None
+
+
+@dataclass
+class FailureCapture:
+    """The exact inputs and arrays of a failing comparison (the minimal example's)."""
+
+    what: str
+    message: str
+    calls: list[Call]
+    actual: Any = None
+    expected: Any = None
+    bound: Any = None
+    comparison: Comparison | None = None
+
+
+_SKIP = {"name", "version", "device", "dtype"}
+_KEEP_CALLS = 16  # calls kept per example (a check makes a handful)
+
+
+class RecordingBackend:
+    """The backend as a check sees it: every call to an operation or ``forward`` is
+    recorded, in order, in ``calls`` (reset at each example by the context)."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.calls: list[Call] = []
+
+    @property
+    def wrapped(self) -> Any:
+        return self._backend
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._backend, name)
+        if name in _SKIP or name.startswith("_") or not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            record = Call(name, args, kwargs)
+            self.calls.append(record)
+            del self.calls[:-_KEEP_CALLS]
+            record.output = value(*args, **kwargs)
+            return record.output
+
+        call.__name__ = name
+        return call
+
+
+@contextlib.contextmanager
+def keeping_comparisons(ctx: CheckContext) -> Iterator[None]:
+    """While a check runs, keep the arrays of its latest comparison on ``ctx``."""
+    original = budgets.compare
+
+    def compare(actual: Any, expected: Any, bound: Any) -> Comparison:
+        ctx.last_arrays = (actual, expected, bound)
+        return original(actual, expected, bound)
+
+    budgets.compare = compare  # checks call it as budgets.compare (B.compare)
+    try:
+        yield
+    finally:
+        budgets.compare = original
+
+
+@dataclass
 class CheckContext:
     backend: Any
     precision: Precision
@@ -52,6 +133,8 @@ class CheckContext:
     comparisons: int = 0
     examples: int = 0
     falsifying: list[str] = field(default_factory=list)
+    last_arrays: tuple | None = None
+    failure: FailureCapture | None = None
 
     def op(self, name: str) -> Callable[..., Any]:
         """The backend's operation ``name``, or NotImplementedOp."""
@@ -67,12 +150,22 @@ class CheckContext:
             self.worst = max(self.worst, comparison.fraction)
             self.worst_detail = f"{what}: {comparison.describe()}"
         if not comparison.passed:
-            raise CheckFailure(f"{what}: {comparison.describe()}")
+            message = f"{what}: {comparison.describe()}"
+            self._capture(what, message, comparison)
+            raise CheckFailure(message)
+
+    def _capture(self, what: str, message: str, comparison: Comparison | None) -> None:
+        calls = list(getattr(self.backend, "calls", []))
+        actual = expected = bound = None
+        if comparison is not None and self.last_arrays is not None:
+            actual, expected, bound = self.last_arrays
+        self.failure = FailureCapture(what, message, calls, actual, expected, bound, comparison)
 
     def require(self, condition: bool, message: str) -> None:
         """A property that must hold exactly."""
         self.comparisons += 1
         if not condition:
+            self._capture("property", message, None)
             raise CheckFailure(message)
 
     def given(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., None]], None]:
@@ -86,11 +179,15 @@ class CheckContext:
         def run(test: Callable[..., None]) -> None:
             def counted(*a: Any, **k: Any) -> None:
                 self.examples += 1
+                if isinstance(self.backend, RecordingBackend):
+                    self.backend.calls.clear()
+                self.last_arrays = None
                 test(*a, **k)
 
             counted.__name__ = test.__name__
-            wrapped = hypothesis.seed(self.seed)(self.settings(hypothesis.given(*args, **kwargs)(counted)))
-            reports: list[str] = []
+            property_ = hypothesis.given(*args, **kwargs)(counted)
+            wrapped = hypothesis.seed(self.seed)(self.settings(property_))
+            reports: list[object] = []
             with hypothesis.reporting.with_reporter(reports.append):
                 try:
                     wrapped()

@@ -1,18 +1,29 @@
 """The report of a run: a line per check for the terminal, JSON (a documented,
 versioned schema) and a Markdown summary.
 
-JSON schema, version 1::
+JSON schema, version 2 (documented for readers in docs/conformance-report.md)::
 
-    {"schema": "gptspec-conformance", "version": 1,
+    {"schema": "gptspec-conformance", "version": 2,
      "runs": [{"backend": {"name", "version", "device", "dtype"},
-               "settings": {"profile", "seed", "area", "examples_per_property"},
+               "settings": {"profile", "seed", "area", "examples_per_property",
+                            "timeout_s", "isolated"},
                "counts": {"pass": n, "fail": n, "not-implemented": n, "blocked": n, "error": n},
                "checks": [{"id", "entries", "kind", "status", "worst_fraction", "detail",
                            "examples", "comparisons", "seconds", "budget",
-                           "minimal_example", "reproduce", "blocked_by"}]}]}
+                           "minimal_example", "reproduce", "blocked_by",
+                           "saved", "adjudication"}]}]}
 
-``worst_fraction`` is the largest |actual − reference| / budget over every comparison
-of the check (null when it made none); a check passes only if it is ≤ 1.
+``status`` is one of pass, fail, not-implemented, blocked, error. ``worst_fraction`` is
+the largest |actual − reference| / budget over every comparison of the check (null when it
+made none, or when it was infinite: a NaN, a wrong infinity or a wrong shape); a check
+passes only if it is ≤ 1. ``saved`` lists the files of the failing example written by
+``--save-failures`` (an ``.npz`` and, when it can be replayed alone, a pytest file).
+``adjudication`` is null, or, for a low-precision failure, ``{"plain", "note"}`` and where
+measured ``"backend_fraction", "plain_fraction", "closer"`` ("backend" or "plain"): the
+same call on a plain same-dtype implementation against the same reference and budget.
+
+Version history: 1 — first version; 2 — added ``settings.timeout_s``,
+``settings.isolated``, ``checks[].saved`` and ``checks[].adjudication``.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from pathlib import Path
 from gptspec.conformance.runner import CheckResult, SuiteResult
 
 SCHEMA = "gptspec-conformance"
-VERSION = 1
+VERSION = 2
 
 MARK = {"pass": "PASS", "fail": "FAIL", "not-implemented": "N/I ", "blocked": "BLKD",
         "error": "ERR "}
@@ -35,7 +46,9 @@ def header(suite: SuiteResult) -> str:
     b, s = suite.backend, suite.settings
     return (f"gptspec conformance — backend {b['name']} {b['version']} on {b['device']}, "
             f"{b['dtype']}; profile {s['profile']} ({s['examples_per_property']} examples "
-            f"per property), seed {s['seed']}")
+            f"per property), seed {s['seed']}"
+            + (f", {s['timeout_s']:g} s per check" if s.get("timeout_s") else "")
+            + (", isolated in a worker process" if s.get("isolated") else ""))
 
 
 def fraction_text(r: CheckResult) -> str:
@@ -52,8 +65,12 @@ def line(r: CheckResult) -> str:
         text += f"\n      {r.detail}"
         if r.minimal_example:
             text += "\n      " + r.minimal_example.replace("\n", "\n      ")
+        if r.adjudication and r.adjudication.get("note"):
+            text += f"\n      adjudication: {r.adjudication['note']}"
         if r.reproduce:
             text += f"\n      reproduce: {r.reproduce}"
+        for path in r.saved:
+            text += f"\n      saved: {path}"
     return text
 
 

@@ -1,8 +1,17 @@
 """Running the suite against one backend: checks in dependency order, each isolated
-from the others, so that a failure is reported where it starts and the run goes on."""
+from the others, so that a failure is reported where it starts and the run goes on.
+
+A per-check time limit (``timeout``) is enforced here with an interval timer where that
+is possible (the main thread on Unix; it interrupts Python code, not a hung native call);
+:mod:`gptspec.conformance.isolation` runs the checks in a worker process instead, which
+survives hangs of any kind and crashes of the interpreter.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -10,7 +19,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gptspec.conformance.budgets import Precision
-from gptspec.conformance.context import CheckContext, CheckFailure, NotImplementedOp, suite_settings
+from gptspec.conformance.context import (
+    CheckContext,
+    CheckFailure,
+    NotImplementedOp,
+    RecordingBackend,
+    keeping_comparisons,
+    suite_settings,
+)
 from gptspec.conformance.registry import Check, all_checks
 
 STATUSES = ("pass", "fail", "not-implemented", "blocked", "error")
@@ -31,6 +47,8 @@ class CheckResult:
     minimal_example: str = ""
     reproduce: str = ""
     blocked_by: str = ""
+    saved: list[str] = field(default_factory=list)  # the failing example's files
+    adjudication: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,73 +89,158 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+class CheckTimeout(BaseException):
+    """The check ran past its time limit (a BaseException, so that Hypothesis does not
+    take it for a failure to shrink)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Any:
+    usable = (seconds is not None and seconds > 0 and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise CheckTimeout(f"timed out after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    # fires again every second until cleared, should anything swallow the first one
+    signal.setitimer(signal.ITIMER_REAL, float(seconds), 1.0)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run_check(check: Check, backend: Any, precision: Precision, profile: str,
-              seed: int) -> CheckResult:
-    """Run one check; never raises (except KeyboardInterrupt)."""
-    ctx = CheckContext(backend, precision, suite_settings(profile), seed)
+              seed: int, timeout: float | None = None, save_failures: str | None = None,
+              origin: dict[str, Any] | None = None) -> CheckResult:
+    """Run one check; never raises (except KeyboardInterrupt). On a failed comparison the
+    example's exact inputs are saved under ``save_failures`` (see reproduction), and a
+    low-precision failure is adjudicated against a plain same-dtype implementation."""
+    recording = RecordingBackend(backend)
+    ctx = CheckContext(recording, precision, suite_settings(profile), seed)
     start = time.perf_counter()
     status, detail = "pass", ""
     try:
-        check.fn(backend, ctx)
+        with keeping_comparisons(ctx), _time_limit(timeout):
+            check.fn(recording, ctx)
     except KeyboardInterrupt:
         raise
     except BaseException as raised:  # noqa: BLE001 — a backend may raise anything
         err = _first(raised)
-        if isinstance(err, NotImplementedOp):
+        if isinstance(err, CheckTimeout) or isinstance(raised, CheckTimeout):
+            status, detail = "error", str(err)
+        elif isinstance(err, NotImplementedOp):
             status, detail = "not-implemented", f"backend has no operation {err}"
         elif isinstance(err, CheckFailure):
             status, detail = "fail", str(err)
         else:
             status = "error"
             where = traceback.extract_tb(err.__traceback__)
-            origin = where[-1] if where else None
-            at = f" (at {origin.filename.rsplit('/', 1)[-1]}:{origin.lineno})" if origin else ""
+            frame = where[-1] if where else None
+            at = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
             detail = f"raised {_one_line(err)}{at}"
     worst: float | None = ctx.worst if ctx.comparisons else None
     if status == "pass":
         detail = ctx.worst_detail
-    return CheckResult(
+    result = CheckResult(
         id=check.id, entries=list(check.entries), kind=check.kind, status=status,
         worst_fraction=worst, detail=detail, examples=ctx.examples,
         comparisons=ctx.comparisons, seconds=time.perf_counter() - start,
         budget=check.budget, minimal_example="\n".join(ctx.falsifying).strip())
+    if status == "fail" and ctx.failure is not None:
+        _after_failure(result, ctx, backend, precision, save_failures, origin)
+    return result
+
+
+def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precision: Precision,
+                   save_failures: str | None, origin: dict[str, Any] | None) -> None:
+    from gptspec.conformance import reproduction
+
+    assert ctx.failure is not None
+    try:
+        result.adjudication = reproduction.adjudicate(ctx.failure, backend, precision.dtype)
+    except Exception as err:  # noqa: BLE001 — adjudication is advice; never lose the result
+        result.adjudication = {"note": f"adjudication failed: {type(err).__name__}: {err}"}
+    if save_failures:
+        where = dict(origin or describe_backend(backend))
+        where.setdefault("name", str(getattr(backend, "name", "backend")))
+        try:
+            result.saved = reproduction.save_failure(save_failures, result.id, result.entries,
+                                                     ctx.failure, where)
+        except Exception as err:  # noqa: BLE001
+            result.detail += f" (could not save the example: {type(err).__name__}: {err})"
 
 
 def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
               select: Callable[[Check], bool] | None = None, area: str | None = "forward",
               reproduce: str = "", on_result: Callable[[CheckResult], None] | None = None,
-              header: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
+              header: Callable[[SuiteResult], None] | None = None,
+              stop_on_failure: bool = False, timeout: float | None = None,
+              save_failures: str | None = None,
+              origin: dict[str, Any] | None = None) -> SuiteResult:
     """Run every selected check against ``backend``, dependencies first. A check whose
-    dependency failed is reported as blocked by the root cause, not run."""
+    dependency failed is reported as blocked by the root cause, not run. ``timeout``:
+    seconds per check; ``save_failures``: a directory for failing examples (``origin``
+    names the backend's spec, device and dtype for the reproducing test)."""
     precision = Precision.of(str(getattr(backend, "dtype", "float64")))
     suite = SuiteResult(describe_backend(backend),
-                        {"profile": profile, "seed": seed, "area": area or "all",
-                         "examples_per_property": suite_settings(profile).max_examples})
+                        suite_settings_dict(profile, seed, area, timeout, isolated=False))
     if header:
         header(suite)
+
+    def evaluate(check: Check) -> CheckResult:
+        missing = _missing_ops(backend, check)
+        if missing:
+            return not_implemented(check, missing)
+        return run_check(check, backend, precision, profile, seed, timeout, save_failures,
+                         origin)
+
+    for result in walk(all_checks(area), select, evaluate, reproduce, seed):
+        suite.results.append(result)
+        if on_result:
+            on_result(result)
+        if stop_on_failure and result.status in ("fail", "error"):
+            break
+    return suite
+
+
+def suite_settings_dict(profile: str, seed: int, area: str | None, timeout: float | None,
+                        isolated: bool) -> dict[str, Any]:
+    return {"profile": profile, "seed": seed, "area": area or "all",
+            "examples_per_property": suite_settings(profile).max_examples,
+            "timeout_s": timeout, "isolated": isolated}
+
+
+def not_implemented(check: Check, missing: list[str]) -> CheckResult:
+    return CheckResult(check.id, list(check.entries), check.kind, "not-implemented", None,
+                       f"backend has no operation {', '.join(missing)}", 0, 0, 0.0, check.budget)
+
+
+def walk(checks: list[Check], select: Callable[[Check], bool] | None,
+         evaluate: Callable[[Check], CheckResult], reproduce: str, seed: int
+         ) -> Any:
+    """Yield each selected check's result in order: blocked by a failed dependency's root
+    cause, or ``evaluate(check)``."""
     by_id: dict[str, CheckResult] = {}
-    for check in all_checks(area):
+    for check in checks:
         if select is not None and not select(check):
             continue
-        missing = _missing_ops(backend, check)
         root = _root_cause(check, by_id)
-        if missing:
-            result = CheckResult(check.id, list(check.entries), check.kind, "not-implemented",
-                                 None, f"backend has no operation {', '.join(missing)}", 0, 0,
-                                 0.0, check.budget)
-        elif root:
+        if root:
             result = CheckResult(check.id, list(check.entries), check.kind, "blocked", None,
                                  f"blocked by {root}, which failed", 0, 0, 0.0, check.budget,
                                  blocked_by=root)
         else:
-            result = run_check(check, backend, precision, profile, seed)
+            result = evaluate(check)
             if result.status in ("fail", "error") and reproduce:
                 result.reproduce = f"{reproduce} --check {check.id} --seed {seed}"
         by_id[check.id] = result
-        suite.results.append(result)
-        if on_result:
-            on_result(result)
-    return suite
+        yield result
 
 
 def _root_cause(check: Check, by_id: dict[str, CheckResult]) -> str:

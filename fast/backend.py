@@ -16,6 +16,7 @@ import torch
 from gptspec.fast import ops
 from gptspec.fast.model import GPT, compile_model, resolve_dtype
 from gptspec.spec.config import GPTConfig
+from gptspec.spec.parameters import check_parameters
 
 import gptspec
 
@@ -27,6 +28,7 @@ class TorchBackend:
     """The built-in PyTorch backend, for the conformance suite."""
 
     name = "torch"
+    KEEP_MODELS = 4
 
     def __init__(self, device: str = "cpu", dtype: str = "float32", compile: bool = False) -> None:
         self.torch_dtype = resolve_dtype(dtype)
@@ -36,6 +38,7 @@ class TorchBackend:
             raise ValueError(f"device {device!r} requested but CUDA is not available")
         self.compile = compile
         self.version = f"gptspec {gptspec.__version__}, torch {torch.__version__}"
+        self._models: dict[GPTConfig, GPT] = {}
 
     def __repr__(self) -> str:
         return f"TorchBackend(device={self.device!r}, dtype={self.dtype!r}, compile={self.compile})"
@@ -43,14 +46,48 @@ class TorchBackend:
     # --- the whole model -------------------------------------------------------------------
 
     def model(self, config: GPTConfig, params: Mapping[str, Any]) -> GPT:
-        model = GPT.from_parameters(config, params, device=self.device, dtype=self.torch_dtype)
-        model.requires_grad_(False)
-        return compile_model(model) if self.compile else model
+        """A model of ``config`` holding ``params``. The last few models are kept and
+        refilled in place, so a compiled model is compiled once per configuration."""
+        model = self._models.pop(config, None)
+        if model is None:
+            model = GPT.from_parameters(config, params, device=self.device,
+                                        dtype=self.torch_dtype)
+            model.requires_grad_(False)
+            if self.compile:
+                compile_model(model)
+        else:
+            check_parameters(config, dict(params))
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    value = params[name]
+                    p.copy_(value if isinstance(value, torch.Tensor)
+                            else torch.as_tensor(np.asarray(value)))
+        self._models[config] = model  # most recently used last
+        while len(self._models) > self.KEEP_MODELS:
+            self._models.pop(next(iter(self._models)))
+        return model
 
     @torch.no_grad()
     def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
         tokens_t = torch.as_tensor(np.asarray(tokens), device=self.device)
         return self._to_numpy(self.model(config, params)(tokens_t))
+
+    # --- generation (gptspec.fast.generate), under the reference functions' names ------------
+
+    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+                 max_new_tokens: int, **options: Any) -> Any:
+        from gptspec.fast.generate import generate_from_parameters
+
+        return generate_from_parameters(self.model(config, params), prompts, max_new_tokens,
+                                        **options)
+
+    @torch.no_grad()
+    def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
+                              top_p: float | None = None) -> np.ndarray:
+        from gptspec.fast.generate import sampling_distribution
+
+        return self._to_numpy(sampling_distribution(self._to_torch(np.asarray(z)), temperature,
+                                                    top_k, top_p))
 
     # --- the operations --------------------------------------------------------------------
 

@@ -30,10 +30,15 @@ class Step:
     mask: Tensor  # (B, 1, T_new, S) True where new token i may attend to cached slot j
     n_keys: int  # S: attention reads slots 0 … S−1 (an upper bound of every valid length)
     start: int | None  # all sequences write T_new tokens from this slot (the fast path)
-    rows: Tensor | None  # otherwise: batch index and slot of each real token …
+    rows: Tensor | None  # otherwise: (B, T_new) batch index and slot of every new token
     slots: Tensor | None
-    real: Tensor | None  # … and which of the (B, T_new) new tokens are real
     advance: Tensor  # (B,) how far each sequence's length moves
+
+    @property
+    def causal(self) -> bool:
+        """Every sequence starts empty and all new tokens are real: the mask is exactly the
+        causal one, which SDPA can apply itself (its fastest kernels take no mask)."""
+        return self.start == 0
 
 
 class KVCache:
@@ -41,7 +46,12 @@ class KVCache:
     number of valid positions of each sequence (``lengths``, shape (B,)).
 
     ``k[layer]`` and ``v[layer]`` are the layer's cache; ``max_len`` defaults to n_ctx
-    (a smaller one saves memory when generation is known to stop earlier)."""
+    (a smaller one saves memory when generation is known to stop earlier).
+
+    Padding tokens are written too, so that no step needs a data-dependent index (a
+    device sync on CUDA): at their own slot when it lies past the sequence's new length
+    (never attended before a real token overwrites it) or, past the end, into one scratch
+    slot behind the ``max_len`` visible ones (never attended at all)."""
 
     def __init__(
         self,
@@ -62,9 +72,11 @@ class KVCache:
         self.config = config
         self.batch_size = batch_size
         self.max_len = max_len
-        shape = (config.n_layers, batch_size, config.n_heads, max_len, config.d_head)
-        self.k = torch.zeros(shape, device=device, dtype=resolve_dtype(dtype))
-        self.v = torch.zeros_like(self.k)
+        shape = (config.n_layers, batch_size, config.n_heads, max_len + 1, config.d_head)
+        self._k = torch.zeros(shape, device=device, dtype=resolve_dtype(dtype))
+        self._v = torch.zeros_like(self._k)
+        self.k = self._k[:, :, :, :max_len]  # views without the scratch slot
+        self.v = self._v[:, :, :, :max_len]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)
         self._uniform: int | None = 0  # the common length while all sequences share one
         self._bound = 0  # an upper bound of max(lengths), known without reading the device
@@ -107,28 +119,30 @@ class KVCache:
                              f"cache's {self.max_len} positions (n_ctx={self.config.n_ctx})")
         positions = self.lengths[:, None] + offsets  # (B, T_new)
         n_keys = min(self._bound + T_new, self.max_len)
-        slots = torch.arange(n_keys, device=dev)
-        mask = (slots <= positions[:, :, None]).unsqueeze(1)  # (B, 1, T_new, S)
-        positions = positions.clamp(max=self.config.n_ctx - 1)  # padding past the end only
+        keys = torch.arange(n_keys, device=dev)
+        mask = (keys <= positions[:, :, None]).unsqueeze(1)  # (B, 1, T_new, S)
         if lengths is None and self._uniform is not None:
-            return Step(positions, mask, n_keys, self._uniform, None, None, None, advance)
-        real = offsets < advance[:, None]  # (B, T_new)
+            return Step(positions.clamp(max=self.config.n_ctx - 1), mask, n_keys, self._uniform,
+                        None, None, advance)
         rows = torch.arange(B, device=dev)[:, None].expand(B, T_new)
-        return Step(positions, mask, n_keys, None, rows[real], positions[real], real, advance)
+        slots = positions.clamp(max=self.max_len)  # padding past the end: the scratch slot
+        # the embedding of padding past the end: any row will do, its logits are unused
+        positions = positions.clamp(max=self.config.n_ctx - 1)
+        return Step(positions, mask, n_keys, None, rows, slots, advance)
 
     def write(self, layer: int, K: Tensor, V: Tensor, step: Step) -> tuple[Tensor, Tensor]:
         """Store the new keys and values (B, h, T_new, d_k) of one layer; return the layer's
         keys and values of slots 0 … S−1."""
-        k, v = self.k[layer], self.v[layer]
+        k, v = self._k[layer], self._v[layer]
         if step.start is not None:
             T_new = K.shape[-2]
             k[:, :, step.start : step.start + T_new] = K
             v[:, :, step.start : step.start + T_new] = V
         else:
-            assert step.rows is not None and step.slots is not None and step.real is not None
-            # advanced indices on axes 0 and 2: the indexed shape is (n_real, h, d_k)
-            k[step.rows, :, step.slots] = K.transpose(1, 2)[step.real]
-            v[step.rows, :, step.slots] = V.transpose(1, 2)[step.real]
+            assert step.rows is not None and step.slots is not None
+            # advanced indices on axes 0 and 2: the indexed shape is (B, T_new, h, d_k)
+            k[step.rows, :, step.slots] = K.transpose(1, 2)
+            v[step.rows, :, step.slots] = V.transpose(1, 2)
         return k[:, :, : step.n_keys], v[:, :, : step.n_keys]
 
     def advance(self, step: Step) -> None:

@@ -79,7 +79,10 @@ class Attention(nn.Module):
         Q, K, V = (ops.split_heads(X, self.n_heads)
                    for X in ops.qkv_projection(x, self.w_qkv, self.b_qkv))
         K, V = cache.write(layer, K, V, step)  # now every cached slot 0 … S−1
-        heads = ops.scaled_dot_product_attention(Q, K, V, step.mask)
+        if step.causal:
+            heads = ops.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        else:
+            heads = ops.scaled_dot_product_attention(Q, K, V, step.mask)
         return ops.linear(ops.merge_heads(heads), self.w_o, self.b_o)
 
 
@@ -121,7 +124,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """tokens (B, T) → logits (B, T, V)."""
+    """tokens (B, T) → logits (B, T, V).
+
+    Typical use::
+
+        model = GPT.from_parameters(config, params, dtype="bfloat16")  # or GPT(config, seed=0)
+        logits = model(tokens)                                # (B, T, V), causal
+        cache = model.new_cache(B)
+        logits = model(prompts, cache=cache, lengths=n_real)  # right-padded prompts
+        logits = model(next_tokens[:, None], cache=cache)     # one new token per sequence
+    """
 
     def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | str | None = None, seed: int | None = 0) -> None:
@@ -187,15 +199,20 @@ class GPT(nn.Module):
     # --- forward -------------------------------------------------------------------------
 
     def forward(self, tokens: Tensor, cache: KVCache | None = None,
-                lengths: Tensor | None = None) -> Tensor:
+                lengths: Tensor | None = None, *, last_only: bool = False) -> Tensor:
         """Logits (B, T, V) of every position of ``tokens`` (B, T).
 
         With a ``cache``: ``tokens`` are the next T new tokens of each sequence; token i of
         sequence b takes position ``cache.lengths[b] + i``, its keys and values are cached,
         and only the new tokens' logits are returned. ``lengths`` (B,) says how many of the
-        new tokens are real (right padding); the logits at padding are meaningless."""
+        new tokens are real (right padding); the logits at padding are meaningless.
+
+        ``last_only=True`` returns only the logits of each sequence's last (real) new token,
+        shape (B, 1, V), and skips the unembedding of the others (what generation needs)."""
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
+        if T == 0 and last_only:
+            raise ValueError("last_only needs at least one token")
         if cache is None:
             if lengths is not None:
                 raise ValueError("lengths is only meaningful with a cache")
@@ -203,7 +220,7 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence length {T} exceeds n_ctx={self.config.n_ctx}")
             if T == 0:
                 return self.wte.new_empty(B, 0, self.config.vocab_size)
-            return self._forward(tokens)
+            return self._forward(tokens, last_only)
         if cache.batch_size != B:
             raise ValueError(f"tokens have batch size {B}, the cache {cache.batch_size}")
         if cache.device != self.wte.device or cache.dtype != self.wte.dtype:
@@ -212,24 +229,28 @@ class GPT(nn.Module):
         step = cache.plan(T, lengths)
         if T == 0:
             return self.wte.new_empty(B, 0, self.config.vocab_size)
-        return self._forward_cached(tokens, cache, step)
+        return self._forward_cached(tokens, cache, step, last_only)
 
-    def _forward(self, tokens: Tensor) -> Tensor:
+    def _forward(self, tokens: Tensor, last_only: bool = False) -> Tensor:
         """The whole sequence at once (what ``compile_model`` compiles)."""
         T = tokens.shape[1]
         x = ops.input_representation(ops.token_embedding(tokens, self.wte),
                                      ops.positional_embedding(T, self.wpe))
         for block in self.blocks:
             x = block(x)
-        return self._unembed(x)
+        return self._unembed(x[:, -1:] if last_only else x)
 
-    def _forward_cached(self, tokens: Tensor, cache: KVCache, step: Step) -> Tensor:
+    def _forward_cached(self, tokens: Tensor, cache: KVCache, step: Step,
+                        last_only: bool = False) -> Tensor:
         """New tokens at their own positions, attending to the cached ones."""
         x = ops.input_representation(ops.token_embedding(tokens, self.wte),
                                      ops.positional_embedding_at(step.positions, self.wpe))
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer, step)
         cache.advance(step)
+        if last_only:  # row advance−1 of each sequence (row 0 where it had no new token)
+            last = (step.advance - 1).clamp(min=0)
+            x = x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1]))
         return self._unembed(x)
 
     def _unembed(self, x: Tensor) -> Tensor:

@@ -129,7 +129,7 @@ def qkv_projection(
 def split_heads(X: Tensor, n_heads: int) -> Tensor:
     """(…, T, d) → (…, h, T, d_k): head i takes columns i·d_k … (i+1)·d_k − 1 (a view)."""
     *lead, T, d = X.shape
-    return X.view(*lead, T, n_heads, d // n_heads).transpose(-3, -2)
+    return X.reshape(*lead, T, n_heads, d // n_heads).transpose(-3, -2)
 
 
 def merge_heads(X: Tensor) -> Tensor:
@@ -328,12 +328,18 @@ def _sublayers(
 
 def block_pre_ln(H: Tensor, p: dict[str, Tensor], config: GPTConfig) -> Tensor:
     """The pre-LN block on one block's parameters ``p`` (named without ``blocks.{l}.``)."""
-    return residual_pre_ln(H, *_sublayers(p, config))
+    ln_1, attn, ln_2, ffn = _sublayers(p, config)
+    if ln_2 is None:
+        raise ValueError("block_pre_ln needs the parameters 'ln_2.weight' and 'ln_2.bias'")
+    return residual_pre_ln(H, ln_1, attn, ln_2, ffn)
 
 
 def block_post_ln(H: Tensor, p: dict[str, Tensor], config: GPTConfig) -> Tensor:
     """The post-LN block (Blueprint eqs 7–8) on one block's parameters ``p``."""
-    return residual_post_ln(H, *_sublayers(p, config))
+    ln_1, attn, ln_2, ffn = _sublayers(p, config)
+    if ln_2 is None:
+        raise ValueError("block_post_ln needs the parameters 'ln_2.weight' and 'ln_2.bias'")
+    return residual_post_ln(H, ln_1, attn, ln_2, ffn)
 
 
 def block_guide(H: Tensor, p: dict[str, Tensor], config: GPTConfig) -> Tensor:

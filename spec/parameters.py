@@ -29,7 +29,8 @@ def parameter_schema(config: GPTConfig) -> list[ParameterSpec]:
     d, f = c.d_model, c.d_ff
     specs = [
         ParameterSpec("wte", (c.vocab_size, d), "W_E", "token embedding, one row per token", "normal"),
-        ParameterSpec("wpe", (c.n_ctx, d), "W_P", "learned positional embedding, one row per position", "normal"),
+        ParameterSpec("wpe", (c.n_ctx, d), "W_P",
+                      "learned positional embedding, one row per position", "normal"),
     ]
     for layer in range(c.n_layers):
         p = f"blocks.{layer}."

@@ -1,7 +1,13 @@
 """``gptspec conformance``: validate a backend against the float64 reference.
 
 With no ``--backend`` it validates the built-in PyTorch backend on the CPU in float32
-and float64, and on CUDA (float32 and bfloat16) when a device is present.
+and float64, and, when a CUDA device is present, on it in float32, bfloat16 and float16,
+also with the FlashAttention and memory-efficient SDPA kernels forced
+(:mod:`gptspec.conformance.sdpa_kernels`).
+
+A backend given with ``--backend`` runs isolated by default: its checks run in a worker
+process, with a per-check time limit, so that a hang or a crash is reported and the run
+goes on (``--no-isolate`` runs it in this process).
 """
 
 from __future__ import annotations
@@ -33,12 +39,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "generation, or all (default forward)")
     parser.add_argument("--report", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown summary here")
+    parser.add_argument("--save-failures", metavar="DIR",
+                        help="save each failing example here: its exact inputs (.npz) and a "
+                             "pytest file that replays it without Hypothesis")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the checks in a worker process that a hang or crash cannot "
+                             "take down (default: on for --backend, off for the built-in)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="time limit per check (default 300; 0 for none)")
     parser.add_argument("--list-checks", action="store_true", help="list the checks and exit")
     parser.add_argument("--list-backends", action="store_true",
                         help="list the installed backends and exit")
 
 
+FLASH = "gptspec.conformance.sdpa_kernels:flash"
+EFFICIENT = "gptspec.conformance.sdpa_kernels:efficient"
+
+
+def _cuda_targets() -> list[tuple[str, str | None, str | None]]:
+    """The built-in backend on CUDA: every dtype with PyTorch's own kernel choice, then
+    each fused SDPA kernel forced (FlashAttention takes only 16-bit inputs)."""
+    targets: list[tuple[str, str | None, str | None]] = [
+        ("torch", "cuda", dt) for dt in ("float32", "bfloat16", "float16")]
+    targets += [(FLASH, "cuda", dt) for dt in ("bfloat16", "float16")]
+    targets += [(EFFICIENT, "cuda", dt) for dt in ("float32", "bfloat16", "float16")]
+    return targets
+
+
 def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None]]:
+    if not args.backend and not args.device and not args.dtype:
+        return ([("torch", "cpu", "float32"), ("torch", "cpu", "float64")]
+                + (_cuda_targets() if _cuda() else []))
     backends = args.backend or ["torch"]
     if args.device:
         devices = args.device
@@ -54,7 +85,8 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None
             elif args.backend:
                 dtypes = [None]  # the backend's own
             else:
-                dtypes = ["float32", "float64"] if device != "cuda" else ["float32", "bfloat16"]
+                dtypes = (["float32", "float64"] if device != "cuda"
+                          else ["float32", "bfloat16", "float16"])
             for dtype in dtypes:
                 targets.append((spec, device, dtype))
     return targets
@@ -71,6 +103,7 @@ def _cuda() -> bool:
 def run(args: argparse.Namespace) -> int:
     from gptspec.conformance import report
     from gptspec.conformance.discovery import BackendError, load_backend, registered
+    from gptspec.conformance.isolation import run_isolated
     from gptspec.conformance.registry import all_checks
     from gptspec.conformance.runner import run_suite
 
@@ -90,21 +123,33 @@ def run(args: argparse.Namespace) -> int:
         return not args.check or any(fnmatch.fnmatch(check.id, p) or check.id.startswith(p)
                                      for p in args.check)
 
+    if args.timeout < 0:
+        raise CLIError(f"--timeout must be ≥ 0 seconds, got {args.timeout:g}")
+    timeout = args.timeout or None
+    isolate = bool(args.backend) if args.isolate is None else args.isolate
     suites = []
     for spec, device, dtype in _targets(args):
+        repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
+                 "--area", args.area]
+        repro += ["--dtype", dtype] if dtype else []
+        repro += ["--device", device] if device else []
+        print()
+        common = dict(profile=args.profile, seed=args.seed, select=selected, area=area,
+                      reproduce=shlex.join(repro), timeout=timeout,
+                      save_failures=args.save_failures,
+                      on_result=lambda r: print(report.line(r), flush=True),
+                      header=lambda s: print(report.header(s), flush=True))
         try:
-            backend = load_backend(spec, device=device, dtype=dtype)
+            if isolate:
+                suite = run_isolated(spec, device=device, dtype=dtype, **common)
+            else:
+                backend = load_backend(spec, device=device, dtype=dtype)
+                origin = {"spec": spec, "device": device or str(backend.device),
+                          "dtype": dtype or str(backend.dtype),
+                          "name": str(getattr(backend, "name", spec))}
+                suite = run_suite(backend, origin=origin, **common)
         except BackendError as err:
             raise CLIError(str(err)) from None
-        repro = ["gptspec", "conformance", "--backend", spec, "--dtype", dtype,
-                 "--profile", args.profile, "--area", args.area]
-        if device:
-            repro += ["--device", device]
-        print()
-        suite = run_suite(backend, profile=args.profile, seed=args.seed, select=selected,
-                          area=area, reproduce=shlex.join(repro),
-                          on_result=lambda r: print(report.line(r), flush=True),
-                          header=lambda s: print(report.header(s), flush=True))
         print(report.summary(suite), flush=True)
         suites.append(suite)
     if args.report:

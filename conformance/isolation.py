@@ -1,0 +1,177 @@
+"""Running a backend's checks in a worker process, so that a backend that hangs or kills
+the interpreter (a segfault in a kernel, ``os._exit``) cannot take the run down.
+
+The parent walks the checks in dependency order (blocked ones never reach the worker) and
+sends the worker one check id at a time; the worker, started with multiprocessing's
+'spawn' method, builds the backend from its spec once and answers each id with the check's
+result as JSON. When the worker does not answer within the time limit it is killed and
+the check reported as an error "timed out after N s"; when it dies the check is reported
+as an error naming the exit code or signal. Either way a fresh worker takes the next
+check, and the run ends with a report.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from gptspec.conformance.discovery import BackendError
+from gptspec.conformance.registry import Check, all_checks
+from gptspec.conformance.runner import (
+    CheckResult,
+    SuiteResult,
+    not_implemented,
+    run_check,
+    suite_settings_dict,
+    walk,
+)
+
+START_TIMEOUT = 300.0  # seconds to import and build the backend (torch takes a few)
+
+
+def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
+            seed: int, save_failures: str | None) -> None:
+    from gptspec.conformance.budgets import Precision
+    from gptspec.conformance.discovery import load_backend
+    from gptspec.conformance.registry import CHECKS, all_checks
+    from gptspec.conformance.runner import _missing_ops, describe_backend
+
+    try:
+        backend = load_backend(spec, device=device, dtype=dtype)
+        precision = Precision.of(str(getattr(backend, "dtype", "float64")))
+    except Exception as err:  # noqa: BLE001 — reported to the parent in one line
+        conn.send_bytes(json.dumps({"load_error": f"{err}"}).encode())
+        return
+    described = describe_backend(backend)
+    origin = {**described, "spec": spec, "device": device or described["device"],
+              "dtype": dtype or described["dtype"]}
+    conn.send_bytes(json.dumps({"backend": described}).encode())
+    all_checks()  # load every check module
+    while True:
+        try:
+            check_id = conn.recv_bytes().decode()
+        except EOFError:
+            return
+        if check_id == "":
+            return
+        check = CHECKS[check_id]
+        missing = _missing_ops(backend, check)
+        result = (not_implemented(check, missing) if missing else
+                  run_check(check, backend, precision, profile, seed, None, save_failures,
+                            origin))
+        conn.send_bytes(json.dumps(result.to_dict(), default=str).encode())
+
+
+def _death(process: Any) -> str:
+    process.join(5)
+    code = process.exitcode
+    if code is None:
+        return "the worker stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the backend crashed the worker process ({name})"
+    return f"the backend ended the worker process (exit code {code})"
+
+
+class _Worker:
+    def __init__(self, spec: str, device: str | None, dtype: str | None, profile: str,
+                 seed: int, save_failures: str | None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_worker, args=(child, spec, device, dtype, profile, seed, save_failures),
+            daemon=True)
+        self.process.start()
+        child.close()
+        self.backend: dict[str, str] = {}
+        if not self.conn.poll(START_TIMEOUT):
+            self.stop()
+            raise BackendError(f"backend {spec!r} did not start within {START_TIMEOUT:g} s")
+        try:
+            hello = json.loads(self.conn.recv_bytes())
+        except EOFError:
+            raise BackendError(f"backend {spec!r} failed to start: {_death(self.process)}"
+                               ) from None
+        if "load_error" in hello:
+            self.stop()
+            raise BackendError(hello["load_error"])
+        self.backend = hello["backend"]
+
+    def run(self, check: Check, timeout: float | None) -> CheckResult:
+        def error(detail: str) -> CheckResult:
+            return CheckResult(check.id, list(check.entries), check.kind, "error", None,
+                               detail, 0, 0, 0.0 if timeout is None else float(timeout),
+                               check.budget)
+
+        try:
+            self.conn.send_bytes(check.id.encode())
+            if not self.conn.poll(timeout):
+                self.stop()
+                return error(f"timed out after {timeout:g} s (the worker was stopped)")
+            return CheckResult(**json.loads(self.conn.recv_bytes()))
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            return error(_death(self.process))
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send_bytes(b"")
+            except OSError:
+                pass
+            self.process.join(1)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = None,
+                 profile: str = "default", seed: int = 0,
+                 select: Callable[[Check], bool] | None = None, area: str | None = "forward",
+                 reproduce: str = "", timeout: float | None = 300.0,
+                 save_failures: str | None = None,
+                 on_result: Callable[[CheckResult], None] | None = None,
+                 header: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
+    """``run_suite`` for the backend named by ``spec``, each check in a worker process.
+    Raises BackendError only if the backend cannot be built at all."""
+    worker: _Worker | None = _Worker(spec, device, dtype, profile, seed, save_failures)
+    assert worker is not None
+    suite = SuiteResult(dict(worker.backend),
+                        suite_settings_dict(profile, seed, area, timeout, isolated=True))
+    if header:
+        header(suite)
+
+    def evaluate(check: Check) -> CheckResult:
+        nonlocal worker
+        if worker is None or not worker.alive():
+            try:
+                worker = _Worker(spec, device, dtype, profile, seed, save_failures)
+            except BackendError as err:
+                worker = None
+                return CheckResult(check.id, list(check.entries), check.kind, "error", None,
+                                   f"could not restart the backend: {err}", 0, 0, 0.0,
+                                   check.budget)
+        result = worker.run(check, timeout)
+        if not worker.alive():
+            worker.stop()
+            worker = None
+        return result
+
+    try:
+        for result in walk(all_checks(area), select, evaluate, reproduce, seed):
+            suite.results.append(result)
+            if on_result:
+                on_result(result)
+    finally:
+        if worker is not None:
+            worker.stop()
+    return suite

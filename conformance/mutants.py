@@ -1,0 +1,459 @@
+"""A catalog of realistic bugs planted in the fast backend, to show the suite catches them.
+
+Each :class:`Mutant` is one bug a backend author could plausibly write, named, explained,
+and tied to the spec entries it breaks (``breaks``). A forward mutant is a
+:class:`MutantTorchBackend`: the built-in ``TorchBackend`` with some functions of
+``gptspec.fast.ops`` replaced while it runs, so the bug reaches the operation *and* every
+operation and model path built from it (the model calls ``ops.<name>`` at run time). A
+tokenizer mutant wraps ``FastTokenizerBackend``.
+
+``gptspec.conformance.mutation`` runs the suite against each and reports the first check
+that fails ("killed by") and whether that check names one of the entries the mutant breaks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from gptspec.fast import ops
+from gptspec.fast.backend import TorchBackend
+from gptspec.fast.tokenizer import FastTokenizerBackend, Tokenizer
+from gptspec.reference import tokenizer as ref_tok
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    breaks: tuple[str, ...]  # the spec entries the bug breaks: a killing check should name one
+    area: str  # which part of the suite is run against it
+    doc: str
+    patches: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    make_backend: Callable[[], Any] | None = None
+
+    def backend(self, device: str = "cpu", dtype: str = "float32") -> Any:
+        if self.make_backend is not None:
+            return self.make_backend()
+        return MutantTorchBackend(self.name, self.patches, device=device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def patched_ops(patches: Mapping[str, Callable[..., Any]]) -> Iterator[None]:
+    """Replace functions of gptspec.fast.ops while the block runs (and the dispatch tables
+    FFN and RESIDUAL, which hold the functions themselves)."""
+    saved = {name: getattr(ops, name) for name in (*patches, "FFN", "RESIDUAL")}
+    try:
+        for name, fn in patches.items():
+            setattr(ops, name, fn)
+        ops.FFN = {k: getattr(ops, f.__name__) for k, f in saved["FFN"].items()}
+        ops.RESIDUAL = {k: getattr(ops, f.__name__) for k, f in saved["RESIDUAL"].items()}
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(ops, name, fn)
+
+
+class MutantTorchBackend(TorchBackend):
+    """TorchBackend with some of its operations replaced by buggy ones."""
+
+    def __init__(self, mutant: str, patches: Mapping[str, Callable[..., Any]],
+                 device: str = "cpu", dtype: str = "float32") -> None:
+        super().__init__(device=device, dtype=dtype)
+        self.name = f"torch+{mutant}"
+        self.patches = dict(patches)
+
+    def forward(self, config: Any, params: Any, tokens: Any) -> Any:
+        with patched_ops(self.patches):
+            return super().forward(config, params, tokens)
+
+    def _wrap(self, name: str) -> Callable[..., Any]:
+        def op(*args: Any, **kwargs: Any) -> Any:
+            with patched_ops(self.patches):  # _wrap looks the function up inside
+                return TorchBackend._wrap(self, name)(*args, **kwargs)
+
+        op.__name__ = op.__qualname__ = name
+        return op
+
+
+# --- the forward bugs -------------------------------------------------------------------
+# Each function below replaces the gptspec.fast.ops function of the same role.
+
+
+def _mask_shifted_by_one(T: int, *, dtype: torch.dtype = torch.float32,
+                         device: Any = None) -> Tensor:
+    return torch.full((T, T), -math.inf, dtype=dtype, device=device).triu(2)
+
+
+def _mask_hides_diagonal(T: int, *, dtype: torch.dtype = torch.float32,
+                         device: Any = None) -> Tensor:
+    # every position masked from itself: row 0 is all −∞
+    return torch.full((T, T), -math.inf, dtype=dtype, device=device).triu(0)
+
+
+def _scores_unscaled(Q: Tensor, K: Tensor, M: Tensor) -> Tensor:
+    return Q @ K.transpose(-1, -2) + M
+
+
+def _scores_scaled_by_dk(Q: Tensor, K: Tensor, M: Tensor) -> Tensor:
+    return Q @ K.transpose(-1, -2) / Q.shape[-1] + M
+
+
+def _sdpa_unscaled(Q: Tensor, K: Tensor, V: Tensor, M: Tensor | None = None, *,
+                   is_causal: bool = False) -> Tensor:
+    return F.scaled_dot_product_attention(Q, K, V, attn_mask=M, is_causal=is_causal, scale=1.0)
+
+
+def _softmax_wrong_axis(z: Tensor, axis: int = -1) -> Tensor:
+    dim = -2 if z.dim() > 1 and axis in (-1, z.dim() - 1) else axis
+    return torch.softmax(z, dim=dim, dtype=ops.accumulation_dtype(z.dtype)).to(z.dtype)
+
+
+def _softmax_without_max_shift(z: Tensor, axis: int = -1) -> Tensor:
+    e = torch.exp(z.to(ops.accumulation_dtype(z.dtype)))
+    return (e / e.sum(dim=axis, keepdim=True)).to(z.dtype)
+
+
+def _attention_weights_masked_after_softmax(Q: Tensor, K: Tensor, M: Tensor) -> Tensor:
+    # softmax over the unmasked scores, then the future zeroed: rows no longer sum to 1
+    A = ops.softmax(Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1]), axis=-1)
+    return A.masked_fill(torch.isinf(M), 0.0)
+
+
+def _layer_norm_unbiased(x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
+    acc = ops.accumulation_dtype(x.dtype)
+    xa = x.to(acc)
+    mu = xa.mean(-1, keepdim=True)
+    var = xa.var(-1, keepdim=True, unbiased=True) if x.shape[-1] > 1 else torch.zeros_like(mu)
+    return (gamma.to(acc) * (xa - mu) / torch.sqrt(var + eps) + beta.to(acc)).to(x.dtype)
+
+
+def _layer_norm_eps_outside_root(x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
+    acc = ops.accumulation_dtype(x.dtype)
+    xa = x.to(acc)
+    mu = xa.mean(-1, keepdim=True)
+    sd = xa.var(-1, keepdim=True, unbiased=False).sqrt()
+    return (gamma.to(acc) * (xa - mu) / (sd + eps) + beta.to(acc)).to(x.dtype)
+
+
+def _final_layer_norm_skipped(H: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
+    return H
+
+
+def _split_heads_without_transpose(X: Tensor, n_heads: int) -> Tensor:
+    *lead, T, d = X.shape
+    return X.reshape(*lead, n_heads, T, d // n_heads)
+
+
+def _merge_heads_without_transpose(X: Tensor) -> Tensor:
+    *lead, h, T, dk = X.shape
+    return X.reshape(*lead, T, h * dk)
+
+
+def _mha_without_w_o(H: Tensor, W_qkv: Tensor, b_qkv: Tensor | None, W_O: Tensor,
+                     b_O: Tensor | None, n_heads: int) -> Tensor:
+    Q, K, V = (ops.split_heads(X, n_heads) for X in ops.qkv_projection(H, W_qkv, b_qkv))
+    heads = ops.scaled_dot_product_attention(Q, K, V, is_causal=True)
+    out = ops.merge_heads(heads)
+    return out if b_O is None else out + b_O
+
+
+def _head_sum_w_o_by_columns(H: Tensor, W_qkv: Tensor, b_qkv: Tensor | None, W_O: Tensor,
+                             b_O: Tensor | None, n_heads: int) -> Tensor:
+    # W_O⁽ⁱ⁾ cut from the columns of W_O instead of its rows
+    Q, K, V = (ops.split_heads(X, n_heads) for X in ops.qkv_projection(H, W_qkv, b_qkv))
+    heads = ops.scaled_dot_product_attention(Q, K, V, is_causal=True)
+    d = W_O.shape[0]
+    W_heads = W_O.t().reshape(n_heads, d // n_heads, W_O.shape[1])
+    out = torch.einsum("...htk,hkd->...td", heads, W_heads)
+    return out if b_O is None else out + b_O
+
+
+def _qkv_k_v_swapped(H: Tensor, W_qkv: Tensor, b_qkv: Tensor | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    QKV = ops.linear(H, W_qkv, b_qkv)
+    Q, K, V = QKV.split(QKV.shape[-1] // 3, dim=-1)
+    return Q, V, K
+
+
+def _linear_bias_dropped(x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+    return F.linear(x, W.t())
+
+
+def _gelu_tanh_is_exact(x: Tensor) -> Tensor:
+    return F.gelu(x)
+
+
+def _gelu_is_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def _relu_leaky(x: Tensor) -> Tensor:
+    return F.leaky_relu(x, 0.01)
+
+
+def _ffn_gelu_with_tanh(x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor,
+                        b_2: Tensor | None) -> Tensor:
+    return ops.linear(ops.gelu_tanh(ops.linear(x, W_1, b_1)), W_2, b_2)
+
+
+def _ffn_relu_without_b2(x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor,
+                         b_2: Tensor | None) -> Tensor:
+    return ops.linear(ops.relu(ops.linear(x, W_1, b_1)), W_2, None)
+
+
+def _guide_product_summed(x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor,
+                          b_2: Tensor | None) -> Tensor:
+    return ops.relu(ops.linear(x, W_1, b_1)) + ops.relu(ops.linear(x, W_2, b_2))
+
+
+def _pre_ln_second_residual_from_input(H: Tensor, ln_1: Any, attn: Any, ln_2: Any,
+                                       ffn: Any) -> Tensor:
+    H1 = H + attn(ln_1(H))
+    return H + ffn(ln_2(H1))  # the FFN's residual taken from the block input, not H'
+
+
+def _post_ln_normalises_first(H: Tensor, ln_1: Any, attn: Any, ln_2: Any, ffn: Any) -> Tensor:
+    H = H + attn(ln_1(H))  # pre-LN written where post-LN is configured
+    return H + ffn(ln_2(H))
+
+
+def _guide_without_residual(H: Tensor, ln_1: Any, attn: Any, ln_2: Any, ffn: Any) -> Tensor:
+    return ln_1(ffn(attn(H)))
+
+
+def _positions_off_by_one(T: int, W_P: Tensor) -> Tensor:
+    return torch.roll(W_P, -1, dims=0)[:T]
+
+
+def _token_embedding_off_by_one(tokens: Tensor, W_E: Tensor) -> Tensor:
+    return F.embedding((tokens + 1) % W_E.shape[0], W_E)
+
+
+def _embeddings_scaled(E: Tensor, P: Tensor) -> Tensor:
+    # Vaswani et al. scale the token embedding by √d_model; this model does not
+    return E * math.sqrt(E.shape[-1]) + P
+
+
+def _unembed_untied_without_bias(H: Tensor, W_U: Tensor, b_U: Tensor | None = None) -> Tensor:
+    return ops.linear(H, W_U, None)
+
+
+def _next_token_log_softmax(logits: Tensor) -> Tensor:
+    acc = ops.accumulation_dtype(logits.dtype)
+    return torch.log_softmax(logits.to(acc), dim=-1).to(logits.dtype)
+
+
+def _log_probability_not_shifted(tokens: Tensor, logits: Tensor) -> Tensor:
+    # row t scored against x_t instead of x_{t+1}
+    log_p = torch.log_softmax(logits[..., 1:, :].to(ops.accumulation_dtype(logits.dtype)), dim=-1)
+    return log_p.gather(-1, tokens[..., 1:].long().unsqueeze(-1)).squeeze(-1).sum(dim=-1)
+
+
+# --- the tokenizer bugs ---------------------------------------------------------------------
+
+
+class _FrequencyTokenizer(Tokenizer):
+    """Merges the pair that occurs most often in the chunk first, not the lowest rank."""
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return [i for chunk in self._compiled.findall(text) for i in self._bpe_chunk(chunk)]
+
+    def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
+        ids = list(chunk.encode("utf-8"))
+        while len(ids) > 1:
+            counts = Counter(p for p in zip(ids, ids[1:], strict=False) if p in self._rank)
+            if not counts:
+                break
+            pair = max(counts, key=lambda p: (counts[p], -self._rank[p]))
+            ids = ref_tok.merge_pair(ids, pair, 256 + self._rank[pair])
+        return tuple(ids)
+
+
+class _LeftmostTokenizer(_FrequencyTokenizer):
+    """Merges the leftmost mergeable pair first, whatever its rank."""
+
+    def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
+        ids = list(chunk.encode("utf-8"))
+        while True:
+            hit = next((j for j, p in enumerate(zip(ids, ids[1:], strict=False))
+                        if p in self._rank), None)
+            if hit is None:
+                return tuple(ids)
+            ids[hit:hit + 2] = [256 + self._rank[(ids[hit], ids[hit + 1])]]
+
+
+class _SpecialAlwaysAllowed(Tokenizer):
+    """Encodes a special token's text as its id even when it is not allowed."""
+
+    def encode(self, text: str, allowed_special: Any = ()) -> list[int]:
+        return super().encode(text, allowed_special="all")
+
+
+class _DecodeWraps(Tokenizer):
+    """Decodes an out-of-range id modulo the vocabulary instead of refusing it."""
+
+    def decode(self, ids: Any) -> str:
+        return super().decode([i % self._n_bpe if i >= self.vocab_size or i < 0 else i
+                               for i in ids])
+
+
+class _TokenizerMutant(FastTokenizerBackend):
+    def __init__(self, name: str, tokenizer: type[Tokenizer] = Tokenizer,
+                 ties_to_largest: bool = False) -> None:
+        self.name = f"fast+{name}"
+        self.tokenizer = tokenizer
+        self.ties_to_largest = ties_to_largest
+
+    def train(self, text: str, vocab_size: int, pattern: str) -> list[tuple[int, int]]:
+        if not self.ties_to_largest:
+            return super().train(text, vocab_size, pattern)
+        chunks = Counter(tuple(c.encode("utf-8")) for c in ref_tok.pretokenize(text, pattern))
+        merges: list[tuple[int, int]] = []
+        for k in range(vocab_size - 256):
+            counts = {p: c for p, c in ref_tok.pair_counts(chunks).items() if c > 0}
+            if not counts:
+                break
+            pair = max(counts, key=lambda p: (counts[p], p))  # ties to the largest pair
+            merges.append(pair)
+            merged: Counter[tuple[int, ...]] = Counter()
+            for w, mult in chunks.items():
+                merged[tuple(ref_tok.merge_pair(w, pair, 256 + k))] += mult
+            chunks = merged
+        return merges
+
+    def build(self, merges: Sequence[tuple[int, int]], pattern: str,
+              special_tokens: Mapping[str, int]) -> Tokenizer:
+        return self.tokenizer(merges, pattern, special_tokens)
+
+
+# --- the catalog ----------------------------------------------------------------------------
+
+
+def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable[..., Any]
+         ) -> Mutant:
+    return Mutant(name, (breaks,) if isinstance(breaks, str) else breaks, "forward", doc,
+                  patches)
+
+
+def _tok(name: str, breaks: tuple[str, ...], doc: str, **kwargs: Any) -> Mutant:
+    return Mutant(name, breaks, "tokenizer", doc,
+                  make_backend=lambda: _TokenizerMutant(name, **kwargs))
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    _fwd("mask_shifted_by_one", "causal_mask",
+         "The causal mask lets position i see i + 1 (triu(2) for triu(1)).",
+         causal_mask=_mask_shifted_by_one),
+    _fwd("mask_hides_diagonal", "causal_mask",
+         "The causal mask also hides the diagonal: no token attends to itself.",
+         causal_mask=_mask_hides_diagonal),
+    _fwd("scores_unscaled", "attention_scores",
+         "Q Kᵀ without the 1/√d_k factor.", attention_scores=_scores_unscaled),
+    _fwd("scores_scaled_by_dk", "attention_scores",
+         "Q Kᵀ divided by d_k: the factor squared.", attention_scores=_scores_scaled_by_dk),
+    _fwd("sdpa_unscaled", "scaled_dot_product_attention",
+         "The fused attention kernel called with scale=1 (1/√d_k missing on the model path).",
+         scaled_dot_product_attention=_sdpa_unscaled),
+    _fwd("softmax_wrong_axis", "softmax",
+         "softmax normalises over the rows' axis instead of the last one.",
+         softmax=_softmax_wrong_axis),
+    _fwd("softmax_without_max_shift", "softmax",
+         "exp(z)/Σexp(z) without subtracting max z: overflows to NaN for large scores.",
+         softmax=_softmax_without_max_shift),
+    _fwd("attention_masked_after_softmax", "attention_weights",
+         "The mask applied by zeroing after the softmax: rows no longer sum to one.",
+         attention_weights=_attention_weights_masked_after_softmax),
+    _fwd("layer_norm_unbiased_variance", "layer_norm",
+         "LayerNorm with the Bessel-corrected variance (divides by n − 1).",
+         layer_norm=_layer_norm_unbiased),
+    _fwd("layer_norm_eps_outside_root", "layer_norm",
+         "LayerNorm divides by √σ² + ε instead of √(σ² + ε).",
+         layer_norm=_layer_norm_eps_outside_root),
+    _fwd("final_layer_norm_skipped", "final_layer_norm",
+         "The final LayerNorm is configured but not applied.",
+         final_layer_norm=_final_layer_norm_skipped),
+    _fwd("heads_split_without_transpose", ("split_heads", "merge_heads"),
+         "(T, d) reshaped straight to (h, T, d_k): heads mix positions and features.",
+         split_heads=_split_heads_without_transpose),
+    _fwd("heads_merged_without_transpose", ("split_heads", "merge_heads"),
+         "(h, T, d_k) reshaped straight to (T, d): merge is not split's inverse.",
+         merge_heads=_merge_heads_without_transpose),
+    _fwd("w_o_skipped", "multi_head_attention",
+         "The concatenated heads are returned without the output projection W_O.",
+         multi_head_attention=_mha_without_w_o),
+    _fwd("head_sum_w_o_by_columns", "multi_head_attention_head_sum",
+         "W_O⁽ⁱ⁾ cut from the columns of W_O instead of its rows.",
+         multi_head_attention_head_sum=_head_sum_w_o_by_columns),
+    _fwd("qkv_k_v_swapped", "qkv_projection",
+         "The fused projection's K and V column blocks are swapped.",
+         qkv_projection=_qkv_k_v_swapped),
+    _fwd("linear_bias_dropped", "linear",
+         "x W without + b.", linear=_linear_bias_dropped),
+    _fwd("exact_gelu_where_tanh_configured", "gelu_tanh",
+         "gelu_tanh computes the exact erf GELU.", gelu_tanh=_gelu_tanh_is_exact),
+    _fwd("tanh_gelu_where_exact_configured", "gelu",
+         "gelu computes the tanh approximation.", gelu=_gelu_is_tanh),
+    _fwd("relu_leaky", "relu",
+         "ReLU with a 0.01 negative slope.", relu=_relu_leaky),
+    _fwd("ffn_gelu_uses_tanh", "ffn_gelu",
+         "The GELU feed-forward network built with the tanh approximation.",
+         ffn_gelu=_ffn_gelu_with_tanh),
+    _fwd("ffn_relu_without_b2", "ffn_relu",
+         "The ReLU FFN drops its second bias b_2.", ffn_relu=_ffn_relu_without_b2),
+    _fwd("guide_product_summed", "ffn_guide_product",
+         "The Guide's FFNN adds the two branches instead of multiplying them.",
+         ffn_guide_product=_guide_product_summed),
+    _fwd("pre_ln_residual_from_input", "block_pre_ln",
+         "Pre-LN block: the FFN's residual taken from the block input instead of H'.",
+         residual_pre_ln=_pre_ln_second_residual_from_input),
+    _fwd("post_ln_computed_as_pre_ln", "block_post_ln",
+         "The post-LN block normalises before each sublayer (pre-LN) instead of after.",
+         residual_post_ln=_post_ln_normalises_first),
+    _fwd("guide_block_without_residual", "block_guide",
+         "The Guide's block drops its residual connection.",
+         residual_guide=_guide_without_residual),
+    _fwd("positions_off_by_one", ("positional_embedding", "gpt_forward"),
+         "Position t gets the embedding of t + 1.", positional_embedding=_positions_off_by_one),
+    _fwd("token_embedding_off_by_one", "token_embedding",
+         "Token x gets row x + 1 of W_E.", token_embedding=_token_embedding_off_by_one),
+    _fwd("token_embedding_scaled_by_sqrt_d", "input_representation",
+         "e·√d_model + p, Vaswani's scaling, which this model does not have.",
+         input_representation=_embeddings_scaled),
+    _fwd("unembed_bias_dropped", "unembed_untied",
+         "The untied output projection drops b_U.", unembed_untied=_unembed_untied_without_bias),
+    _fwd("next_token_log_probabilities", "next_token_distribution",
+         "The next-token distribution returned as log-probabilities.",
+         next_token_distribution=_next_token_log_softmax),
+    _fwd("log_probability_not_shifted", "sequence_log_probability",
+         "log P(x) scores row t against x_t instead of x_{t+1}.",
+         sequence_log_probability=_log_probability_not_shifted),
+    _tok("bpe_merges_by_frequency", ("bpe_chunk",),
+         "Encoding merges the most frequent pair in the chunk first instead of the lowest "
+         "rank.", tokenizer=_FrequencyTokenizer),
+    _tok("bpe_merges_leftmost_first", ("bpe_chunk",),
+         "Encoding merges the leftmost mergeable pair first instead of the lowest rank.",
+         tokenizer=_LeftmostTokenizer),
+    _tok("train_ties_to_largest_pair", ("best_pair", "train"),
+         "Training breaks count ties toward the largest pair instead of the smallest.",
+         ties_to_largest=True),
+    _tok("special_tokens_always_allowed", ("split_special",),
+         "A special token's text is encoded as its id even where it is not allowed.",
+         tokenizer=_SpecialAlwaysAllowed),
+    _tok("decode_wraps_out_of_range", ("decode",),
+         "decode maps an id outside the vocabulary modulo its size instead of refusing it.",
+         tokenizer=_DecodeWraps),
+)
+
+BY_NAME = {m.name: m for m in MUTANTS}
+if len(BY_NAME) != len(MUTANTS):
+    raise ValueError("duplicate mutant name")
+
+__all__ = ["BY_NAME", "MUTANTS", "Mutant", "MutantTorchBackend", "patched_ops"]

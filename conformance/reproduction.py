@@ -1,0 +1,224 @@
+"""A failing example as files: the exact inputs in an ``.npz`` and a pytest file that
+replays them without Hypothesis; and the adjudication of a low-precision failure.
+
+The ``.npz`` (no pickle: every entry is a numeric array or a string) holds
+
+* ``manifest``: a JSON string — the check, its spec entries, the failure message, the
+  backend (``spec``, device, dtype) and the replayed call: ``call`` (the operation's name
+  or ``forward``), ``args`` and ``kwargs`` described one by one (``{"array": key}``,
+  ``{"dict": {name: key}}``, ``{"list": [key, …]}``, ``{"config": json}``, ``{"value": v}``,
+  ``{"none": true}``) and ``output_index`` (which element of a tuple result was compared);
+* ``a.<n>…``: the argument arrays, exactly as the backend received them;
+* ``expected``, ``bound``: the reference value and the budget of the failing comparison;
+  ``actual``: what the backend returned then.
+
+Only failures of a comparison whose compared value is a result of one backend call can be
+replayed on their own; for the others (a property such as causality that needs two
+calls) the ``.npz`` holds the example's calls and no pytest file is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gptspec.conformance import budgets
+from gptspec.conformance.context import Call, FailureCapture
+from gptspec.spec.config import GPTConfig
+
+
+def _find_compared_call(capture: FailureCapture) -> tuple[Call | None, int | None]:
+    """The call whose result (or an element of it) is the compared value."""
+    for call in reversed(capture.calls):
+        if call.output is capture.actual:
+            return call, None
+        if isinstance(call.output, (tuple, list)):
+            for i, part in enumerate(call.output):
+                if part is capture.actual:
+                    return call, i
+    return None, None
+
+
+def _encode(value: Any, key: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    if value is None:
+        return {"none": True}
+    if isinstance(value, GPTConfig):
+        return {"config": value.to_json()}
+    if isinstance(value, np.ndarray):
+        arrays[key] = value
+        return {"array": key}
+    if isinstance(value, dict):
+        return {"dict": {k: _encode(v, f"{key}.{k}", arrays) for k, v in value.items()}}
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, np.ndarray) for v in value):
+        return {"list": [_encode(v, f"{key}.{i}", arrays)["array"] for i, v in enumerate(value)]}
+    if isinstance(value, np.generic):
+        return {"value": value.item()}
+    if isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    raise TypeError(f"cannot store an argument of type {type(value).__name__}")
+
+
+def _decode(spec: dict[str, Any], data: Any) -> Any:
+    if "none" in spec:
+        return None
+    if "config" in spec:
+        return GPTConfig.from_json(spec["config"])
+    if "array" in spec:
+        return np.array(data[spec["array"]])
+    if "dict" in spec:
+        return {k: _decode(v, data) for k, v in spec["dict"].items()}
+    if "list" in spec:
+        return [np.array(data[k]) for k in spec["list"]]
+    return spec["value"]
+
+
+def _write_atomically(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
+
+
+def save_failure(directory: str | Path, check_id: str, entries: list[str],
+                 capture: FailureCapture, origin: dict[str, Any]) -> list[str]:
+    """Write ``<backend>-<dtype>-<check>.npz`` (and a ``test_…py`` when the failure can
+    be replayed alone) under ``directory``; return the paths written."""
+    directory = Path(directory)
+    stem = _safe(f"{origin.get('name', 'backend')}_{origin.get('dtype', '')}_{check_id}")
+    call, index = _find_compared_call(capture) if capture.comparison is not None else (None, None)
+    arrays: dict[str, np.ndarray] = {}
+    manifest: dict[str, Any] = {"check": check_id, "entries": entries, "what": capture.what,
+                                "message": capture.message, "backend": origin,
+                                "replayable": call is not None}
+    if call is not None:
+        manifest.update(call=call.name, output_index=index,
+                        args=[_encode(a, f"a.{i}", arrays) for i, a in enumerate(call.args)],
+                        kwargs={k: _encode(v, f"k.{k}", arrays) for k, v in call.kwargs.items()})
+        arrays["expected"] = np.asarray(capture.expected, dtype=np.float64)
+        arrays["bound"] = np.broadcast_to(np.asarray(capture.bound, dtype=np.float64),
+                                          arrays["expected"].shape).copy()
+        arrays["actual"] = np.asarray(capture.actual, dtype=np.float64)
+    else:
+        manifest["calls"] = []
+        for j, c in enumerate(capture.calls):
+            try:
+                manifest["calls"].append({
+                    "call": c.name,
+                    "args": [_encode(a, f"c{j}.{i}", arrays) for i, a in enumerate(c.args)],
+                    "kwargs": {k: _encode(v, f"c{j}.k.{k}", arrays) for k, v in c.kwargs.items()}})
+            except TypeError as err:
+                manifest["calls"].append({"call": c.name, "unstored": str(err)})
+    npz = directory / f"{stem}.npz"
+
+    def write_npz(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
+                                **arrays)  # type: ignore[arg-type]
+
+    _write_atomically(npz, write_npz)
+    written = [str(npz)]
+    if call is not None and origin.get("spec"):
+        test = directory / f"test_{stem}.py"
+        _write_atomically(test, lambda tmp: Path(tmp).write_text(
+            _pytest_text(check_id, npz.name, origin, capture.message), encoding="utf-8"))
+        written.append(str(test))
+    return written
+
+
+def _pytest_text(check_id: str, npz_name: str, origin: dict[str, Any], message: str) -> str:
+    first = message.splitlines()[0] if message else ""
+    return f'''"""Reproduces the conformance failure of {check_id} on {origin.get("name")}
+({origin.get("device")}, {origin.get("dtype")}) without Hypothesis: the backend's call on the
+saved inputs, compared with the saved float64 reference within the saved budget.
+
+Failure when written: {first}
+Generated by `gptspec conformance --save-failures`; run with `pytest {{this file}}`.
+"""
+
+from pathlib import Path
+
+from gptspec.conformance.reproduction import replay
+
+CASE = Path(__file__).with_name({npz_name!r})
+
+
+def test_{_safe(check_id)}():
+    comparison = replay(CASE)
+    assert comparison.passed, comparison.describe()
+'''
+
+
+def load_case(path: str | Path) -> tuple[dict[str, Any], Any]:
+    """The manifest and arrays of a saved failure."""
+    data = np.load(path, allow_pickle=False)
+    return json.loads(str(data["manifest"])), data
+
+
+def replay(path: str | Path, backend: Any = None) -> budgets.Comparison:
+    """Call the backend (by default the one named in the file) on the saved inputs and
+    compare with the saved reference and budget."""
+    from gptspec.conformance.discovery import load_backend
+
+    manifest, data = load_case(path)
+    if not manifest.get("replayable"):
+        raise ValueError(f"{path}: this failure needs several calls; rerun its check instead")
+    if backend is None:
+        origin = manifest["backend"]
+        backend = load_backend(origin["spec"], device=origin.get("device"),
+                               dtype=origin.get("dtype"))
+    args = [_decode(a, data) for a in manifest["args"]]
+    kwargs = {k: _decode(v, data) for k, v in manifest["kwargs"].items()}
+    out = getattr(backend, manifest["call"])(*args, **kwargs)
+    if manifest["output_index"] is not None:
+        out = out[manifest["output_index"]]
+    return budgets.compare(out, np.array(data["expected"]), np.array(data["bound"]))
+
+
+# --- adjudication ------------------------------------------------------------------------------
+
+
+def adjudicate(capture: FailureCapture, backend: Any, dtype: str) -> dict[str, Any] | None:
+    """When a low-precision backend exceeds its budget, the same call on a plain
+    same-dtype implementation (the built-in PyTorch backend on the CPU), measured against
+    the same float64 reference and budget: which of the two is closer?"""
+    if dtype == "float64" or capture.comparison is None or capture.comparison.problem:
+        return None
+    call, index = _find_compared_call(capture)
+    if call is None:
+        return None
+    from gptspec.fast.backend import TorchBackend
+
+    if type(backend) is TorchBackend and backend.device == "cpu":
+        return {"plain": f"torch cpu {dtype}",
+                "note": "the backend is the plain implementation itself"}
+    plain_name = f"torch cpu {dtype}"
+    try:
+        plain = TorchBackend("cpu", dtype)
+        out = getattr(plain, call.name)(*call.args, **call.kwargs)
+        if index is not None:
+            out = out[index]
+        theirs = budgets.compare(out, capture.expected, capture.bound)
+    except Exception as err:  # noqa: BLE001 — the plain one may lack or refuse the call
+        return {"plain": plain_name, "note": f"could not run it: {type(err).__name__}: {err}"}
+    ours = capture.comparison.fraction
+    closer = "backend" if ours < theirs.fraction else "plain"
+    return {"plain": plain_name, "backend_fraction": ours, "plain_fraction": theirs.fraction,
+            "closer": closer,
+            "note": (f"the plain {plain_name} implementation is at "
+                     f"{100 * theirs.fraction:.3g}% of budget on the same input, the backend at "
+                     f"{100 * ours:.3g}%: the {'backend' if closer == 'backend' else 'plain one'}"
+                     " is closer to the float64 reference")}

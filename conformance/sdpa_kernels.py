@@ -1,0 +1,91 @@
+"""The built-in backend with one of PyTorch's fused attention kernels forced, for checking
+it on CUDA: ``torch-flash`` (FlashAttention) and ``torch-efficient`` (memory-efficient
+attention), through ``torch.nn.attention.sdpa_kernel``.
+
+With a kernel forced, PyTorch raises instead of falling back when the kernel cannot take a
+call, so a check that passes has really run that kernel. The fused kernels take the causal
+mask as a flag rather than an additive mask (FlashAttention takes no mask at all), so an
+attention call whose mask is exactly the causal mask is given ``is_causal=True`` instead:
+the same function, computed by the kernel under test. Any other mask is passed on (and
+refused by FlashAttention, which the report shows as an error naming the kernel). The
+fused kernels take only 4-D (batch, heads, T, d_k) inputs, so other ranks are reshaped to
+four axes and back (a view: the arithmetic is the kernel's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from gptspec.conformance.mutants import patched_ops
+from gptspec.fast import ops
+from gptspec.fast.backend import TorchBackend
+
+KERNELS = ("flash", "efficient")
+
+
+def _kernel(name: str) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+
+
+def _is_causal_mask(M: Any, T: int, S: int) -> bool:
+    if not isinstance(M, torch.Tensor) or M.dim() != 2 or M.shape != (T, S) or T != S:
+        return False
+    causal = torch.full((T, T), -math.inf, dtype=M.dtype, device=M.device).triu(1)
+    return bool(torch.equal(M, causal))
+
+
+def _four_axes(X: torch.Tensor) -> torch.Tensor:
+    return X.reshape(-1, *X.shape[-3:]) if X.dim() >= 3 else X.reshape(1, 1, *X.shape)
+
+
+def _sdpa_causal_flag(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                      M: torch.Tensor | None = None, *, is_causal: bool = False) -> torch.Tensor:
+    if M is not None and _is_causal_mask(M, Q.shape[-2], K.shape[-2]):
+        M, is_causal = None, True
+    out = torch.nn.functional.scaled_dot_product_attention(
+        _four_axes(Q), _four_axes(K), _four_axes(V), attn_mask=M, is_causal=is_causal)
+    return out.reshape(*Q.shape[:-1], V.shape[-1])
+
+
+class SDPAKernelBackend(TorchBackend):
+    """TorchBackend with every attention call run by one forced fused kernel."""
+
+    def __init__(self, device: str = "cuda", dtype: str = "bfloat16",
+                 kernel: str = "flash") -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown SDPA kernel {kernel!r}; known: {', '.join(KERNELS)}")
+        super().__init__(device=device, dtype=dtype)
+        self.kernel = kernel
+        self.name = f"torch-{kernel}"
+
+    def _forced(self) -> Any:
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel([_kernel(self.kernel)])
+
+    def forward(self, config: Any, params: Any, tokens: Any) -> Any:
+        with self._forced(), patched_ops({"scaled_dot_product_attention": _sdpa_causal_flag}):
+            return super().forward(config, params, tokens)
+
+    def _wrap(self, name: str) -> Callable[..., Any]:
+        def op(*args: Any, **kwargs: Any) -> Any:
+            with self._forced(), patched_ops({"scaled_dot_product_attention": _sdpa_causal_flag}):
+                return TorchBackend._wrap(self, name)(*args, **kwargs)
+
+        op.__name__ = op.__qualname__ = name
+        op.__doc__ = getattr(ops, name).__doc__
+        return op
+
+
+def flash(device: str = "cuda", dtype: str = "bfloat16") -> SDPAKernelBackend:
+    return SDPAKernelBackend(device, dtype, "flash")
+
+
+def efficient(device: str = "cuda", dtype: str = "float32") -> SDPAKernelBackend:
+    return SDPAKernelBackend(device, dtype, "efficient")

@@ -1,0 +1,171 @@
+"""A backend that hangs, crashes the interpreter or fails is reported, the run goes on and
+always ends with a report; a failing example is saved and replays without Hypothesis;
+a low-precision failure is adjudicated against a plain same-dtype implementation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+from gptspec.conformance.isolation import run_isolated
+from gptspec.conformance.reproduction import load_case, replay
+from gptspec.conformance.runner import run_suite
+from gptspec.reference.backend import ReferenceBackend
+
+BACKENDS = '''
+import os, time
+import numpy as np
+from gptspec.reference.backend import ReferenceBackend
+from gptspec.fast.backend import TorchBackend
+
+class Hangs(ReferenceBackend):
+    def softmax(self, z, axis=-1):
+        while True:  # a kernel that never returns (no Python-level sleep to interrupt)
+            pass
+
+class Segfaults(ReferenceBackend):
+    def softmax(self, z, axis=-1):
+        import ctypes
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+class Exits(ReferenceBackend):
+    def linear(self, x, W, b=None):
+        os._exit(3)
+
+class MaskShifted(ReferenceBackend):
+    def causal_mask(self, T):
+        M = np.zeros((T, T))
+        M[np.triu_indices(T, k=2)] = -np.inf
+        return M
+
+class CrashesOnLoad:
+    def __init__(self):
+        os._exit(9)
+
+class SloppyHalf(TorchBackend):
+    """bfloat16 whose softmax is 25% too large (a kernel that forgets part of the sum)."""
+    def __init__(self, device="cpu", dtype="bfloat16"):
+        super().__init__(device, dtype)
+    def softmax(self, z, axis=-1):
+        y = self._wrap("softmax")(z, axis)
+        return np.asarray(y, dtype=np.float64) * 1.25
+'''
+
+CHECKS = ("softmax.differential", "linear.differential", "causal_mask.differential",
+          "attention_weights.differential")
+
+
+def _module(tmp_path, monkeypatch=None):
+    (tmp_path / "odd_backends.py").write_text(BACKENDS)
+    if monkeypatch is not None:
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep
+                           + os.environ.get("PYTHONPATH", ""))
+
+
+def _cli(tmp_path, *args):
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "gptspec", "conformance", *args],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+
+
+def _only(*ids):
+    return lambda c: c.id in ids
+
+
+def test_a_hanging_check_is_stopped_and_the_run_goes_on(tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch)
+    suite = run_isolated("odd_backends:Hangs", profile="quick", timeout=5,
+                         select=_only(*CHECKS))
+    status = {r.id: (r.status, r.detail) for r in suite.results}
+    assert status["softmax.differential"][0] == "error"
+    assert "timed out after 5 s" in status["softmax.differential"][1]
+    # a fresh worker runs the next checks; the hang's dependents are blocked by it
+    assert status["linear.differential"][0] == "pass"
+    assert status["causal_mask.differential"][0] == "pass"
+    assert status["attention_weights.differential"][0] == "blocked"
+
+
+def test_a_segfault_is_reported_naming_the_signal_and_the_run_goes_on(tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch)
+    suite = run_isolated("odd_backends:Segfaults", profile="quick", timeout=120,
+                         select=_only(*CHECKS))
+    status = {r.id: (r.status, r.detail) for r in suite.results}
+    assert status["softmax.differential"] == (
+        "error", "the backend crashed the worker process (SIGSEGV)")
+    assert status["linear.differential"][0] == "pass"
+
+
+def test_os_exit_in_the_cli_still_ends_with_a_json_report(tmp_path):
+    _module(tmp_path)
+    out = tmp_path / "report.json"
+    proc = _cli(tmp_path, "--backend", "odd_backends:Exits", "--profile", "quick",
+                "--check", "linear.differential", "--check", "causal_mask.differential",
+                "--report", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERR   linear.differential" in proc.stdout
+    assert "exit code 3" in proc.stdout
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["settings"]["isolated"] is True
+    assert {c["id"]: c["status"] for c in run["checks"]} == {
+        "linear.differential": "error", "causal_mask.differential": "pass"}
+
+
+def test_a_backend_that_dies_while_loading_is_one_line(tmp_path):
+    _module(tmp_path)
+    proc = _cli(tmp_path, "--backend", "odd_backends:CrashesOnLoad", "--profile", "quick")
+    assert proc.returncode == 2
+    assert "exit code 9" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_in_process_time_limit_interrupts_python_code():
+    class Sleeps(ReferenceBackend):
+        def softmax(self, z, axis=-1):
+            time.sleep(60)
+
+    suite = run_suite(Sleeps(), profile="quick", timeout=1,
+                      select=_only("softmax.differential", "linear.differential"))
+    r = {r.id: r for r in suite.results}
+    assert r["softmax.differential"].status == "error"
+    assert r["softmax.differential"].detail == "timed out after 1 s"
+    assert r["linear.differential"].status == "pass"  # the timer was cleared
+
+
+def test_a_failing_example_is_saved_and_its_pytest_file_replays_it(tmp_path):
+    _module(tmp_path)
+    saved = tmp_path / "failures"
+    proc = _cli(tmp_path, "--backend", "odd_backends:MaskShifted", "--profile", "quick",
+                "--check", "causal_mask.differential", "--save-failures", str(saved))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (npz,) = saved.glob("*.npz")
+    (test,) = saved.glob("test_*.py")
+    manifest, data = load_case(npz)
+    assert manifest["check"] == "causal_mask.differential" and manifest["call"] == "causal_mask"
+    T = manifest["args"][0]["value"]
+    # the saved reference is the true mask, and the backend's output differed from it
+    assert np.array_equal(data["expected"], np.triu(np.full((T, T), -np.inf), 1))
+    assert not np.array_equal(data["actual"], data["expected"])
+    assert "hypothesis" not in test.read_text().lower().replace("without hypothesis", "")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(test)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert run.returncode == 1 and "1 failed" in run.stdout, run.stdout + run.stderr
+    # the honest reference passes the same replayed case
+    assert replay(npz, backend=ReferenceBackend()).passed
+
+
+def test_a_low_precision_failure_is_adjudicated_against_plain_torch(tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch)
+    import odd_backends
+
+    (r,) = run_suite(odd_backends.SloppyHalf(), profile="quick",
+                     select=_only("softmax.differential")).results
+    assert r.status == "fail"
+    adj = r.adjudication
+    assert adj["plain"] == "torch cpu bfloat16"
+    assert adj["closer"] == "plain" and adj["plain_fraction"] <= 1 < adj["backend_fraction"]
+    assert "closer to the float64 reference" in adj["note"]
