@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from gptspec.spec.config import ConfigError, GPTConfig
 from gptspec.spec.parameters import ParameterError, check_parameters
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy as sp
+
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.equation import Decision, Reading, Symbol, equation
 from gptspec.spec.sources import BLUEPRINT, GUIDE, KAPLAN_2020, RADFORD_2019, Source

@@ -7,6 +7,8 @@ import struct
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
+
 from gptspec.fast.checkpoint import (
     CONFIG_KEY,
     MODEL_FILE,
@@ -15,7 +17,6 @@ from gptspec.fast.checkpoint import (
     save_model,
 )
 from gptspec.spec import PRESETS, init_parameters
-from safetensors.numpy import load_file, save_file
 
 
 @pytest.fixture

@@ -205,9 +205,8 @@ def test_bad_directories(tmp_path):
 
 
 def test_convert_command_round_trip(tmp_path, capsys):
-    from gptspec.fast.checkpoint import load_model, save_model
-
     from gptspec.cli import main
+    from gptspec.fast.checkpoint import load_model, save_model
 
     config = PRESETS["tiny"]
     from gptspec.conformance.budgets import round_to
