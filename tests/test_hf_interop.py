@@ -202,6 +202,13 @@ def test_bad_directories(tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(InteropError, match="already exists"):
         save_hf_dir(out, config, params)
+    (out / "config.json").write_text("{not json")
+    with pytest.raises(InteropError, match="config.json cannot be read") as err:
+        load_hf_dir(out)
+    assert "\n" not in str(err.value)
+    (out / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(InteropError, match="model_type 'bert' is not 'gpt2'"):
+        load_hf_dir(out)
 
 
 def test_convert_command_round_trip(tmp_path, capsys):
