@@ -89,6 +89,15 @@ class TorchBackend:
         return self._to_numpy(sampling_distribution(self._to_torch(np.asarray(z)), temperature,
                                                     top_k, top_p))
 
+    # --- the tokenizer (gptspec.conformance.checks_tokenizer) ------------------------------
+
+    @staticmethod
+    def tokenizer() -> Any:
+        """The fast tokenizer, for the suite's tokenizer area."""
+        from gptspec.fast.tokenizer import FastTokenizerBackend
+
+        return FastTokenizerBackend()
+
     # --- the operations --------------------------------------------------------------------
 
     @staticmethod

@@ -316,7 +316,12 @@ class Tokenizer:
         pieces are encoded in parallel (tiktoken releases the GIL); same tokens."""
         if not isinstance(text, str):
             raise TokenizerError(f"can only encode str, got {type(text).__name__}")
-        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
+        if allowed_special == "all":
+            allowed = set(self.special_tokens)
+        elif isinstance(allowed_special, str):  # one token named on its own
+            allowed = {allowed_special}
+        else:
+            allowed = set(allowed_special)
         unknown = allowed - set(self.special_tokens)
         if unknown:
             raise TokenizerError(f"allowed_special names unknown special tokens: {sorted(unknown)}")

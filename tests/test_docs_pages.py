@@ -85,7 +85,7 @@ def test_entry_ids_in_prose_link_to_their_pages() -> None:
 
 def test_reports_are_shown_on_the_page_of_the_entry_they_check(tmp_path: Path) -> None:
     report = tmp_path / "torch.json"
-    report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 1, "runs": [{
+    report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 2, "runs": [{
         "backend": {"name": "torch", "version": "2.13.0", "device": "cpu", "dtype": "float32"},
         "settings": {"profile": "quick", "seed": 0},
         "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",

@@ -31,7 +31,8 @@ from cdp_browser import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "out" / "docs-site"
-GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "figures/")
+GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "conformance-report/",
+          "figures/")
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -254,3 +255,42 @@ def test_the_checks_catch_a_broken_page(tmp_path: Path) -> None:
             assert any("cdn.gptspec-test.invalid" in u for u in server.log.refused)
         finally:
             browser.close()
+
+
+def test_mkdocs_serve_serves_the_generated_pages(tmp_path: Path) -> None:
+    """What `nox -s docs -- serve` runs: the hooks work under `mkdocs serve` too."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:  # a free port on the loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mkdocs", "serve", "-f", str(ROOT / "mkdocs.yml"),
+         "--dev-addr", f"127.0.0.1:{port}", "--no-livereload"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        page = None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/spec/", timeout=5) as r:
+                    page = r.read().decode("utf-8")
+                    break
+            except OSError:
+                time.sleep(1)
+        assert page is not None, (tmp_path / "serve.log").read_text()[-3000:]
+        assert "The specification" in page and 'class="arithmatex"' in page
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/assets/katex/katex.min.js",
+                                    timeout=5) as r:
+            assert r.status == 200 and b"katex" in r.read(2000)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=20)
+        log.close()

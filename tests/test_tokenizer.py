@@ -332,6 +332,8 @@ def test_byte_level_tokenizer():
     with_eot = Tokenizer.byte_level([ENDOFTEXT])
     assert with_eot.vocab_size == 257 and with_eot.eot_token == 256
     assert with_eot.encode("a<|endoftext|>", allowed_special="all") == [97, 256]
+    assert with_eot.encode("a<|endoftext|>", allowed_special=ENDOFTEXT) == [97, 256]
+    assert with_eot.encode("", allowed_special="all") == [] == with_eot.encode("")
 
 
 def test_train_counts_special_tokens_in_the_vocab_size():

@@ -55,7 +55,7 @@ def report_paths(root: Path) -> list[Path]:
 
 
 SCHEMA = "gptspec-conformance"
-VERSIONS = (1,)
+VERSIONS = (1, 2)  # 2 added settings.timeout_s, isolated, saved and adjudication
 
 
 def _describe_backend(info: Any) -> str:
