@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import torch
+
+import gptspec
 from gptspec.fast import ops
 from gptspec.fast.model import GPT, compile_model, resolve_dtype
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters
-
-import gptspec
 
 # Operations whose output dtype is chosen, not inherited from a float input.
 _TAKES_DTYPE = {"one_hot", "causal_mask"}

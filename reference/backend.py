@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from gptspec.reference.forward import gpt_forward
-from gptspec.spec.config import GPTConfig
 
 import gptspec
 from gptspec import reference
+from gptspec.reference.forward import gpt_forward
+from gptspec.spec.config import GPTConfig
 
 
 class ReferenceBackend:

@@ -4,16 +4,16 @@ Importing this package declares every entry into :data:`REGISTRY`, in reading or
 """
 
 from gptspec.spec import (  # noqa: F401  (each module declares its entries)
-    embedding,
     attention,
     block,
-    output,
-    tokenizer,
-    loss,
-    gradients,
-    optimizer,
-    sampling,
     costs,
+    embedding,
+    gradients,
+    loss,
+    optimizer,
+    output,
+    sampling,
+    tokenizer,
 )
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 from gptspec.spec.equation import GROUPS, REGISTRY, Decision, Equation, Reading, Symbol, Tolerance
