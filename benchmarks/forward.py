@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+
+from benchmarks.report import Report, median_seconds
 from gptspec.fast.model import GPT
 from gptspec.reference import costs
 from gptspec.reference.forward import gpt_forward
 from gptspec.spec import PRESETS, GPTConfig
-
-from benchmarks.report import Report, median_seconds
 
 REFERENCE_LIMIT_S = 5.0
 

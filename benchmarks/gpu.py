@@ -16,12 +16,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from gptspec.fast.model import GPT, compile_model
-from gptspec.reference import costs
-from gptspec.spec import PRESETS, GPTConfig
 
 from benchmarks.machine import dense_bf16_peak
 from benchmarks.report import Report
+from gptspec.fast.model import GPT, compile_model
+from gptspec.reference import costs
+from gptspec.spec import PRESETS, GPTConfig
 
 MFU_GOAL = 0.5
 

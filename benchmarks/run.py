@@ -5,8 +5,8 @@ The machine's limits are measured first (benchmarks/machine.py), then every othe
 A metric's figure is the median over the rounds (each round's value is itself a median
 of several timed runs, see benchmarks/report.py); a ratio's figure is the median of the
 ratios measured within each round, so a ratio always compares peers measured together.
-Throughputs in FLOP/s or bytes/s are also given as a fraction of the matching measured
-limit. Writes ``bench.json`` and ``bench.md`` into the output directory.
+Throughputs in FLOP/s (and byte rates noted "memory-bound") are also given as a fraction
+of the matching measured limit. Writes ``bench.json`` and ``bench.md`` into the output directory.
 """
 
 from __future__ import annotations
@@ -140,11 +140,15 @@ def limits(metrics: list[dict[str, Any]]) -> dict[str, float]:
 def limit_for(metric: dict[str, Any], machine: dict[str, float]) -> tuple[str, float] | None:
     """The measured limit a throughput metric is compared with: FLOP rates with the
     matmul rate of their dtype (bf16 if the name says so, else float32) on their device
-    (cuda if the name says so, else cpu); byte rates with the copy bandwidth."""
+    (cuda if the name says so, else cpu); byte rates with the copy bandwidth, but only
+    those that say they are "memory-bound" (a tokenizer's MB/s of text is no memory
+    traffic, and another module's own bandwidth measurement is no use of it)."""
     if metric["group"] == "machine" or metric["unit"] not in RATE_UNITS:
         return None
     kind = RATE_UNITS[metric["unit"]][1]
     text = f"{metric['name']} {metric.get('note', '')}".lower()
+    if kind == "bytes" and "memory-bound" not in text:
+        return None
     device = "cuda" if "cuda" in text else "cpu"
     if kind == "flops":
         dtype = "bf16" if ("bf16" in text or "bfloat16" in text) else "float32"

@@ -114,6 +114,10 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.nd
         raise CheckpointError(f"{file} is not a readable safetensors file ({message})") from None
     if CONFIG_KEY not in metadata:
         raise CheckpointError(f"{file} has no {CONFIG_KEY!r} metadata: not a gptspec checkpoint")
+    not_float = sorted(name for name, a in params.items() if a.dtype.kind != "f")
+    if not_float:
+        raise CheckpointError(f"{file}: parameter {not_float[0]!r} has dtype "
+                              f"{params[not_float[0]].dtype}, expected floats")
     if DIGEST_KEY in metadata and metadata[DIGEST_KEY] != tensors_digest(params):
         raise CheckpointError(f"{file} is corrupt: its tensors do not match their checksum")
     try:

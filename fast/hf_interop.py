@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from gptspec.spec.config import ConfigError, GPTConfig
-from gptspec.spec.parameters import check_parameters
+from gptspec.spec.parameters import check_parameters, parameter_schema
 
 # our ffn name ↔ transformers' activation_function
 ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
@@ -137,8 +138,6 @@ def _numpy64(tensor: Any) -> np.ndarray:
 
 def params_from_hf(config: GPTConfig, state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Schema parameters (float64 NumPy; exact, every float32 is a float64) from a state dict."""
-    from gptspec.spec.parameters import parameter_schema
-
     params = {}
     for spec in parameter_schema(config):
         key = hf_name(spec.name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from gptspec.spec.config import GPTConfig
 
 Tensor = torch.Tensor

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
+
 from gptspec.fast import ops
 from gptspec.fast.kv_cache import KVCache, Step
 from gptspec.spec.config import GPTConfig

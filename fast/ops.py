@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
 from gptspec.spec.config import GPTConfig
 
 Tensor = torch.Tensor

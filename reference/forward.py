@@ -216,7 +216,7 @@ def gelu(x) -> Array:
 def gelu_tanh(x) -> Array:
     """½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
     x = _f64(x)
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
 def ffn_relu(x, W_1, b_1, W_2, b_2) -> Array:

@@ -3,18 +3,8 @@
 Importing this package declares every entry into :data:`REGISTRY`, in reading order.
 """
 
-from gptspec.spec import (  # noqa: F401  (each module declares its entries)
-    embedding,
-    attention,
-    block,
-    output,
-    tokenizer,
-    loss,
-    gradients,
-    optimizer,
-    sampling,
-    costs,
-)
+import importlib
+
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 from gptspec.spec.equation import GROUPS, REGISTRY, Decision, Equation, Reading, Symbol, Tolerance
 from gptspec.spec.parameters import (
@@ -25,6 +15,13 @@ from gptspec.spec.parameters import (
     parameter_count,
     parameter_schema,
 )
+
+# Each module declares its entries when imported; this order is the reading order of
+# REGISTRY (and of the docs' index): text → tokens → model → loss → training → generation.
+READING_ORDER = ("tokenizer", "embedding", "attention", "block", "output", "loss", "gradients",
+                 "optimizer", "sampling", "costs")
+for _module in READING_ORDER:
+    importlib.import_module(f"gptspec.spec.{_module}")
 
 __all__ = [
     "GROUPS", "REGISTRY", "PRESETS", "ConfigError", "Decision", "Equation", "GPTConfig",

@@ -15,7 +15,7 @@ FLOP convention (stated once, used by every FLOP entry; Kaplan et al. 2020, tabl
   matrices **plus the unembedding d_model·V** (tied or not: the tied output map is a
   product with W_Eᵀ). Kaplan's C_forward ≈ 2N + 2·L·n_ctx·d_model uses the
   non-embedding N and lists the de-embedding's 2·d_model·V separately; we keep it,
-  because at GPT-2's sizes it is a third of the forward pass;
+  because at GPT-2's sizes it is 29% of the forward pass (GPT-2 small, n_ctx = 1024);
 * the attention term is a full causal window of n_ctx tokens: on average a token
   attends to n_ctx/2 positions, and Q Kᵀ and A V each cost 2·d_model per position,
   so 2·L·n_ctx·d_model per token (Kaplan's "attention: mask" row);
@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy as sp
+
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.equation import Decision, Reading, Symbol, equation
 from gptspec.spec.sources import BLUEPRINT, GUIDE, KAPLAN_2020, RADFORD_2019, Source
@@ -215,10 +216,11 @@ def param_count_unembedding(config: GPTConfig | None = None):
     notes="GPT-2 small, medium, large and xl: 124,439,808; 354,823,168; 774,030,080; "
           "1,557,611,200.",
     decisions=(Decision(
-        question="How many parameters has GPT-2 small?",
-        readings=(Reading(Source(RADFORD_2019, "table 2"), "117M"),),
-        decision="124,439,808, the number of elements of the released weights and of this "
-                 "formula (the paper's 117M is a rounded figure the authors later corrected).",
+        question="How many parameters have the GPT-2 models?",
+        readings=(Reading(Source(RADFORD_2019, "table 2"), "117M, 345M, 762M, 1542M"),),
+        decision="124,439,808; 354,823,168; 774,030,080; 1,557,611,200: the element counts "
+                 "of the released weights, and of this formula. OpenAI later said the "
+                 "paper's first two counts were in error (small and medium are 124M, 355M).",
         why="The count must equal the parameters a backend actually holds.",
     ),),
 )
@@ -266,10 +268,12 @@ def matmul_weights_per_token(config: GPTConfig | None = None):
     decisions=(Decision(
         question="Does the forward count include the unembedding?",
         readings=(Reading(Source(KAPLAN_2020, "table 1"),
-                          r"C_{forward} \approx 2N + 2 n_{layer} n_{ctx} d_{attn}, N without "
-                          r"embeddings; the de-embedding's 2 d_{model} n_{vocab} listed apart"),),
-        decision="Yes: 2·d_model·V is part of N_mm.",
-        why="At GPT-2 small it is 77 MFLOP of 290: utilisation figures would be a third low.",
+                          r"$C_{forward} \approx 2N + 2 n_{layer} n_{ctx} d_{attn}$ with $N$ "
+                          r"without embeddings; the de-embedding's $2 d_{model} n_{vocab}$ "
+                          r"listed apart"),),
+        decision=r"Yes: $d_{model} V$ is part of $N_{mm}$, so $2 d_{model} V$ of the forward.",
+        why="At GPT-2 small it is 77 of 266 MFLOP per token: without it, utilisation "
+            "figures would read 29% low.",
     ),),
 )
 def forward_flops_per_token(config: GPTConfig | None = None):

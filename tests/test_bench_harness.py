@@ -30,7 +30,8 @@ FAKES = {
             report.metric("alpha", "speed", v, "tokens/s")
             report.metric("alpha", "flop rate", 10.0 * v, "GFLOP/s")
             report.metric("alpha", "bf16 flop rate", 5.0, "GFLOP/s")
-            report.metric("alpha", "copy rate", 2.5 * v, "GB/s", "note here")
+            report.metric("alpha", "copy rate", 2.5 * v, "GB/s", "memory-bound here")
+            report.metric("alpha", "text rate", 2.5 * v, "GB/s", "not memory traffic")
             report.ratio("alpha", "ours / peer", v / 2.0, goal=1.0, goal_text="≥ 1")
             report.ratio("alpha", "no goal", 7.0)
     """,
@@ -82,6 +83,7 @@ def test_medians_over_rounds_ratios_and_utilisation(fakes):
     assert metrics["copy rate"]["utilisation"] == pytest.approx(0.5)  # 5 of 10 GB/s
     assert "utilisation" not in metrics["bf16 flop rate"]  # no bf16 limit was measured
     assert "utilisation" not in speed  # tokens/s has no machine limit
+    assert "utilisation" not in metrics["text rate"]  # a byte rate not said memory-bound
     assert metrics["corpus length"]["median"] == 4.0
     ratios = {r["name"]: r for r in summary["ratios"]}
     assert ratios["ours / peer"]["median"] == 1.0 and ratios["ours / peer"]["met"] is True
@@ -157,15 +159,15 @@ def test_datasheet_peaks():
 def test_gpu_code_paths_run_on_the_cpu():
     """The CUDA benchmark's training step and decoding loop, on a tiny model on the CPU."""
     import torch
-    from gptspec.fast.generate import GREEDY, generate
-    from gptspec.fast.model import GPT
-    from gptspec.spec import PRESETS
 
     from benchmarks.gpu import (
         generate_greedy,
         generation_tokens_per_second,
         training_tokens_per_second,
     )
+    from gptspec.fast.generate import GREEDY, generate
+    from gptspec.fast.model import GPT
+    from gptspec.spec import PRESETS
 
     config = PRESETS["tiny"]
     assert training_tokens_per_second(config, "cpu", batch=2, steps=1, warmup=1,

@@ -7,6 +7,8 @@ import struct
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
+
 from gptspec.fast.checkpoint import (
     CONFIG_KEY,
     MODEL_FILE,
@@ -15,7 +17,6 @@ from gptspec.fast.checkpoint import (
     save_model,
 )
 from gptspec.spec import PRESETS, init_parameters
-from safetensors.numpy import load_file, save_file
 
 
 @pytest.fixture
@@ -145,3 +146,14 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, tiny, mon
         save_model(tmp_path, config, init_parameters(config, seed=2))
     assert file.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == [MODEL_FILE]
+
+
+def test_integer_tensors_are_refused(tmp_path, tiny):
+    config, params = tiny
+    bad = dict(params, wpe=params["wpe"].astype(np.int64))
+    save_file(bad, str(tmp_path / MODEL_FILE), metadata={CONFIG_KEY: config.to_json()})
+    with pytest.raises(CheckpointError, match="'wpe' has dtype int64") as err:
+        load_model(tmp_path)
+    one_line(err)
+    with pytest.raises(CheckpointError, match="'wpe' has dtype int64"):
+        save_model(tmp_path / "other", config, bad)

@@ -7,10 +7,10 @@ import inspect
 import numpy as np
 import pytest
 import sympy as sp
-from gptspec.spec import PRESETS, REGISTRY, GPTConfig, parameter_schema
-from gptspec.spec import costs as spec_costs
 
 from gptspec import reference
+from gptspec.spec import PRESETS, REGISTRY, GPTConfig, parameter_schema
+from gptspec.spec import costs as spec_costs
 
 COST_IDS = [e.id for e in REGISTRY.by_group("costs")]
 
@@ -117,9 +117,10 @@ def test_forward_flops_agree_with_torchs_flop_counter(name):
     products are full T × T (masked entries are computed too): 4·L·T²·d, where our
     per-token causal convention counts half, 2·L·n_ctx·d per token."""
     torch = pytest.importorskip("torch")
-    from gptspec.fast.model import GPT
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
+
+    from gptspec.fast.model import GPT
 
     config = PRESETS[name]
     T = config.n_ctx
@@ -185,10 +186,9 @@ def test_info_command_prints_the_published_count(capsys):
 
 
 def test_info_reads_a_checkpoints_config(tmp_path, capsys):
+    from gptspec.cli import main
     from gptspec.fast.checkpoint import save_model
     from gptspec.spec import init_parameters
-
-    from gptspec.cli import main
 
     config = PRESETS["tiny-guide"]
     save_model(tmp_path, config, init_parameters(config))

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 
-import gptspec.reference as R
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
+import gptspec.reference as R
 from gptspec.conformance import budgets as B
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend

@@ -202,12 +202,18 @@ def test_bad_directories(tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(InteropError, match="already exists"):
         save_hf_dir(out, config, params)
+    (out / "config.json").write_text("{not json")
+    with pytest.raises(InteropError, match="config.json cannot be read") as err:
+        load_hf_dir(out)
+    assert "\n" not in str(err.value)
+    (out / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(InteropError, match="model_type 'bert' is not 'gpt2'"):
+        load_hf_dir(out)
 
 
 def test_convert_command_round_trip(tmp_path, capsys):
-    from gptspec.fast.checkpoint import load_model, save_model
-
     from gptspec.cli import main
+    from gptspec.fast.checkpoint import load_model, save_model
 
     config = PRESETS["tiny"]
     from gptspec.conformance.budgets import round_to
@@ -233,3 +239,20 @@ def test_convert_command_round_trip(tmp_path, capsys):
     assert len(err) == 3 and all(line.startswith("gptspec convert: error:") for line in err)
     assert "already exists" in err[0] and "not found" in err[1] and "norm='post'" in err[2]
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_transformers_default_gpt2_config_is_the_gpt2_preset():
+    assert hf_interop.config_from_hf(transformers.GPT2Config()) == PRESETS["gpt2"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])
+def test_transformers_counts_the_same_parameters(name):
+    """An independent count: transformers' own model of each size (on the meta device, so
+    no memory), its distinct parameters (the tied lm_head counted once)."""
+    from gptspec.reference import param_count_total
+
+    config = PRESETS[name]
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config_to_hf(config))
+    distinct = {id(p): p.numel() for p in model.parameters()}
+    assert sum(distinct.values()) == param_count_total(config)
