@@ -433,3 +433,22 @@ def test_sympy_check_catches_a_planted_bug():
     wrong = A.multiply_elementwise(G)
     with pytest.raises(AssertionError):
         assert_entry_matches([wrong], [derivative(pairing(G, A), z)], vals)
+
+
+def test_loss_references_equal_their_spec_entries():
+    rng = np.random.default_rng(17)
+    Z = rng.normal(size=(3, 4))
+    y = np.array([1, 3, 0])
+    Zs = sp.Matrix(Z.tolist()).applyfunc(lambda v: sp.Float(v, DIGITS))
+    Ys = sp.Matrix(3, 4, lambda t, v: 1 if y[t] == v else 0)
+    assert LOSS.cross_entropy_sum(Z, y) == pytest.approx(
+        float(REGISTRY["cross_entropy_sum"].sympy(Zs, Ys)), rel=1e-14)
+    assert LOSS.cross_entropy_mean(Z, y) == pytest.approx(
+        float(REGISTRY["cross_entropy_mean"].sympy(Zs, Ys)), rel=1e-14)
+    for reduction in ("sum", "mean"):
+        np.testing.assert_allclose(
+            LOSS.cross_entropy_gradient(Z, y, reduction=reduction),
+            evaluate(REGISTRY["cross_entropy_gradient"].sympy(Zs, Ys, reduction=reduction), {}),
+            rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(LOSS.log_softmax(Z[:1]),
+                               evaluate(REGISTRY["log_softmax"].sympy(Zs[0, :]), {}), rtol=1e-14)
