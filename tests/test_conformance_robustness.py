@@ -169,3 +169,14 @@ def test_a_low_precision_failure_is_adjudicated_against_plain_torch(tmp_path, mo
     assert adj["plain"] == "torch cpu bfloat16"
     assert adj["closer"] == "plain" and adj["plain_fraction"] <= 1 < adj["backend_fraction"]
     assert "closer to the float64 reference" in adj["note"]
+
+
+def test_runs_finished_before_a_backend_fails_to_load_are_still_reported(tmp_path):
+    _module(tmp_path)
+    out = tmp_path / "report.json"
+    proc = _cli(tmp_path, "--backend", "odd_backends:MaskShifted", "--backend",
+                "odd_backends:CrashesOnLoad", "--profile", "quick",
+                "--check", "causal_mask.differential", "--report", str(out))
+    assert proc.returncode == 2 and "exit code 9" in proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [c["status"] for c in run["checks"]] == ["fail"]
