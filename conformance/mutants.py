@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend
 from gptspec.fast.tokenizer import FastTokenizerBackend, Tokenizer

@@ -34,6 +34,7 @@ class MutantResult:
 
 def _tokenizer_kill(mutant: Mutant, profile: str, seed: int) -> tuple[str, list[str], str, str]:
     import hypothesis
+
     from gptspec.conformance import checks_tokenizer
     from gptspec.conformance.context import suite_settings
 

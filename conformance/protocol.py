@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from gptspec.spec.config import GPTConfig
 
 

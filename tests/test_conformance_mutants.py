@@ -5,6 +5,7 @@ them with a check that names the entry the bug breaks (the whole catalog runs in
 from __future__ import annotations
 
 import pytest
+
 from gptspec.conformance.mutants import BY_NAME, MUTANTS, patched_ops
 from gptspec.conformance.mutation import main, run_mutant, table
 from gptspec.fast import ops
