@@ -37,11 +37,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from gptspec.reference.forward import block_parameters
+from gptspec.spec.config import GPTConfig
 from scipy.special import erf
 
 from gptspec import reference as ref
-from gptspec.reference.forward import block_parameters
-from gptspec.spec.config import GPTConfig
 
 Array = np.ndarray
 

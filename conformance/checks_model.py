@@ -4,13 +4,13 @@ dimensionality. The whole-model checks need nothing but ``backend.forward``."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import strategies as st
-
-from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import arrays, configs, model_cases, parameter_recipes
 from gptspec.reference.forward import block_parameters
+from hypothesis import strategies as st
+
+from gptspec import reference as ref
 
 MODEL = "every stage's roundings propagated through the model (budgets.gpt_forward_bound)"
 BLOCK_OPS = {"pre": "block_pre_ln", "post": "block_post_ln", "guide": "block_guide"}

@@ -9,13 +9,13 @@ maps that do no arithmetic, within the derived budget (budgets.py) for the rest.
 from __future__ import annotations
 
 import numpy as np
+from gptspec.conformance import budgets as B
+from gptspec.conformance.registry import check
+from gptspec.conformance.strategies import FLAVOURS, arrays
 from hypothesis import assume
 from hypothesis import strategies as st
 
 from gptspec import reference as ref
-from gptspec.conformance import budgets as B
-from gptspec.conformance.registry import check
-from gptspec.conformance.strategies import FLAVOURS, arrays
 
 EXACT = "exact: the map does no arithmetic, so any rounding is a bug"
 LINEAR = "λ·(√n·u·(|x||W| + |b|) ⊕ u|y|), n = d_in (+1 for the bias)"

@@ -9,10 +9,6 @@ and the equal head-sum form of multi-head attention.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import assume
-from hypothesis import strategies as st
-
-from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import (
@@ -23,6 +19,10 @@ from gptspec.conformance.strategies import (
     token_arrays,
 )
 from gptspec.reference.forward import block_parameters
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from gptspec import reference as ref
 
 MANTISSA_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 

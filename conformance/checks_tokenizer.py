@@ -22,11 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gptspec.reference import tokenizer as ref
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-
-from gptspec.reference import tokenizer as ref
 
 __all__ = ["TokenizerBackend", "CHECKS", "check_roundtrip", "check_train_matches_reference",
            "check_encode_matches_reference", "check_rank_order", "check_special_tokens",

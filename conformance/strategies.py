@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import strategies as st
-
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import parameter_schema
+from hypothesis import strategies as st
 
 FLAVOURS = ("normal", "large", "near_ties", "tiny_variance")
 

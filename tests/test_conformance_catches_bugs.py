@@ -11,11 +11,11 @@ import math
 
 import numpy as np
 import pytest
-
-from gptspec import reference as ref
 from gptspec.conformance.registry import all_checks
 from gptspec.conformance.runner import run_suite
 from gptspec.reference.backend import ReferenceBackend
+
+from gptspec import reference as ref
 
 
 def _run(backend, *ids):

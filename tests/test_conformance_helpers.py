@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from gptspec.conformance import budgets as B
+from gptspec.conformance.strategies import FLAVOURS, ArrayRecipe, configs, model_cases
+from gptspec.spec import check_parameters
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptspec import reference as ref
-from gptspec.conformance import budgets as B
-from gptspec.conformance.strategies import FLAVOURS, ArrayRecipe, configs, model_cases
-from gptspec.spec import check_parameters
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
