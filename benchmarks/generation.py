@@ -2,10 +2,10 @@
 against the memory-bandwidth limit.
 
 A GPT-2-small-shaped model with random weights (GPT-2's initialisation), the same weights
-loaded into transformers' GPT2LMHeadModel (our schema maps onto its names one to one:
-Conv1D weights are (in, out) like ours). Both decode greedily with their KV cache, 256
-new tokens after an 8-token prompt, at batch 1 and 8, no end-of-text stop; tokens/s is
-(batch × new tokens) / median wall time.
+loaded into transformers' GPT2LMHeadModel (gptspec.fast.hf_interop: our schema maps onto
+its names one to one, Conv1D weights are (in, out) like ours). Both decode greedily with
+their KV cache, 256 new tokens after an 8-token prompt, at batch 1 and 8, no end-of-text
+stop; tokens/s is (batch × new tokens) / median wall time.
 
 The bandwidth limit: at batch 1 every step reads every weight once (the unembedding
 reads all of W_E; the embeddings only one row each), so no implementation can exceed
@@ -23,9 +23,11 @@ import time
 
 import torch
 from gptspec.fast.generate import GREEDY, generate
+from gptspec.fast.hf_interop import to_hf_model
 from gptspec.fast.model import GPT
 from gptspec.spec.config import GPTConfig, preset
 
+from benchmarks.machine import copy_bandwidth
 from benchmarks.report import Report, median_seconds
 
 GROUP = "generation"
@@ -33,39 +35,9 @@ PROMPT_LENGTH = 8
 
 
 def hf_model(config: GPTConfig, model: GPT):
-    """transformers' GPT2LMHeadModel holding ``model``'s weights (pre-LN, tanh GELU, tied)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    if (config.norm, config.ffn, config.tied_embeddings, config.bias, config.final_norm) != \
-            ("pre", "gelu_tanh", True, True, True):
-        raise ValueError("only GPT-2-shaped configurations map onto GPT2LMHeadModel")
-    hf_config = GPT2Config(vocab_size=config.vocab_size, n_positions=config.n_ctx,
-                           n_embd=config.d_model, n_layer=config.n_layers,
-                           n_head=config.n_heads, n_inner=config.d_ff,
-                           activation_function="gelu_new", layer_norm_epsilon=config.ln_eps,
-                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf = GPT2LMHeadModel(hf_config)
-    ours = dict(model.named_parameters())
-    state = {"transformer.wte.weight": ours["wte"], "transformer.wpe.weight": ours["wpe"],
-             "transformer.ln_f.weight": ours["ln_f.weight"],
-             "transformer.ln_f.bias": ours["ln_f.bias"], "lm_head.weight": ours["wte"]}
-    names = {"ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias",
-             "attn.w_qkv": "attn.c_attn.weight", "attn.b_qkv": "attn.c_attn.bias",
-             "attn.w_o": "attn.c_proj.weight", "attn.b_o": "attn.c_proj.bias",
-             "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
-             "ffn.w_1": "mlp.c_fc.weight", "ffn.b_1": "mlp.c_fc.bias",
-             "ffn.w_2": "mlp.c_proj.weight", "ffn.b_2": "mlp.c_proj.bias"}
-    for layer in range(config.n_layers):
-        for ours_name, hf_name in names.items():
-            state[f"transformer.h.{layer}.{hf_name}"] = ours[f"blocks.{layer}.{ours_name}"]
-    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in state.items()},
-                                             strict=False)
-    missing = [m for m in missing if not m.endswith(".attn.bias")]  # HF's stored mask buffer
-    if missing or unexpected:
-        raise RuntimeError(f"weight mapping incomplete: missing {missing}, unexpected {unexpected}")
-    hf.tie_weights()
-    return hf.eval().to(dtype=model.wte.dtype, device=model.wte.device)
+    """transformers' GPT2LMHeadModel holding ``model``'s weights (gptspec.fast.hf_interop)."""
+    hf = to_hf_model(config, dict(model.named_parameters()), dtype=model.wte.dtype)
+    return hf.to(model.wte.device)
 
 
 def hf_generate(hf, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -75,14 +47,6 @@ def hf_generate(hf, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
                           max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                           do_sample=False, use_cache=True, pad_token_id=0)
     return out[:, prompts.shape[1]:]
-
-
-def copy_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 7) -> float:
-    """(bytes read + bytes written) per second of a large tensor copy."""
-    src = torch.ones(n_bytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), repeats=repeats, warmup=2)
-    return 2 * n_bytes / seconds
 
 
 def weight_bytes_per_step(model: GPT) -> int:
@@ -110,7 +74,9 @@ def run(report: Report, quick: bool) -> None:
     if not (ours_logits - theirs_logits).abs().max() <= 1e-3 * ours_logits.abs().max():
         raise RuntimeError("transformers' model does not compute our logits: bad weight mapping")
 
-    bandwidth = report.metric(GROUP, "copy bandwidth (read + write)", copy_bandwidth() / 1e9,
+    # measured here, beside the runs it bounds (benchmarks.machine's method)
+    bandwidth = report.metric(GROUP, "copy bandwidth (read + write)",
+                              copy_bandwidth("cpu", 256 << 20, 5 if quick else 9) / 1e9,
                               "GB/s", note=f"{threads} threads")
     n_bytes = weight_bytes_per_step(model)
     report.metric(GROUP, "weight bytes read per step", n_bytes / 1e6, "MB")

@@ -79,18 +79,30 @@ def generate_greedy(model: GPT, prompt: torch.Tensor, new_tokens: int) -> torch.
 
 
 def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_tokens: int,
-                                 repeats: int) -> float:
-    """New tokens per second (all sequences together), median over ``repeats``."""
+                                 repeats: int, loop: str = "generate") -> float:
+    """New tokens per second (all sequences together), median over ``repeats``.
+    ``loop``: "generate" (gptspec.fast.generate, the library's path, token lists on the
+    host) or "greedy" (generate_greedy: tokens stay on the device)."""
+    from gptspec.fast.generate import GREEDY, generate
+
     device = model.wte.device
     gen = torch.Generator(device=device).manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device,
                            generator=gen)
-    generate_greedy(model, prompt, min(new_tokens, 8))  # warm-up
+    prompts = prompt.tolist()
+
+    def decode(n: int) -> None:
+        if loop == "greedy":
+            generate_greedy(model, prompt, n)
+        else:
+            generate(model, prompts, n, GREEDY)
+
+    decode(min(new_tokens, 8))  # warm-up
     times = []
     for _ in range(repeats):
         sync(device)
         t0 = time.perf_counter()
-        generate_greedy(model, prompt, new_tokens)
+        decode(new_tokens)
         sync(device)
         times.append(time.perf_counter() - t0)
     times.sort()
@@ -120,8 +132,10 @@ def run(report: Report, quick: bool) -> None:
     model = GPT.from_parameters(config, GPT(config, device="cuda").state_dict(),
                                 device="cuda", dtype=torch.bfloat16).eval()
     for batch_size in (1, 16):
-        gen_tps = generation_tokens_per_second(model, batch_size, prompt_len=64,
-                                               new_tokens=128 if quick else 512,
-                                               repeats=3 if quick else 5)
-        report.metric("generation", f"greedy, KV cache, bf16 (cuda), B={batch_size}",
-                      gen_tps, "tokens/s", "GPT-2 small, 64-token prompt")
+        for loop in ("generate", "greedy"):
+            gen_tps = generation_tokens_per_second(model, batch_size, prompt_len=64,
+                                                   new_tokens=128 if quick else 512,
+                                                   repeats=3 if quick else 5, loop=loop)
+            what = "gptspec generate" if loop == "generate" else "device-side greedy loop"
+            report.metric("generation", f"{what}, KV cache, bf16 (cuda), B={batch_size}",
+                          gen_tps, "tokens/s", "GPT-2 small, 64-token prompt, greedy")

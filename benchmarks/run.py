@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus is not None and not Path(args.corpus).exists():
         parser.error(f"corpus {args.corpus} does not exist")
     if args.corpus is not None:  # also for modules that read it from the environment
-        os.environ["GPTSPEC_BENCH_CORPUS"] = str(Path(args.corpus).resolve())
+        os.environ["GPTSPEC_CORPUS"] = str(Path(args.corpus).resolve())
     modules = discover()
     if args.only:
         wanted = {"machine", *args.only.split(",")}

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # HF encode: one thread
@@ -37,7 +39,12 @@ except ImportError:  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks.report import Report, median_seconds
 
-from gptspec.fast.tokenizer import GPT2_PATTERN, Tokenizer, train_merges  # noqa: E402
+from gptspec.fast.tokenizer import (  # noqa: E402
+    GPT2_PATTERN,
+    PARALLEL_MIN_PIECE,
+    Tokenizer,
+    train_merges,
+)
 from gptspec.reference import tokenizer as ref  # noqa: E402
 
 GROUP = "tokenizer"
@@ -97,8 +104,9 @@ def bench_training(report: Report, text: str, vocab_size: int, quick: bool) -> T
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train_from_iterator([text], trainer)
 
+    threads = os.environ.get("TOKENIZERS_PARALLELISM")
     t_hf = report.metric(GROUP, "training time / HF BpeTrainer", median_seconds(hf, repeats=3),
-                         "s", note + "; HF may use several threads")
+                         "s", note + f"; TOKENIZERS_PARALLELISM={threads}")
     reference_merges: list = []
 
     def reference() -> None:
@@ -111,6 +119,23 @@ def bench_training(report: Report, text: str, vocab_size: int, quick: bool) -> T
     report.ratio(GROUP, "training speed: fast / HF BpeTrainer", t_hf / t_fast, 0.2,
                  "≥ 0.2 (within 5×)")
     return Tokenizer(merges, GPT2_PATTERN, {})
+
+
+def interleaved(fns: list, rounds: int) -> list[list[float]]:
+    """Time each function once per round, back to back, rotating which goes first, so
+    that all see the same machine load: times[round][i] is fns[i]'s time."""
+    for fn in fns:
+        fn()  # warm up
+    times = []
+    for r in range(rounds):
+        order = [(r + i) % len(fns) for i in range(len(fns))]
+        this = [0.0] * len(fns)
+        for i in order:
+            t0 = time.perf_counter()
+            fns[i]()
+            this[i] = time.perf_counter() - t0
+        times.append(this)
+    return times
 
 
 def bench_encoding(report: Report, tok: Tokenizer, text: str, label: str,
@@ -129,8 +154,23 @@ def bench_encoding(report: Report, tok: Tokenizer, text: str, label: str,
         return report.metric(GROUP, f"encode throughput ({label}) / {name}", size_mb / seconds,
                              "MB/s", f"{size_mb:.3f} MB")
 
-    fast = throughput("fast", lambda: tok.encode(text))
-    tk = throughput("tiktoken (1 thread)", lambda: encoding.encode_ordinary(text))
+    # fast (one thread, and several where the text is long enough to be cut) and tiktoken
+    # alternate, so that all see the same machine load; a ratio is the median of the
+    # ratios within each round
+    threads = os.cpu_count() or 1
+    contenders = {"fast (1 thread)": lambda: tok.encode(text)}
+    if threads > 1 and len(text) >= 2 * PARALLEL_MIN_PIECE:
+        assert tok.encode(text, num_threads=threads) == expected
+        contenders[f"fast ({threads} threads)"] = lambda: tok.encode(text, num_threads=threads)
+    contenders["tiktoken (1 thread)"] = lambda: encoding.encode_ordinary(text)
+    rounds = interleaved(list(contenders.values()), 9)
+    for i, name in enumerate(contenders):
+        t = statistics.median(r[i] for r in rounds)
+        report.metric(GROUP, f"encode throughput ({label}) / {name}", mb / t, "MB/s",
+                      f"{mb:.3f} MB")
+    for i, name in enumerate(list(contenders)[:-1]):
+        report.ratio(GROUP, f"encode throughput ({label}): {name} / tiktoken (1 thread)",
+                     statistics.median(r[-1] / r[i] for r in rounds), 1.0, "≥ 1×")
     throughput("HF tokenizers", lambda: hf.encode(text))
     piece = first_megabytes(text, reference_slice)
     rank = {pair: k for k, pair in enumerate(tok.merges)}
@@ -140,7 +180,6 @@ def bench_encoding(report: Report, tok: Tokenizer, text: str, label: str,
             ref.bpe_chunk(chunk.encode(), rank, tok.base)
 
     throughput("reference", reference, len(piece.encode()) / 1e6, repeats=1)
-    report.ratio(GROUP, f"encode throughput ({label}): fast / tiktoken", fast / tk, 1.0, "≥ 1×")
 
 
 def run(report: Report, quick: bool, corpus: str | None = None) -> None:

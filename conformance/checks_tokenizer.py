@@ -1,6 +1,7 @@
 """Checks that any tokenizer backend must pass, against gptspec.reference.tokenizer.
 
-A tokenizer backend is any object with
+The suite's backend brings its tokenizer through the optional operation
+``tokenizer()``, which returns a *tokenizer backend*: any object with
 
 - ``name`` (a string);
 - ``train(text, vocab_size, pattern) -> merges``: the merges learned (the reference's
@@ -10,26 +11,21 @@ A tokenizer backend is any object with
   tokens' text that is not allowed) and ``decode(ids) -> str`` (``ValueError`` on an id
   outside the vocabulary).
 
-``gptspec.fast.tokenizer.FastTokenizerBackend`` adapts the fast ``Tokenizer``. Each
-check is a function ``check(backend, settings=None)`` that raises ``AssertionError``
-(with a Hypothesis counterexample) when the backend is wrong; ``settings`` is a
-``hypothesis.settings`` for its examples. ``CHECKS`` lists them by id with the spec
-entries they cover.
+``gptspec.fast.tokenizer.FastTokenizerBackend`` is one, and is also a suite backend of
+its own (``gptspec conformance --backend gptspec.fast.tokenizer:FastTokenizerBackend
+--area tokenizer``). Token ids are exact: every comparison here is equality.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from gptspec.reference import tokenizer as ref
-from hypothesis import given
-from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-__all__ = ["TokenizerBackend", "CHECKS", "check_roundtrip", "check_train_matches_reference",
-           "check_encode_matches_reference", "check_rank_order", "check_special_tokens",
-           "check_decode_out_of_range"]
+from gptspec.conformance.registry import check
+from gptspec.reference import tokenizer as ref
+
+__all__ = ["TokenizerBackend", "ALPHABETS", "CORPUS", "PATTERNS", "texts"]
 
 ENDOFTEXT = ref.ENDOFTEXT
 
@@ -59,131 +55,155 @@ def texts(draw: st.DrawFn, max_size: int = 40) -> str:
     return draw(st.text(alphabet=alphabet, max_size=max_size))
 
 
-def _run(test: Callable[..., None], settings: hypothesis_settings | None) -> None:
-    (settings(test) if settings is not None else test)()
-
-
-def _trained(backend: TokenizerBackend, pattern: str, vocab_size: int = 400) -> Any:
-    merges = backend.train(CORPUS, vocab_size, pattern)
+def _trained(tb: TokenizerBackend, pattern: str, vocab_size: int = 400) -> tuple[Any, int]:
+    merges = tb.train(CORPUS, vocab_size, pattern)
     eot = 256 + len(merges)
-    return backend.build(merges, pattern, {ENDOFTEXT: eot}), eot
+    return tb.build(merges, pattern, {ENDOFTEXT: eot}), eot
 
 
-def check_roundtrip(backend: TokenizerBackend, settings: hypothesis_settings | None = None
-                    ) -> None:
-    """decode(encode(s)) == s for every string s (any Unicode, not only the corpus')."""
-    tokenizers = [_trained(backend, p)[0] for p in PATTERNS]
-    tokenizers.append(backend.build([], ref.GPT2_PATTERN, {}))
+def _tokenizer_backend(ctx: Any) -> TokenizerBackend:
+    return ctx.op("tokenizer")()
 
-    @given(st.text(st.characters(exclude_categories=["Cs"])) | texts(), st.integers(0, 2))
-    def test(s: str, which: int) -> None:
+
+OPS = ("tokenizer",)
+EXACT = "exact: token ids and text compared for equality"
+
+
+@check("decode.round_trip", entries=("decode", "encode"), ops=OPS, kind="property",
+       area="tokenizer", budget=EXACT)
+def round_trip(backend, ctx):
+    """Decoding inverts encoding.
+
+    For every string s of Unicode scalar values (no lone surrogates) and every tokenizer
+    — trained with GPT-2's pattern, with the cl100k-style pattern, or the bare 256
+    bytes — decode(encode(s)) = s.
+    """
+    tb = _tokenizer_backend(ctx)
+    tokenizers = [_trained(tb, p)[0] for p in PATTERNS]
+    tokenizers.append(tb.build([], ref.GPT2_PATTERN, {}))
+
+    @ctx.given(s=st.text(st.characters(exclude_categories=["Cs"])) | texts(),
+               which=st.integers(0, 2))
+    def _(s, which):
         tok = tokenizers[which]
-        ids = tok.encode(s)
-        assert tok.decode(ids) == s, f"{backend.name}: decode(encode({s!r})) != input"
-
-    _run(test, settings)
+        ctx.require(tok.decode(tok.encode(s)) == s, f"decode(encode({s!r})) != input")
 
 
-def check_train_matches_reference(backend: TokenizerBackend,
-                                  settings: hypothesis_settings | None = None) -> None:
-    """The backend learns exactly the reference's merges, in the same order."""
+@check("train.matches_reference", entries=("train", "pair_counts", "best_pair", "merge_pair"),
+       ops=OPS, area="tokenizer", budget=EXACT)
+def train_matches_reference(backend, ctx):
+    """Training learns the reference's merges, in the reference's order.
 
-    @given(texts(max_size=60), st.integers(256, 300), st.sampled_from(PATTERNS))
-    def test(text: str, vocab_size: int, pattern: str) -> None:
+    For every text over a small alphabet (so that counts tie and pairs overlap), every
+    vocabulary size 256 … 300 and both patterns: train(text, V, P) equals the
+    reference's merge list exactly, including the tie-break (the smallest pair wins).
+    """
+    tb = _tokenizer_backend(ctx)
+
+    @ctx.given(text=texts(max_size=60), vocab_size=st.integers(256, 300),
+               pattern=st.sampled_from(PATTERNS))
+    def _(text, vocab_size, pattern):
         expected = ref.train(text, vocab_size, pattern)
-        got = [tuple(m) for m in backend.train(text, vocab_size, pattern)]
-        assert got == expected, f"{backend.name}: train({text!r}, {vocab_size}) differs"
+        got = [tuple(m) for m in tb.train(text, vocab_size, pattern)]
+        ctx.require(got == expected, f"train({text!r}, {vocab_size}) = {got}, "
+                                     f"reference {expected}")
 
-    _run(test, settings)
 
+@check("encode.matches_reference", entries=("encode", "bpe_chunk", "pretokenize"),
+       ops=OPS, area="tokenizer", budget=EXACT)
+def encode_matches_reference(backend, ctx):
+    """Encoding gives the reference's tokens.
 
-def check_encode_matches_reference(backend: TokenizerBackend,
-                                   settings: hypothesis_settings | None = None) -> None:
-    """With merges learned from one text, the backend encodes other texts exactly as the
-    reference does."""
+    With merges learned by the reference from one text, every other text over the same
+    kind of alphabet encodes to exactly the reference's token ids, for both patterns.
+    """
+    tb = _tokenizer_backend(ctx)
 
-    @given(texts(max_size=60), st.lists(texts(), min_size=1, max_size=4),
-           st.integers(256, 320), st.sampled_from(PATTERNS))
-    def test(train_text: str, samples: list[str], vocab_size: int, pattern: str) -> None:
+    @ctx.given(train_text=texts(max_size=60), samples=st.lists(texts(), min_size=1, max_size=4),
+               vocab_size=st.integers(256, 320), pattern=st.sampled_from(PATTERNS))
+    def _(train_text, samples, vocab_size, pattern):
         merges = ref.train(train_text, vocab_size, pattern)
-        tok = backend.build(merges, pattern, {})
+        tok = tb.build(merges, pattern, {})
         for s in samples:
             expected = ref.encode(s, merges, pattern)
-            assert tok.encode(s) == expected, f"{backend.name}: encode({s!r}) differs"
+            got = tok.encode(s)
+            ctx.require(got == expected, f"encode({s!r}) = {got}, reference {expected}")
 
-    _run(test, settings)
 
+@check("bpe_chunk.rank_order", entries=("bpe_chunk",), ops=OPS, area="tokenizer",
+       budget=EXACT)
+def rank_order(backend, ctx):
+    """Merges are applied in rank order, not in text order.
 
-def check_rank_order(backend: TokenizerBackend, settings: hypothesis_settings | None = None
-                     ) -> None:
-    """Where two merges compete for a byte, the one of lower rank wins, wherever it is:
-    with merges [(y, z), (x, y)] the text x y z encodes as x, (y z); with the order
-    reversed, as (x y), z."""
+    For distinct letters x, y, z: with merges [(y, z), (x, y)] the chunk x y z encodes
+    as x, (y z) = [x, 256]; with [(x, y), (y, z)] as (x y), z = [256, z]. Padded with
+    further letters of the same set (one chunk, so only the ranks decide), it encodes as
+    the reference does.
+    """
+    tb = _tokenizer_backend(ctx)
 
-    @given(st.lists(st.sampled_from("abcdefgh"), min_size=3, max_size=3, unique=True),
-           st.text(st.sampled_from("abcdefgh"), max_size=12))
-    def test(xyz: list[str], padding: str) -> None:
+    @ctx.given(xyz=st.lists(st.sampled_from("abcdefgh"), min_size=3, max_size=3, unique=True),
+               padding=st.text(st.sampled_from("abcdefgh"), max_size=12))
+    def _(xyz, padding):
         x, y, z = (ord(c) for c in xyz)
-        later_first = backend.build([(y, z), (x, y)], ref.GPT2_PATTERN, {})
-        earlier_first = backend.build([(x, y), (y, z)], ref.GPT2_PATTERN, {})
-        # letters only: one chunk, so only the ranks decide
         s = "".join(xyz)
-        assert later_first.encode(s) == [x, 256], f"{backend.name}: rank 0 (y z) must win"
-        assert earlier_first.encode(s) == [256, z], f"{backend.name}: rank 0 (x y) must win"
-        for tok, merges in ((later_first, [(y, z), (x, y)]), (earlier_first, [(x, y), (y, z)])):
+        for merges, expected in (([(y, z), (x, y)], [x, 256]), ([(x, y), (y, z)], [256, z])):
+            tok = tb.build(merges, ref.GPT2_PATTERN, {})
+            got = tok.encode(s)
+            ctx.require(got == expected, f"merges {merges}: encode({s!r}) = {got}, the merge "
+                                         f"of rank 0 must win: {expected}")
             t = padding + s + padding
-            assert tok.encode(t) == ref.encode(t, merges), f"{backend.name}: encode({t!r})"
+            ctx.require(tok.encode(t) == ref.encode(t, merges),
+                        f"merges {merges}: encode({t!r}) differs from the reference")
 
-    _run(test, settings)
 
+@check("split_special.allowed_and_disallowed", entries=("split_special", "encode"), ops=OPS,
+       kind="property", area="tokenizer", budget=EXACT)
+def special_tokens(backend, ctx):
+    """Special tokens as configured.
 
-def check_special_tokens(backend: TokenizerBackend, settings: hypothesis_settings | None = None
-                         ) -> None:
-    """An allowed special token's text becomes its id, the text around it is encoded as
-    usual; special-token text that is not allowed raises ValueError naming the token."""
-    tok, eot = _trained(backend, ref.GPT2_PATTERN)
+    With <|endoftext|> configured as id e: encoding a + "<|endoftext|>" + b with it
+    allowed gives encode(a) + [e] + encode(b), and decodes back to the text; without it
+    allowed, encoding raises ValueError naming the token (the text must not silently
+    become ordinary tokens).
+    """
+    tb = _tokenizer_backend(ctx)
+    tok, eot = _trained(tb, ref.GPT2_PATTERN)
 
-    @given(texts(), texts())
-    def test(before: str, after: str) -> None:
+    @ctx.given(before=texts(), after=texts())
+    def _(before, after):
         text = before + ENDOFTEXT + after
         got = tok.encode(text, allowed_special={ENDOFTEXT})
-        assert got == tok.encode(before) + [eot] + tok.encode(after), f"{backend.name}: {text!r}"
-        assert tok.encode(text, allowed_special="all") == got
-        assert tok.decode(got) == text
+        expected = tok.encode(before) + [eot] + tok.encode(after)
+        ctx.require(got == expected, f"encode({text!r}) = {got}, expected {expected}")
+        ctx.require(tok.encode(text, allowed_special="all") == got,
+                    "allowed_special='all' differs from allowing the token by name")
+        ctx.require(tok.decode(got) == text, f"decode(encode({text!r})) != input")
         try:
             tok.encode(text)
         except ValueError as err:
-            assert ENDOFTEXT in str(err), f"{backend.name}: the error must name the token"
+            ctx.require(ENDOFTEXT in str(err), f"the error must name the token: {err}")
         else:
-            raise AssertionError(f"{backend.name}: disallowed special text was encoded")
-
-    _run(test, settings)
+            ctx.require(False, f"encode({text!r}) with no special token allowed did not raise")
 
 
-def check_decode_out_of_range(backend: TokenizerBackend,
-                              settings: hypothesis_settings | None = None) -> None:
-    """An id outside the vocabulary is a ValueError, not garbage text."""
-    tok, eot = _trained(backend, ref.GPT2_PATTERN)
+@check("decode.out_of_range", entries=("decode",), ops=OPS, kind="property",
+       area="tokenizer", budget=EXACT)
+def decode_out_of_range(backend, ctx):
+    """An id outside the vocabulary is an error, not garbage text.
 
-    @given(st.integers(eot + 1, 1 << 40) | st.integers(-(1 << 40), -1))
-    def test(bad: int) -> None:
+    For a tokenizer with ids 0 … e (e = <|endoftext|>), decode([65, t]) raises
+    ValueError for every t > e and every t < 0.
+    """
+    tb = _tokenizer_backend(ctx)
+    tok, eot = _trained(tb, ref.GPT2_PATTERN)
+
+    @ctx.given(bad=st.integers(eot + 1, 1 << 40) | st.integers(-(1 << 40), -1))
+    def _(bad):
         try:
             tok.decode([65, bad])
         except ValueError:
-            return
-        raise AssertionError(f"{backend.name}: decode([65, {bad}]) did not raise")
-
-    _run(test, settings)
-
-
-# check id → (spec entries covered, function)
-CHECKS: dict[str, tuple[tuple[str, ...], Callable[..., None]]] = {
-    "decode.roundtrip": (("decode", "encode"), check_roundtrip),
-    "train.matches_reference": (("train", "pair_counts", "best_pair", "merge_pair"),
-                                check_train_matches_reference),
-    "encode.matches_reference": (("encode", "bpe_chunk", "pretokenize"),
-                                 check_encode_matches_reference),
-    "bpe_chunk.rank_order": (("bpe_chunk",), check_rank_order),
-    "split_special.allowed_and_disallowed": (("split_special", "encode"), check_special_tokens),
-    "decode.out_of_range": (("decode",), check_decode_out_of_range),
-}
+            raised = True
+        else:
+            raised = False
+        ctx.require(raised, f"decode([65, {bad}]) did not raise ValueError")

@@ -37,6 +37,7 @@ log = logging.getLogger("mkdocs.hooks.gptspec")
 GENERATED = DOCS / "generated"
 KATEX_FILES = ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js")
 DIAGRAM_MARKER = "<!-- gptspec:dataflow -->"
+PRESETS_MARKER = "<!-- gptspec:presets -->"
 FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
@@ -50,16 +51,20 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
     checks_for, checks_problem = load_checks_for()
     views = spec_pages.build_views(REGISTRY, gptspec.reference, checks_for, root)
+    planned = set(spec_pages.render_pages(views, GROUPS, []))
+    gaps = spec_pages.traceability_gaps(views, planned, checks_problem)
+    if gaps:
+        raise PluginError("traceability matrix has empty cells:\n  " + "\n  ".join(gaps))
     try:
         reports = load_reports(root)
     except ReportError as err:
         raise PluginError(str(err)) from None
     pages = spec_pages.render_pages(views, GROUPS, reports)
-    gaps = spec_pages.traceability_gaps(views, set(pages), checks_problem)
-    if gaps:
-        raise PluginError("traceability matrix has empty cells:\n  " + "\n  ".join(gaps))
     for path, text in pages.items():
         spec_pages.write_if_changed(GENERATED / path, text)
+    for stale in (GENERATED / spec_pages.SPEC_DIR).glob("*.md"):  # entries renamed or removed
+        if f"{spec_pages.SPEC_DIR}/{stale.name}" not in pages:
+            stale.unlink()
     if not reports:
         log.info("no conformance report found: entry pages say 'not yet run'")
 
@@ -92,6 +97,11 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     markdown = _spec_links(markdown, page)
+    if PRESETS_MARKER in markdown:
+        from gptspec.spec import PRESETS, parameter_count
+
+        markdown = markdown.replace(PRESETS_MARKER,
+                                    spec_pages.presets_table(PRESETS, parameter_count))
     if FIGURE_NOTE_MARKER in markdown:
         s = _state["figure_stats"]
         note = (f"The model below was trained with {s['model']} for {s['steps']} steps "

@@ -72,6 +72,32 @@ class TorchBackend:
         tokens_t = torch.as_tensor(np.asarray(tokens), device=self.device)
         return self._to_numpy(self.model(config, params)(tokens_t))
 
+    # --- generation (gptspec.fast.generate), under the reference functions' names ------------
+
+    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+                 max_new_tokens: int, **options: Any) -> Any:
+        from gptspec.fast.generate import generate_from_parameters
+
+        return generate_from_parameters(self.model(config, params), prompts, max_new_tokens,
+                                        **options)
+
+    @torch.no_grad()
+    def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
+                              top_p: float | None = None) -> np.ndarray:
+        from gptspec.fast.generate import sampling_distribution
+
+        return self._to_numpy(sampling_distribution(self._to_torch(np.asarray(z)), temperature,
+                                                    top_k, top_p))
+
+    # --- the tokenizer (gptspec.conformance.checks_tokenizer) ------------------------------
+
+    @staticmethod
+    def tokenizer() -> Any:
+        """The fast tokenizer, for the suite's tokenizer area."""
+        from gptspec.fast.tokenizer import FastTokenizerBackend
+
+        return FastTokenizerBackend()
+
     # --- the operations --------------------------------------------------------------------
 
     @staticmethod

@@ -121,3 +121,115 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.nd
     except (ConfigError, ParameterError, TypeError) as err:
         raise CheckpointError(f"{file} does not match its configuration: {err}") from None
     return config, params
+
+
+# --- training checkpoints ----------------------------------------------------------------------
+#
+# A training checkpoint is a directory holding model.safetensors, optimizer.safetensors
+# (AdamW's moments under "exp_avg.<name>" / "exp_avg_sq.<name>"), state.json (step, RNG
+# states, settings, loss history) and tokenizer.json. The files are written into a fresh
+# temporary directory, each fsynced, and the directory is then renamed into place; the
+# previous checkpoint is moved aside first and deleted only after the rename, so a kill at
+# any moment leaves one whole checkpoint (``load_training_checkpoint`` falls back to the
+# moved-aside one).
+
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+TOKENIZER_FILE = "tokenizer.json"
+STATE_FORMAT = "gptspec-training-1"
+
+
+def _previous(directory: Path) -> Path:
+    return directory.parent / f".{directory.name}.previous"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfig,
+                             params: Mapping[str, Any], optimizer: Mapping[str, Any],
+                             state: dict, tokenizer: Any) -> Path:
+    """Write a whole training checkpoint to ``directory``, replacing the old one atomically."""
+    import json
+    import shutil
+
+    from safetensors.numpy import save
+
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        save_model(tmp, config, params)
+        arrays = {name: _to_numpy(name, value) for name, value in optimizer.items()}
+        atomic_write_bytes(tmp / OPTIMIZER_FILE,
+                           save(arrays, metadata={DIGEST_KEY: tensors_digest(arrays)}))
+        tokenizer.save(tmp / TOKENIZER_FILE)
+        state = {"format": STATE_FORMAT, **state}
+        atomic_write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1).encode())
+        _fsync_dir(tmp)
+        previous = _previous(target)
+        if previous.exists():
+            shutil.rmtree(previous)
+        if target.exists():
+            os.replace(target, previous)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+        shutil.rmtree(previous, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_training_checkpoint(directory: str | os.PathLike[str]):
+    """(config, params, optimizer tensors, state, tokenizer) of a training checkpoint; a
+    missing, corrupt or inconsistent one raises :class:`CheckpointError` naming the file."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+
+    from gptspec.fast.tokenizer import Tokenizer
+
+    path = Path(directory)
+    if not (path / STATE_FILE).is_file() and (_previous(path) / STATE_FILE).is_file():
+        path = _previous(path)  # killed between the two renames: the previous one is whole
+    if not path.is_dir():
+        raise CheckpointError(f"no training checkpoint at {directory}")
+    for name in (STATE_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, MODEL_FILE):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path} is not a training checkpoint: {name} is missing")
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path / STATE_FILE} is not valid JSON ({err})") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{path / STATE_FILE} is not a {STATE_FORMAT} training state")
+    config, params = load_model(path)
+    file = path / OPTIMIZER_FILE
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            metadata = f.metadata() or {}
+            optimizer = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, TypeError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{file} is not a readable safetensors file ({message})") from None
+    if metadata.get(DIGEST_KEY) != tensors_digest(optimizer):
+        raise CheckpointError(f"{file} is corrupt: its tensors do not match their checksum")
+    for name, value in params.items():
+        for key in (f"exp_avg.{name}", f"exp_avg_sq.{name}"):
+            if key not in optimizer or optimizer[key].shape != value.shape:
+                raise CheckpointError(f"{file} does not match the model: {key!r} is missing "
+                                      "or misshapen")
+    try:
+        tokenizer = Tokenizer.load(path / TOKENIZER_FILE)
+    except Exception as err:  # the tokenizer's own errors name the problem
+        raise CheckpointError(f"{path / TOKENIZER_FILE} cannot be loaded: {err}") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, the "
+                              f"model only {config.vocab_size}")
+    return config, params, optimizer, state, tokenizer

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from gptspec.fast.kv_cache import KVCache
 from gptspec.fast.model import GPT
@@ -260,3 +261,23 @@ def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
         V = model.config.vocab_size
         return out, [torch.stack(s) if s else torch.empty(0, V) for s in step_logits]
     return out
+
+
+def generate_from_parameters(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                             *, temperature: float = 1.0, top_k: int | None = None,
+                             top_p: float | None = None, eot_token: int | None = None,
+                             rng: np.random.Generator | None = None,
+                             return_logits: bool = False):
+    """``gptspec.reference.generate``'s signature over ``model``: the seed of the torch
+    sampler is drawn from ``rng`` (a NumPy Generator), logits come back as NumPy arrays."""
+    sampling = Sampling(temperature, top_k, top_p)
+    if not sampling.greedy and rng is None:
+        raise ValueError("sampling (temperature > 0) needs an explicit seeded rng")
+    seed = None if rng is None else int(rng.integers(2**63 - 1))
+    prompts_ = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+    result = generate(model, prompts_, max_new_tokens, sampling, eot_token=eot_token, seed=seed,
+                      return_logits=return_logits)
+    if not return_logits:
+        return result
+    tokens, logits = result
+    return tokens, [z.numpy() for z in logits]

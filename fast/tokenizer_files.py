@@ -95,6 +95,9 @@ def save(tokenizer: Tokenizer, path: str | Path, format: str = "gptspec") -> Non
     writers = {"gptspec": _gptspec_bytes, "tiktoken": _tiktoken_bytes, "hf": _hf_bytes}
     if format not in writers:
         raise TokenizerError(f"unknown tokenizer format {format!r}; choose one of {FORMATS}")
+    if format != "gptspec" and len(tokenizer.mergeable_ranks()) != tokenizer._n_bpe:
+        raise TokenizerError(f"two merges of this tokenizer spell the same bytes; the "
+                             f"{format} format keys tokens by their bytes and cannot hold it")
     _write_atomic(Path(path), writers[format](tokenizer))
 
 
@@ -293,6 +296,11 @@ def _load_hf(path: Path, data: bytes) -> Tokenizer:
     model = doc.get("model") if isinstance(doc, dict) else None
     if not isinstance(model, dict) or model.get("type") != "BPE":
         raise TokenizerFileError(f"{path}: not an HF tokenizer.json with a BPE model")
+    if doc.get("normalizer"):
+        raise TokenizerFileError(f"{path}: has a normalizer, which this tokenizer does not apply")
+    pre = json.dumps(doc.get("pre_tokenizer"))
+    if '"add_prefix_space": true' in pre:
+        raise TokenizerFileError(f"{path}: ByteLevel add_prefix_space is not supported")
     vocab, merges_text = model.get("vocab"), model.get("merges")
     if not isinstance(vocab, dict) or not isinstance(merges_text, list):
         raise TokenizerFileError(f"{path}: the BPE model lacks 'vocab' or 'merges'")
@@ -308,7 +316,10 @@ def _load_hf(path: Path, data: bytes) -> Tokenizer:
         raise TokenizerFileError(f"{path}: the vocabulary is not over GPT-2's byte "
                                  f"alphabet (not a byte-level BPE)") from None
     if sorted(id_bytes) != list(range(len(id_bytes))) or len(id_bytes) < 256:
-        raise TokenizerFileError(f"{path}: vocabulary ids must be 0 … n−1 with n ≥ 256")
+        low = sorted(i for i in special.values() if isinstance(i, int) and i < len(id_bytes))
+        where = f" (special tokens at ids {low[:3]})" if low else ""
+        raise TokenizerFileError(f"{path}: BPE token ids must be 0 … n−1, the 256 bytes first, "
+                                 f"special tokens after them{where}")
     if any(len(id_bytes[i]) != 1 for i in range(256)):
         raise TokenizerFileError(f"{path}: ids 0 … 255 must be the 256 single bytes")
     if len(merges_text) != len(id_bytes) - 256:

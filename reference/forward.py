@@ -61,9 +61,21 @@ def _f64(x) -> Array:
 # --- embedding -------------------------------------------------------------------------
 
 
+def _token_ids(tokens, vocab_size: int) -> Array:
+    """The ids as an integer array, refusing any outside [0, V) (NumPy would wrap a
+    negative id around to the end of W_E, or give a zero one-hot row)."""
+    tokens = np.asarray(tokens)
+    if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got dtype {tokens.dtype}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
+                         f"[{tokens.min()}, {tokens.max()}]")
+    return tokens
+
+
 def one_hot(tokens, vocab_size: int) -> Array:
     """X[t, v] = 1 if x_t = v else 0."""
-    tokens = np.asarray(tokens)
+    tokens = _token_ids(tokens, vocab_size)
     return (tokens[..., None] == np.arange(vocab_size)).astype(np.float64)
 
 
@@ -74,7 +86,8 @@ def token_embedding_one_hot(X, W_E) -> Array:
 
 def token_embedding(tokens, W_E) -> Array:
     """e_t = W_E[x_t]: the same map as row selection."""
-    return _f64(W_E)[np.asarray(tokens)]
+    W_E = _f64(W_E)
+    return W_E[_token_ids(tokens, W_E.shape[0])]
 
 
 def positional_embedding(T: int, W_P) -> Array:

@@ -147,34 +147,42 @@ def stop_condition(token: int, n: int, max_new_tokens: int, eot_token: int | Non
     return (eot_token is not None and token == eot_token) or n >= max_new_tokens
 
 
-def generate(params: dict, config: GPTConfig, prompt, max_new_tokens: int, *,
+def generate(params: dict, config: GPTConfig, prompts, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              eot_token: int | None = None, rng: np.random.Generator | None = None,
              return_logits: bool = False):
-    """Generate up to ``max_new_tokens`` tokens after ``prompt``, recomputing the full
-    forward pass on the cropped context at each step. Returns the new tokens (the
-    end-of-text token included when it stopped the loop) and, with ``return_logits``,
-    the (n, V) logits each token was drawn from."""
+    """Generate up to ``max_new_tokens`` tokens after each prompt of ``prompts`` (a list
+    of token lists), recomputing the full forward pass on the cropped context at every
+    step. Each prompt is generated on its own, one after the other (a batch is just its
+    sequences; the uniforms of ``rng`` are drawn in that order).
+
+    Returns, per prompt, the new tokens (the end-of-text token included when it stopped
+    the loop) and, with ``return_logits``, the (n, V) logits each token was drawn from."""
     check_sampling_settings(temperature, top_k, top_p)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
-    tokens = [int(t) for t in prompt]
-    if not tokens:
-        raise ValueError("the prompt must hold at least one token")
     if temperature > 0 and rng is None:
         raise ValueError("sampling (temperature > 0) needs an explicit seeded rng")
-    new: list[int] = []
-    step_logits: list[Array] = []
-    for n in range(1, max_new_tokens + 1):
-        context = crop_context(tokens, config.n_ctx)
-        z = gpt_forward(np.asarray(context), params, config)[-1]
-        q = sampling_distribution(z, temperature, top_k, top_p)
-        token = greedy_token(z) if temperature == 0 else sample_token(q, rng)
-        tokens.append(token)
-        new.append(token)
-        step_logits.append(z)
-        if stop_condition(token, n, max_new_tokens, eot_token):
-            break
-    if return_logits:
-        return new, np.array(step_logits).reshape(len(new), config.vocab_size)
-    return new
+    tokens_out, logits_out = [], []
+    for b, prompt in enumerate(prompts):
+        tokens = [int(t) for t in np.asarray(prompt).reshape(-1)]
+        if not tokens:
+            raise ValueError(f"prompt {b} is empty: generation needs at least one token")
+        new: list[int] = []
+        step_logits: list[Array] = []
+        for n in range(1, max_new_tokens + 1):
+            context = crop_context(tokens, config.n_ctx)
+            z = gpt_forward(np.asarray(context), params, config)[-1]
+            if temperature == 0:
+                token = greedy_token(z)
+            else:
+                assert rng is not None  # checked above
+                token = sample_token(sampling_distribution(z, temperature, top_k, top_p), rng)
+            tokens.append(token)
+            new.append(token)
+            step_logits.append(z)
+            if stop_condition(token, n, max_new_tokens, eot_token):
+                break
+        tokens_out.append(new)
+        logits_out.append(np.array(step_logits).reshape(len(new), config.vocab_size))
+    return (tokens_out, logits_out) if return_logits else tokens_out

@@ -7,6 +7,7 @@ Row vectors: H is (T, d_model); Q, K, V are (T, d_model) for all heads together 
 from __future__ import annotations
 
 import sympy as sp
+
 from gptspec.spec.embedding import ROW_VECTORS
 from gptspec.spec.equation import Decision, Reading, Symbol, Tolerance, equation
 from gptspec.spec.sources import (

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import sympy as sp
+
 from gptspec.spec.attention import linear, multi_head_attention
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.embedding import ROW_VECTORS
@@ -30,7 +31,7 @@ DEFAULT_EPS = sp.Rational(1, 10**5)  # GPT-2's, and GPTConfig.ln_eps's default
 LAYER_NORM_FORM = Decision(
     question=r"Which variance, and where does $\epsilon$ go?",
     readings=(
-        Reading(Source(BA_2016, "sec. 3, eq 4"),
+        Reading(Source(BA_2016, "sec. 3"),
                 r"$\mu = \frac{1}{H}\sum_i a_i$, $\sigma = \sqrt{\frac{1}{H}\sum_i (a_i - \mu)^2}$"
                 r" (biased, divide by H), then gain and bias; no $\epsilon$ written"),
         Reading(Source(RADFORD_2019, "sec. 2.3 (released code)"),
@@ -62,7 +63,7 @@ LAYER_NORM_FORM = Decision(
         Symbol(r"\epsilon", "()", "config.ln_eps > 0"),
         Symbol(r"\operatorname{LN}(x)", "(T, d_model)", "normalised rows"),
     ),
-    sources=(Source(BA_2016, "sec. 3, eq 4"), Source(BLUEPRINT, "eqs 7–8"),
+    sources=(Source(BA_2016, "sec. 3"), Source(BLUEPRINT, "eqs 7–8"),
              Source(GUIDE, "sec. 5"), Source(NOTES, "sec. 4.1"),
              Source(RADFORD_2019, "sec. 2.3")),
     reference="layer_norm",

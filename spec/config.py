@@ -60,7 +60,8 @@ class GPTConfig:
         for name in ("tied_embeddings", "bias", "output_bias", "final_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"config field {name!r} must be true or false")
-        if not isinstance(self.ln_eps, (int, float)) or not self.ln_eps > 0:
+        if (isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float))
+                or not 0 < self.ln_eps < float("inf")):
             raise ConfigError(f"config field 'ln_eps' must be a positive number, got {self.ln_eps!r}")
 
     @property

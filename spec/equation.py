@@ -86,8 +86,9 @@ class Equation:
     decisions: tuple[Decision, ...] = ()
     notes: str = ""
     sympy_inputs: tuple[tuple[str, str], ...] = field(default=())
-    """(argument name, shape) of ``sympy``'s arguments, sizes as expressions of small
-    dimensions (see gptspec.spec.symbolic). Used to evaluate it on random inputs."""
+    """(argument name, shape) of ``sympy``'s arguments, sizes as expressions of the
+    configuration's sizes (the notation is described in gptspec.spec.embedding's module
+    docstring). The tests substitute small sizes and evaluate it on random inputs."""
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:

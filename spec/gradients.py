@@ -521,7 +521,7 @@ def residual_backward(G, G_branch):
 
 def _block_ops(config):
     n_heads = config.n_heads
-    eps = sp.Rational(config.ln_eps).limit_denominator(10**12) if config.ln_eps else 0
+    eps = sp.Rational(config.ln_eps)  # the float64 value, exactly
 
     def attn(dY, H, p, g):
         dH, g["attn.w_qkv"], db_qkv, g["attn.w_o"], db_o = multi_head_attention_backward.sympy(
@@ -548,38 +548,22 @@ def _block_ops(config):
 
 
 def _forward_ops(config):
-    """The block's forward pieces in sympy, needed to recompute the branch inputs."""
-    n_heads = config.n_heads
-    eps = sp.Rational(config.ln_eps).limit_denominator(10**12)
+    """The block's forward pieces: the forward entries' own sympy forms, needed to
+    recompute each branch's input."""
+    from gptspec.spec.attention import multi_head_attention
+    from gptspec.spec.block import FFN, layer_norm
 
     def attn(H, p):
-        d, T = H.cols, H.rows
-        dk = d // n_heads
-        QKV = _add_row(H * p["attn.w_qkv"], p.get("attn.b_qkv"))
-        heads = []
-        for i in range(n_heads):
-            Q, K, V = (QKV[:, j * d + i * dk: j * d + (i + 1) * dk] for j in range(3))
-            heads.append(_softmax_rows(Q * K.T / sp.sqrt(dk) + _causal_mask(T)) * V)
-        return _add_row(sp.Matrix.hstack(*heads) * p["attn.w_o"], p.get("attn.b_o"))
+        return multi_head_attention.sympy(H, p["attn.w_qkv"], p.get("attn.b_qkv"), p["attn.w_o"],
+                                          p.get("attn.b_o"), config.n_heads)
 
     def ffn(H, p):
-        if config.ffn == "guide_product":
-            relu = ACTIVATIONS["relu"][0]
-            return _hadamard(_add_row(H * p["ffn.w_1"], p.get("ffn.b_1")).applyfunc(relu),
-                             _add_row(H * p["ffn.w_2"], p.get("ffn.b_2")).applyfunc(relu))
-        f = ACTIVATIONS[config.ffn][0]
-        hidden = _add_row(H * p["ffn.w_1"], p.get("ffn.b_1")).applyfunc(f)
-        return _add_row(hidden * p["ffn.w_2"], p.get("ffn.b_2"))
+        return FFN[config.ffn].sympy(H, p["ffn.w_1"], p.get("ffn.b_1"), p["ffn.w_2"],
+                                     p.get("ffn.b_2"))
 
     def ln(H, p, which):
-        gamma, beta = p[f"{which}.weight"], p[f"{which}.bias"]
-        rows = []
-        for t in range(H.rows):
-            row = H[t, :]
-            mu = sum(row) / H.cols
-            sigma = sp.sqrt(sum((xi - mu) ** 2 for xi in row) / H.cols + eps)
-            rows.append(_hadamard(row.applyfunc(lambda xi: (xi - mu) / sigma), gamma) + beta)
-        return sp.Matrix.vstack(*rows)
+        return layer_norm.sympy(H, p[f"{which}.weight"], p[f"{which}.bias"],
+                                sp.Rational(config.ln_eps))
 
     return attn, ffn, ln
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sympy as sp
+
 from gptspec.spec.attention import linear, softmax
 from gptspec.spec.block import BLOCK, DEFAULT_EPS, layer_norm
 from gptspec.spec.config import GPTConfig

@@ -59,8 +59,8 @@ def _descending_order(values: Sequence) -> list[int]:
         Decision(
             question="What does temperature 0 mean?",
             readings=(
-                Reading(HOLTZMAN_2020, r"τ → 0 approaches greedy decoding"),
-                Reading(BLUEPRINT, "does not mention temperature"),
+                Reading(Source(HOLTZMAN_2020, "sec. 3.3"), "τ → 0 approaches greedy decoding"),
+                Reading(Source(BLUEPRINT, "sec. 4"), "does not mention temperature"),
             ),
             decision="τ = 0 is greedy decoding (entry greedy_token); τ < 0 is an error.",
             why="As τ → 0⁺ the distribution tends to the uniform distribution over the "
@@ -87,7 +87,8 @@ def temperature_softmax(z, tau=1):
         Decision(
             question="Which token does greedy decoding pick when several logits tie for the "
                      "maximum?",
-            readings=(Reading(BLUEPRINT, "not stated (only sampling is described)"),),
+            readings=(Reading(Source(BLUEPRINT, "sec. 4"),
+                              "not stated (only sampling is described)"),),
             decision="The lowest token id among the maxima.",
             why="A deterministic rule that every backend can implement (first occurrence of "
                 "the maximum); it is what numpy.argmax and torch.argmax return on CPU.",
@@ -122,10 +123,12 @@ def greedy_token(z):
         Decision(
             question="Which tokens does top-k keep when several logits tie with the k-th largest?",
             readings=(
-                Reading(FAN_2018, "sample from the k most likely tokens (ties not discussed)"),
-                Reading(HOLTZMAN_2020, "the top-k vocabulary V^(k) maximising the mass of k tokens "
-                                       "(not unique at a tie)"),
-                Reading(BLUEPRINT, "names top-k sampling only"),
+                Reading(Source(FAN_2018, "top-k random sampling"),
+                        "sample from the k most likely tokens (ties not discussed)"),
+                Reading(Source(HOLTZMAN_2020, "sec. 3.2"),
+                        "the top-k vocabulary V^(k) maximising the mass of k tokens "
+                        "(not unique at a tie)"),
+                Reading(Source(BLUEPRINT, "sec. 4, step 3"), "names top-k sampling only"),
             ),
             decision="Keep every token whose logit is ≥ the k-th largest logit z_(k) (counted "
                      "with multiplicity). The kept set has at least k tokens, more exactly when "
@@ -164,9 +167,9 @@ def top_k_filter(z, k=1):
         Decision(
             question="Is the token whose probability carries the mass past p in the nucleus?",
             readings=(
-                Reading(HOLTZMAN_2020,
-                        r"the smallest V^{(p)} with \sum_{x \in V^{(p)}} P(x) \ge p"),
-                Reading(BLUEPRINT, "names nucleus sampling only"),
+                Reading(Source(HOLTZMAN_2020, "sec. 3.1"),
+                        r"the smallest $V^{(p)}$ with $\sum_{x \in V^{(p)}} P(x) \ge p$"),
+                Reading(Source(BLUEPRINT, "sec. 4, step 3"), "names nucleus sampling only"),
             ),
             decision="Yes: the nucleus is the shortest prefix of π whose mass reaches (≥) p, "
                      "so the crossing token is included and the nucleus is never empty.",
@@ -176,7 +179,7 @@ def top_k_filter(z, k=1):
         ),
         Decision(
             question="Which tokens make the nucleus when probabilities tie?",
-            readings=(Reading(HOLTZMAN_2020,
+            readings=(Reading(Source(HOLTZMAN_2020, "sec. 3.1"),
                               "not stated: the smallest set is not unique at a tie"),),
             decision="Order tokens by descending probability, equal probabilities by ascending "
                      "token id (a stable descending sort), and take the shortest prefix.",
@@ -227,8 +230,8 @@ def nucleus_filter(z, p=1):
         Decision(
             question="In which order do temperature, top-k and nucleus apply when combined?",
             readings=(
-                Reading(HOLTZMAN_2020, "each is described on its own"),
-                Reading(BLUEPRINT, "top-k or nucleus, one of them"),
+                Reading(Source(HOLTZMAN_2020, "sec. 3"), "each is described on its own"),
+                Reading(Source(BLUEPRINT, "sec. 4, step 3"), "top-k or nucleus, one of them"),
             ),
             decision="Temperature first, then top-k, then the nucleus of the renormalised top-k "
                      "distribution, then softmax.",
@@ -267,7 +270,8 @@ def sampling_distribution(z, tau=1, k=None, p=None):
     decisions=(
         Decision(
             question="How is a token drawn, so that a seed fixes the result?",
-            readings=(Reading(BLUEPRINT, "'a token is sampled from this distribution'"),),
+            readings=(Reading(Source(BLUEPRINT, "sec. 4, step 3"),
+                              "'a token is sampled from this distribution'"),),
             decision="Inverse transform: one uniform u ∈ [0, 1) per token from an explicitly "
                      "seeded generator; the token is the first id whose cumulative mass exceeds u.",
             why="The strict '>' never selects a token of probability 0 (its cumulative mass "
@@ -337,8 +341,9 @@ def kv_cache_attention(q, K, V):
     decisions=(
         Decision(
             question="What does the model see once the sequence is longer than n_ctx?",
-            readings=(Reading(BLUEPRINT, "'this new sequence becomes the context' (no limit "
-                                         "stated), while W_P has only n_ctx rows"),),
+            readings=(Reading(Source(BLUEPRINT, "sec. 4, step 4"),
+                              "'this new sequence becomes the context' (no limit stated), "
+                              "while W_P has only n_ctx rows"),),
             decision="The last n_ctx tokens, at positions 0…n_ctx−1. A prompt longer than n_ctx "
                      "is cropped the same way (the command line warns).",
             why="The positional embedding is defined only for n_ctx positions; keeping the most "
@@ -367,7 +372,8 @@ def crop_context(x, n_ctx=1):
     decisions=(
         Decision(
             question="Is the end-of-text token part of the output?",
-            readings=(Reading(BLUEPRINT, "'until … an end-of-sequence token is generated'"),),
+            readings=(Reading(Source(BLUEPRINT, "sec. 4, step 5"),
+                              "'until … an end-of-sequence token is generated'"),),
             decision="It is generated (it is in the returned tokens, as the last one) and "
                      "generation of that sequence stops; text output leaves it out.",
             why="The tokens then record why a sequence stopped; the text is what the model "

@@ -8,8 +8,9 @@ applies the learned merges in rank order inside the chunks of a pre-tokenization
 The meaning of each entry is its decorated function. The algorithms are discrete, so
 these are short Python definitions (sympy integers where a count is computed); they are
 written independently of ``gptspec.reference.tokenizer`` and the tests evaluate both on
-random inputs. One entry's definition uses another's as ``entry.sympy``. The one-hot encoding of a token sequence, which comes next in the
-pipeline, is the entry ``one_hot`` of the embedding group.
+random inputs. One entry's definition uses another's as ``entry.sympy``. The one-hot
+encoding of a token sequence, which comes next in the pipeline, is the entry ``one_hot``
+of the embedding group.
 
 Notation: a chunk is a tuple of token ids w = (w_1, …, w_n); merges are
 m_0, m_1, … with m_k = (a_k, b_k) creating token 256 + k; k is the merge's rank.
@@ -34,9 +35,11 @@ CL100K_PATTERN = (
 _BYTE_LEVEL = Decision(
     question="What are the symbols BPE starts from?",
     readings=(
-        Reading(SENNRICH_2016, "characters of words, with an end-of-word marker"),
-        Reading(RADFORD_2019, "the 256 byte values of the UTF-8 text (byte-level BPE)"),
-        Reading(NOTES, "a BPE vocabulary, without fixing its base symbols"),
+        Reading(Source(SENNRICH_2016, "sec. 3.2"),
+                "characters of words, with an end-of-word marker"),
+        Reading(Source(RADFORD_2019, "sec. 2.2"),
+                "the 256 byte values of the UTF-8 text (byte-level BPE)"),
+        Reading(Source(NOTES, "sec. 1.2"), "a BPE vocabulary, without fixing its base symbols"),
     ),
     decision="The 256 bytes. Every string is encodable, no unknown token exists.",
     why="GPT-2 and GPT-3, which the documents describe, use byte-level BPE.",
@@ -50,7 +53,7 @@ _BYTE_LEVEL = Decision(
     latex=r"\mathcal{V}_0 = \{0, 1, \dots, 255\},\qquad \operatorname{bytes}(i) = \beta_i",
     symbols=(Symbol(r"\beta", "(256,)", "the byte of each base token: a permutation of "
                     "0…255, the identity for tokenizers trained here"),),
-    sources=(Source(RADFORD_2019, "sec. 2.2"), Source(NOTES, "sec. 2")),
+    sources=(Source(RADFORD_2019, "sec. 2.2"), Source(NOTES, "sec. 1.2")),
     reference="byte_tokens",
     decisions=(_BYTE_LEVEL,),
     notes="GPT-2's files number the byte tokens in another order (token 0 is '!'); "
@@ -74,9 +77,11 @@ def byte_tokens(beta=tuple(range(256))):
     decisions=(Decision(
         question="Which pattern splits the text before BPE?",
         readings=(
-            Reading(RADFORD_2019, "GPT-2's regex: contractions, ' ?' + letters, ' ?' + "
-                    "digits, ' ?' + other symbols, whitespace"),
-            Reading(POST, "the discussion asks what the regex does; the Notes omit it"),
+            Reading(Source(RADFORD_2019, "sec. 2.2"),
+                    "GPT-2's regex: contractions, ' ?' + letters, ' ?' + digits, ' ?' + "
+                    "other symbols, whitespace"),
+            Reading(Source(POST, "discussion"),
+                    "the discussion asks what the regex does; the Notes omit it"),
         ),
         decision="GPT-2's pattern by default; the cl100k-style pattern (digits in groups "
                  "of ≤ 3, case-insensitive contractions) as an option.",
@@ -130,9 +135,10 @@ def pair_counts(chunks):
     decisions=(Decision(
         question="Which pair is merged when several have the largest count?",
         readings=(
-            Reading(SENNRICH_2016, "max over a dictionary: the tie goes to whichever pair "
-                    "the dictionary yields first, i.e. it is left unspecified"),
-            Reading(NOTES, "the most frequent pair, ties not discussed"),
+            Reading(Source(SENNRICH_2016, "Algorithm 1"),
+                    "max over a dictionary: the tie goes to whichever pair the dictionary "
+                    "yields first, i.e. it is left unspecified"),
+            Reading(Source(NOTES, "sec. 1.2"), "merge a most frequent pair; no tie-break given"),
         ),
         decision="The smallest pair (a, b) in lexicographic order of the token ids "
                  "(compare a, then b).",
@@ -179,7 +185,7 @@ def merge_pair(w, pair, t):
     symbols=(Symbol("s", "()", "the training text"),
              Symbol("V", "()", "the vocabulary size asked for (≥ 256)")),
     sources=(Source(SENNRICH_2016, "Algorithm 1"), Source(RADFORD_2019, "sec. 2.2"),
-             Source(NOTES, "sec. 2")),
+             Source(NOTES, "sec. 1.2")),
     reference="train",
     notes="Special tokens' text is cut out of the training text first, so no merge "
           "spans one. The result is the ordered list of merges; a merge's index is its "
@@ -228,9 +234,11 @@ def token_bytes(merges, beta=tuple(range(256))):
     decisions=(Decision(
         question="What is the rank of an adjacent pair during encoding?",
         readings=(
-            Reading(RADFORD_2019, "GPT-2's encoder: the line number of the pair (a, b) "
-                    "in merges.txt; pairs not listed are never merged"),
-            Reading(POST, "the discussion: save the merge rules in order and apply them"),
+            Reading(Source(RADFORD_2019, "sec. 2.2"),
+                    "GPT-2's encoder: the line number of the pair (a, b) in merges.txt; "
+                    "pairs not listed are never merged"),
+            Reading(Source(POST, "discussion"),
+                    "the discussion: save the merge rules in order and apply them"),
         ),
         decision="The index k of the merge (a, b) in the learned list. (tiktoken instead "
                  "ranks a pair by the rank of the token whose bytes are bytes(a) ‖ "
@@ -266,8 +274,9 @@ def bpe_chunk(chunk, merges, beta=tuple(range(256))):
     decisions=(Decision(
         question="What happens to special-token text that the caller did not allow?",
         readings=(
-            Reading(RADFORD_2019, "<|endoftext|> separates documents in training; how "
-                    "text containing it is encoded is not stated"),
+            Reading(Source(RADFORD_2019, "sec. 2.2"),
+                    "GPT-2's vocabulary ends with <|endoftext|>; how text containing it is "
+                    "encoded is not stated"),
         ),
         decision="It is an error naming the token. Allowed ones become their id; the "
                  "longest wins where several start at one place.",
@@ -297,7 +306,7 @@ def split_special(s, special_tokens, allowed):
           r"\begin{cases}\operatorname{id}(\sigma) \\ \mathop{\Vert}_{x \in "
           r"\operatorname{chunks}(u)} \operatorname{bpe}(\operatorname{utf8}(x))\end{cases}",
     symbols=(Symbol("s", "()", "the text"),),
-    sources=(Source(POST, "discussion: the encode step"), Source(NOTES, "sec. 2"),
+    sources=(Source(POST, "discussion: the encode step"), Source(NOTES, "sec. 1.2"),
              Source(RADFORD_2019, "sec. 2.2")),
     reference="encode",
     notes="The token sequence is then one-hot encoded (entry `one_hot`, embedding group).",
@@ -320,7 +329,7 @@ def encode(s, merges, P=GPT2_PATTERN, special_tokens=None, allowed=()):
     latex=r"\operatorname{decode}(x_1, \dots, x_T) = \operatorname{utf8}^{-1}\bigl("
           r"\operatorname{bytes}(x_1) \Vert \cdots \Vert \operatorname{bytes}(x_T)\bigr)",
     symbols=(Symbol("x_t", "()", "token ids"),),
-    sources=(Source(NOTES, "sec. 2"), Source(RADFORD_2019, "sec. 2.2")),
+    sources=(Source(NOTES, "sec. 1.2"), Source(RADFORD_2019, "sec. 2.2")),
     reference="decode",
     notes="decode(encode(s)) = s for every string s. Byte sequences that are not UTF-8 "
           "(a sequence cut inside a character) decode with U+FFFD in their place; an id "

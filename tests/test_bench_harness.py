@@ -157,10 +157,15 @@ def test_datasheet_peaks():
 def test_gpu_code_paths_run_on_the_cpu():
     """The CUDA benchmark's training step and decoding loop, on a tiny model on the CPU."""
     import torch
+    from gptspec.fast.generate import GREEDY, generate
     from gptspec.fast.model import GPT
     from gptspec.spec import PRESETS
 
-    from benchmarks.gpu import generate_greedy, training_tokens_per_second
+    from benchmarks.gpu import (
+        generate_greedy,
+        generation_tokens_per_second,
+        training_tokens_per_second,
+    )
 
     config = PRESETS["tiny"]
     assert training_tokens_per_second(config, "cpu", batch=2, steps=1, warmup=1,
@@ -174,6 +179,9 @@ def test_gpu_code_paths_run_on_the_cpu():
         for _ in range(6):
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(new, seq[:, 5:])
+    assert generate(model, prompt.tolist(), 6, GREEDY) == new.tolist()
+    for loop in ("generate", "greedy"):
+        assert generation_tokens_per_second(model, 2, 4, 3, repeats=1, loop=loop) > 0
 
 
 def test_reports_used_by_fakes_are_the_real_report():

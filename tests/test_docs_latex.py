@@ -6,6 +6,7 @@ site ships) and run with node; rendering with throwOnError makes any parse error
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -14,6 +15,13 @@ sys.path.insert(0, str(ROOT / "docs"))
 
 from sitegen.katex import parse_errors  # noqa: E402
 from sitegen.spec_pages import looks_like_latex  # noqa: E402
+
+# Math inside prose, as arithmatex finds it: $…$ (not $$) or \(…\).
+INLINE = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$|\\\((.+?)\\\)")
+
+
+def inline_math(where: str, text: str) -> list[tuple[str, bool, str]]:
+    return [(where, False, m.group(1) or m.group(2)) for m in INLINE.finditer(text)]
 
 
 def spec_latex() -> list[tuple[str, bool, str]]:
@@ -24,11 +32,17 @@ def spec_latex() -> list[tuple[str, bool, str]]:
     for e in REGISTRY:
         found.append((f"{e.id}.latex", True, e.latex))
         found += [(f"{e.id}.symbols[{s.name!r}]", False, s.name) for s in e.symbols]
+        found += inline_math(f"{e.id}.notes", e.notes)
         if e.tolerance is not None:
             found.append((f"{e.id}.tolerance", False, e.tolerance.formula))
+            found += inline_math(f"{e.id}.tolerance.note", e.tolerance.note)
         for d in e.decisions:
-            found += [(f"{e.id}.decision reading ({r.source.document[:30]}…)", False, r.reading)
-                      for r in d.readings if looks_like_latex(r.reading)]
+            for field in ("question", "decision", "why"):
+                found += inline_math(f"{e.id}.decision {field}", getattr(d, field))
+            for r in d.readings:
+                where = f"{e.id}.decision reading ({str(r.source)[:30]}…)"
+                found += ([(where, False, r.reading)] if looks_like_latex(r.reading)
+                          else inline_math(where, r.reading))
     return found
 
 
@@ -46,3 +60,8 @@ def test_the_parser_rejects_broken_latex() -> None:
                            (False, r"\left( x"), (True, r"\frac{e^{z_i}}{\sum_j e^{z_j}}")], ROOT)
     assert [e is None for e in errors] == [False, False, False, True]
     assert "notacommand" in errors[1]
+
+
+def test_math_inside_prose_is_found() -> None:
+    text = r"with $\sqrt{n}$ and \(a_b\), then $x^2$; a lone \$ is text"
+    assert [t for _, _, t in inline_math("x", text)] == [r"\sqrt{n}", "a_b", "x^2"]

@@ -14,11 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 
-from gptspec.spec.equation import Decision, Equation, Reading, Symbol, Tolerance  # noqa: E402
-from gptspec.spec.sources import BLUEPRINT, GUIDE, Source  # noqa: E402
 from sitegen import spec_pages  # noqa: E402
 from sitegen.checks import CheckInfo  # noqa: E402
 from sitegen.conformance_results import ReportError, load_report  # noqa: E402
+
+from gptspec.spec.equation import Decision, Equation, Reading, Symbol, Tolerance  # noqa: E402
+from gptspec.spec.sources import BLUEPRINT, GUIDE, Source  # noqa: E402
 
 
 def _scale(x):
@@ -75,22 +76,37 @@ def test_an_entry_page_shows_everything_about_the_entry() -> None:
     assert "Doubling is exact" in page
 
 
+def test_entry_ids_in_prose_link_to_their_pages() -> None:
+    text = "see `scale` and `other`, not `unknown` or ``scale``; `self` stays"
+    linked = spec_pages.link_entries(text, {"scale", "other", "self"}, self_id="self")
+    assert linked == ("see [`scale`](scale.md) and [`other`](other.md), not `unknown` or "
+                      "``scale``; `self` stays")
+
+
 def test_reports_are_shown_on_the_page_of_the_entry_they_check(tmp_path: Path) -> None:
     report = tmp_path / "torch.json"
-    report.write_text(json.dumps({
+    report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 2, "runs": [{
         "backend": {"name": "torch", "version": "2.13.0", "device": "cpu", "dtype": "float32"},
-        "checks": [{"id": "scale.differential", "entry": "scale", "status": "pass",
-                    "budget_fraction": 0.25},
-                   {"id": "other.thing", "entry": "other", "status": "fail",
-                    "budget_fraction": 7.0}]}))
-    page = spec_pages.entry_page(views(made_up_entry())[0], [load_report(report)])
-    assert "torch 2.13.0 · cpu · float32" in page
-    assert "<code>scale.differential</code>" in page and "0.25" in page and "pass" in page
+        "settings": {"profile": "quick", "seed": 0},
+        "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",
+                    "worst_fraction": 0.25},
+                   {"id": "other.thing", "entries": ["other"], "status": "fail",
+                    "worst_fraction": 7.0}]}]}))
+    page = spec_pages.entry_page(views(made_up_entry())[0], load_report(report))
+    assert "torch 2.13.0 · cpu · float32" in page and "profile quick" in page
+    assert "<code>scale.differential</code>" in page and "25%" in page and "pass" in page
     assert "other.thing" not in page and "Not yet run" not in page
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"checks": [{"status": "x"}]}',
-                                     '{"checks": [{"id": "a", "budget_fraction": "big"}]}'])
+HEAD = '{"schema": "gptspec-conformance", "version": 1, '
+
+
+@pytest.mark.parametrize("content", [
+    "{not json", "[1, 2]", '{"schema": "other", "version": 1, "runs": []}',
+    '{"schema": "gptspec-conformance", "version": 99, "runs": []}',
+    HEAD + '"runs": [{"checks": [{"status": "pass"}]}]}',
+    HEAD + '"runs": [{"checks": [{"id": "a", "entries": ["a"], "worst_fraction": "big"}]}]}',
+    HEAD + '"runs": [{"backend": {}}]}'])
 def test_a_corrupt_report_is_an_error_naming_the_file(tmp_path: Path, content: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -153,3 +169,18 @@ def test_the_site_build_fails_on_an_entry_without_a_check(tmp_path: Path) -> Non
     assert done.returncode == 3, (done.stdout + done.stderr)[-2000:]
     assert "planted_untested: no conformance check covers it" in done.stdout
     assert not (tmp_path / "site" / "index.html").exists()
+
+
+def test_the_diagram_is_valid_svg_linking_only_existing_pages() -> None:
+    import xml.etree.ElementTree as ET
+
+    from sitegen import dataflow
+
+    known = {"one_hot": "../spec/one_hot/", "softmax": "../spec/softmax/"}
+    markup = dataflow.svg(known.get)
+    svg = ET.fromstring(markup).find("{http://www.w3.org/2000/svg}svg")
+    assert svg is not None
+    links = [a.get("href") for a in svg.iter("{http://www.w3.org/2000/svg}a")]
+    assert links == ["../spec/one_hot/", "../spec/softmax/"]  # the others have no page here
+    labels = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
+    assert {"text", "tokenizer", "causal multi-head attention", "next-token distribution"} <= labels

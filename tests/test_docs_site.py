@@ -31,7 +31,8 @@ from cdp_browser import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "out" / "docs-site"
-GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "figures/")
+GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "conformance-report/",
+          "figures/")
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -72,18 +73,49 @@ def test_every_entry_has_a_page_and_the_matrix_lists_it(site: Path, entries: lis
     assert "gs-missing" not in matrix
 
 
-def test_no_page_links_an_outside_asset(site: Path) -> None:
-    """Nothing in the built site loads a script, style, font or image from outside."""
-    asset = re.compile(r"""<(?:script|img|iframe|source)[^>]*\ssrc=["']?(?:https?:)?//"""
-                       r"""|<link[^>]*rel=["']?(?:stylesheet|preload|preconnect|icon)[^>]*"""
-                       r"""href=["']?(?:https?:)?//|url\(\s*["']?(?:https?:)?//|@import\s+["']?(?:https?:)?//""",
-                       re.IGNORECASE)
+def test_the_model_page_lists_every_preset(site: Path) -> None:
+    from gptspec.spec import PRESETS, parameter_count
+
+    model = (site / "model" / "index.html").read_text(encoding="utf-8")
+    for name, config in PRESETS.items():
+        assert f"<td><code>{name}</code></td>" in model, name
+        assert f"{parameter_count(config):,}" in model, name
+
+
+# A script, image, frame, stylesheet, preload, font or import fetched from another host.
+OUTSIDE_ASSET = re.compile(
+    r"""<(?:script|img|iframe|source)[^>]*\ssrc=["']?(?:https?:)?//"""
+    r"""|<link[^>]*rel=["']?(?:stylesheet|preload|preconnect|icon)[^>]*href=["']?(?:https?:)?//"""
+    r"""|url\(\s*["']?(?:https?:)?//|@import\s+["']?(?:https?:)?//""",
+    re.IGNORECASE)
+
+
+def outside_assets(site: Path) -> list[str]:
     found = []
     for path in site.rglob("*"):
         if path.suffix in (".html", ".css"):
             text = path.read_text(encoding="utf-8", errors="replace")
-            found += [f"{path.relative_to(site)}: {m.group(0)[:100]}" for m in asset.finditer(text)]
-    assert not found, found
+            found += [f"{path.relative_to(site)}: {m.group(0)[:100]}"
+                      for m in OUTSIDE_ASSET.finditer(text)]
+    return found
+
+
+def test_no_page_links_an_outside_asset(site: Path) -> None:
+    """Nothing in the built site loads a script, style, font or image from outside."""
+    assert not outside_assets(site)
+
+
+def test_the_outside_asset_scan_catches_each_kind(tmp_path: Path) -> None:
+    planted = ['<script src="https://cdn.example.invalid/katex.js"></script>',
+               '<link rel="stylesheet" href="//fonts.example.invalid/css">',
+               '<img alt="" src="http://img.example.invalid/a.png">',
+               "@font-face { src: url('https://fonts.example.invalid/f.woff2') }",
+               '@import "https://cdn.example.invalid/x.css";']
+    for i, text in enumerate(planted):
+        (tmp_path / f"p{i}.{'css' if text.startswith('@') else 'html'}").write_text(text)
+    (tmp_path / "fine.html").write_text('<a href="https://example.invalid/">a link</a>'
+                                        '<script src="assets/katex/katex.min.js"></script>')
+    assert len(outside_assets(tmp_path)) == len(planted)
 
 
 def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entries: list
@@ -98,7 +130,7 @@ def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entr
         try:
             stats = browser.wait_for(
                 f"(() => {{ const s = {MATH_STATS_JS}; "
-                "return s.katex === s.arithmatex ? s : null; })()",
+                "return s.katex + s.errors === s.arithmatex ? s : null; })()",
                 f"KaTeX to typeset {page}", seconds=20)
         except Exception as err:  # report every page, not just the first
             problems.append(f"{page}: {err}; {browser.evaluate(MATH_STATS_JS)}")
@@ -152,6 +184,28 @@ def test_navigation_reaches_an_equation_from_the_home_page(
         == first.title
 
 
+def test_the_diagram_links_to_equation_pages(served: tuple[SiteServer, Browser]) -> None:
+    server, browser = served
+    browser.navigate(server.url + "model/")
+    hrefs = browser.evaluate("[...document.querySelectorAll('.gs-dataflow svg a')]"
+                             ".map(a => a.href.baseVal || a.getAttribute('href'))")
+    assert len(hrefs) >= 10, hrefs  # every step of the forward pass has its entry
+    statuses = browser.evaluate(
+        "Promise.all([...document.querySelectorAll('.gs-dataflow svg a')].map(a => "
+        "fetch(new URL(a.getAttribute('href'), location.href)).then(r => r.status)))")
+    assert statuses == [200] * len(hrefs), list(zip(hrefs, statuses, strict=True))
+
+
+def test_the_figures_were_made_and_load(served: tuple[SiteServer, Browser]) -> None:
+    server, browser = served
+    browser.navigate(server.url + "figures/")
+    sizes = browser.wait_for(
+        "(() => { const im = [...document.querySelectorAll('article img')];"
+        " return im.length && im.every(i => i.complete) ? im.map(i => i.naturalWidth) : null;"
+        " })()", "the figures to load")
+    assert len(sizes) == 2 and all(w > 300 for w in sizes), sizes
+
+
 def test_search_finds_an_equation(served: tuple[SiteServer, Browser], entries: list) -> None:
     server, browser = served
     entry = next((e for e in entries if e.id == "softmax"), entries[0])
@@ -201,3 +255,42 @@ def test_the_checks_catch_a_broken_page(tmp_path: Path) -> None:
             assert any("cdn.gptspec-test.invalid" in u for u in server.log.refused)
         finally:
             browser.close()
+
+
+def test_mkdocs_serve_serves_the_generated_pages(tmp_path: Path) -> None:
+    """What `nox -s docs -- serve` runs: the hooks work under `mkdocs serve` too."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:  # a free port on the loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mkdocs", "serve", "-f", str(ROOT / "mkdocs.yml"),
+         "--dev-addr", f"127.0.0.1:{port}", "--no-livereload"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        page = None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/spec/", timeout=5) as r:
+                    page = r.read().decode("utf-8")
+                    break
+            except OSError:
+                time.sleep(1)
+        assert page is not None, (tmp_path / "serve.log").read_text()[-3000:]
+        assert "The specification" in page and 'class="arithmatex"' in page
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/assets/katex/katex.min.js",
+                                    timeout=5) as r:
+            assert r.status == 200 and b"katex" in r.read(2000)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=20)
+        log.close()

@@ -281,25 +281,26 @@ def test_reference_loop_equals_the_spec_loop():
         return row(R.gpt_forward(np.array(context), params, config)[-1])
 
     spec = SPEC["generate"](prompt, next_logits, n, config.n_ctx)
-    assert R.generate(params, config, prompt, n, temperature=0) == spec
+    assert R.generate(params, config, [prompt], n, temperature=0) == [spec]
     draws = np.random.default_rng(9).random(n)
     spec_sampled = SPEC["generate"](prompt, next_logits, n, config.n_ctx, 1, 4, None,
                                     [sp.Float(u, 30) for u in draws])
-    ref_sampled = R.generate(params, config, prompt, n, temperature=1.0, top_k=4,
+    ref_sampled = R.generate(params, config, [prompt], n, temperature=1.0, top_k=4,
                              rng=FixedDraws(*draws))
-    assert ref_sampled == spec_sampled
+    assert ref_sampled == [spec_sampled]
 
 
 def test_reference_generate_crops_stops_and_reports_logits():
     config, params = peaked("tiny")
     long_prompt = list(np.random.default_rng(1).integers(0, config.vocab_size, 40))
     cropped = long_prompt[-config.n_ctx:]
-    assert R.generate(params, config, long_prompt, 5, temperature=0) == \
-        R.generate(params, config, cropped, 5, temperature=0)
-    first = R.generate(params, config, cropped, 1, temperature=0)[0]
-    assert R.generate(params, config, cropped, 10, temperature=0, eot_token=first) == [first]
-    assert R.generate(params, config, cropped, 0, temperature=0) == []
-    tokens, logits = R.generate(params, config, [1, 2], 3, temperature=0, return_logits=True)
+    assert R.generate(params, config, [long_prompt], 5, temperature=0) == \
+        R.generate(params, config, [cropped], 5, temperature=0)
+    first = R.generate(params, config, [cropped], 1, temperature=0)[0][0]
+    assert R.generate(params, config, [cropped], 10, temperature=0, eot_token=first) == [[first]]
+    assert R.generate(params, config, [cropped], 0, temperature=0) == [[]]
+    [tokens], [logits] = R.generate(params, config, [[1, 2]], 3, temperature=0,
+                                    return_logits=True)
     expected = R.gpt_forward(np.array([1, 2, *tokens[:2]]), params, config)[1:]
     np.testing.assert_array_equal(logits, expected)
     assert tokens == [int(np.argmax(z)) for z in logits]
@@ -307,14 +308,14 @@ def test_reference_generate_crops_stops_and_reports_logits():
 
 def test_reference_sampling_stays_in_the_top_k_and_is_seeded():
     config, params = peaked("tiny")
-    tokens, logits = R.generate(params, config, [1], 12, temperature=1.5, top_k=3,
-                                rng=np.random.default_rng(4), return_logits=True)
+    [tokens], [logits] = R.generate(params, config, [[1]], 12, temperature=1.5, top_k=3,
+                                    rng=np.random.default_rng(4), return_logits=True)
     for t, z in zip(tokens, logits, strict=True):
         assert z[t] >= np.sort(z)[-3]
-    assert tokens == R.generate(params, config, [1], 12, temperature=1.5, top_k=3,
-                                rng=np.random.default_rng(4))
+    assert [tokens] == R.generate(params, config, [[1]], 12, temperature=1.5, top_k=3,
+                                  rng=np.random.default_rng(4))
     with pytest.raises(ValueError, match="rng"):
-        R.generate(params, config, [1], 2, temperature=1.0)
+        R.generate(params, config, [[1]], 2, temperature=1.0)
 
 
 # --- gptspec.fast.generate -------------------------------------------------------------------
@@ -333,9 +334,8 @@ def test_fast_greedy_equals_the_reference_loop(name):
     n = config.n_ctx + 5  # past n_ctx: cropping and the cache refill are exercised
     model = fast_model(config, params)
     tokens, logits = generate(model, PROMPTS, n, GREEDY, return_logits=True)
-    for prompt, got, got_logits in zip(PROMPTS, tokens, logits, strict=True):
-        ref, ref_logits = R.generate(params, config, prompt, n, temperature=0,
-                                     return_logits=True)
+    refs, refs_logits = R.generate(params, config, PROMPTS, n, temperature=0, return_logits=True)
+    for got, got_logits, ref, ref_logits in zip(tokens, logits, refs, refs_logits, strict=True):
         assert got == ref
         # float64 both ways: the cache changes only the summation order
         scale = np.abs(ref_logits).max()
@@ -437,3 +437,114 @@ def test_fast_generate_rejects_bad_input():
         with pytest.raises(ValueError, match=match):
             Sampling(**kwargs)
     assert generate(model, [[1]], 0) == [[]]
+
+
+# --- the generation checks catch planted bugs -----------------------------------------------
+
+from gptspec.conformance.runner import run_suite  # noqa: E402
+from gptspec.fast.backend import TorchBackend  # noqa: E402
+from gptspec.reference.backend import ReferenceBackend  # noqa: E402
+
+
+def run_checks(backend, *ids):
+    suite = run_suite(backend, profile="quick", seed=0, area="generation",
+                      select=lambda c: c.id in ids)
+    return {r.id: r.status for r in suite.results}
+
+
+class NucleusWithoutCrossingToken(TorchBackend):
+    def sampling_distribution(self, z, temperature=1.0, top_k=None, top_p=None):
+        q = R.sampling_distribution(z, temperature, top_k, None)
+        if top_p is None or temperature == 0:
+            return q
+        order = np.argsort(-q, kind="stable")
+        keep = np.cumsum(q[order]) < top_p  # stops before the token that crosses p
+        out = np.zeros_like(q)
+        out[order[keep]] = q[order[keep]]
+        return out / out.sum() if out.sum() else q
+
+
+class TopKExactlyK(TorchBackend):
+    def sampling_distribution(self, z, temperature=1.0, top_k=None, top_p=None):
+        if top_k is None or temperature == 0:
+            return R.sampling_distribution(z, temperature, None, top_p)
+        z = np.asarray(z, dtype=np.float64)
+        dropped = np.argsort(-z, kind="stable")[top_k:]  # ties broken by id, not kept
+        z = z.copy()
+        z[dropped] = -np.inf
+        return R.sampling_distribution(z, temperature, None, top_p)
+
+
+def _literal_loop(params, config, prompts, max_new_tokens, crop, next_logits=None, **options):
+    """The reference loop with a replaceable crop (for planted bugs)."""
+    out, out_logits = [], []
+    for prompt in prompts:
+        seq, new, logits = list(prompt), [], []
+        for n in range(1, max_new_tokens + 1):
+            z = R.gpt_forward(np.array(crop(seq, config.n_ctx)), params, config)[-1]
+            token = int(np.argmax(z))
+            seq.append(token)
+            new.append(token)
+            logits.append(z)
+            if R.stop_condition(token, n, max_new_tokens, options.get("eot_token")):
+                break
+        out.append(new)
+        out_logits.append(np.array(logits).reshape(len(new), config.vocab_size))
+    return (out, out_logits) if options.get("return_logits") else out
+
+
+class CropsTheWrongEnd(ReferenceBackend):
+    def generate(self, params, config, prompts, max_new_tokens, **options):
+        return _literal_loop(params, config, prompts, max_new_tokens,
+                             lambda seq, n_ctx: seq[:n_ctx], **options)
+
+
+class LeftPaddedBatch(TorchBackend):
+    """Pads a batch on the left with token 0 and lets the padding into the context."""
+
+    def generate(self, params, config, prompts, max_new_tokens, **options):
+        width = max(len(p) for p in prompts)
+        padded = [[0] * (width - len(p)) + list(p) for p in prompts]
+        return _literal_loop(params, config, padded, max_new_tokens,
+                             lambda seq, n_ctx: seq[-n_ctx:], **options)
+
+
+class GeneratorKeptAcrossCalls(TorchBackend):
+    """Seeds its sampler once, at construction, and ignores the caller's rng."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng = np.random.default_rng(0)
+
+    def generate(self, params, config, prompts, max_new_tokens, **options):
+        options["rng"] = self.rng
+        return super().generate(params, config, prompts, max_new_tokens, **options)
+
+
+class SamplesFromTheUnfilteredSoftmax(TorchBackend):
+    def generate(self, params, config, prompts, max_new_tokens, **options):
+        options.pop("top_k", None)
+        options.pop("top_p", None)
+        return super().generate(params, config, prompts, max_new_tokens, **options)
+
+
+@pytest.mark.parametrize("backend, check_id", [
+    (NucleusWithoutCrossingToken(dtype="float64"), "sampling_distribution.differential"),
+    (TopKExactlyK(dtype="float64"), "sampling_distribution.differential"),
+    (CropsTheWrongEnd(), "generate.greedy_reference"),
+    (LeftPaddedBatch(dtype="float64"), "generate.batch_invariance"),
+    (GeneratorKeptAcrossCalls(dtype="float64"), "generate.seeded"),
+    (SamplesFromTheUnfilteredSoftmax(dtype="float64"), "sample_token.support"),
+], ids=lambda x: type(x).__name__ if not isinstance(x, str) else x)
+def test_generation_checks_catch_planted_bugs(backend, check_id):
+    assert run_checks(backend, check_id)[check_id] == "fail"
+
+
+@pytest.mark.parametrize("backend", [ReferenceBackend(), TorchBackend(dtype="float32")],
+                         ids=["reference", "torch-float32"])
+def test_generation_checks_pass_honest_backends(backend):
+    from gptspec.conformance.registry import all_checks
+
+    ids = [c.id for c in all_checks("generation")]
+    assert len(ids) >= 6
+    assert set(run_checks(backend, *ids).values()) == {"pass"}

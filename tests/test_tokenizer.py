@@ -8,16 +8,23 @@ import json
 from collections import Counter
 
 import pytest
+import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gptspec.reference as reference
 from gptspec.conformance import checks_tokenizer as checks
+from gptspec.conformance.registry import all_checks, checks_for
+from gptspec.conformance.runner import run_suite
 from gptspec.fast.tokenizer import (
     ENDOFTEXT,
+    GPT2_NO_LOOKAHEAD,
+    WHITE_SPACE,
     FastTokenizerBackend,
     Tokenizer,
     TokenizerError,
+    cut_whitespace_runs,
+    split_for_threads,
     train_merges,
 )
 from gptspec.reference import tokenizer as ref
@@ -52,6 +59,7 @@ def test_every_tokenizer_entry_has_its_reference_function_and_back():
 
 def test_one_hot_is_not_duplicated_here():
     assert "one_hot" not in {e.id for e in ENTRIES}
+    assert REGISTRY["one_hot"].group == "embedding"
     assert "one_hot" in REGISTRY["encode"].notes
 
 
@@ -196,10 +204,38 @@ def test_fast_fallback_encoder_equals_tiktoken_path():
     assert tok_fallback.encode(sample) == tok.encode(sample) == ref.encode(sample, tok.merges)
 
 
-@pytest.mark.parametrize("check_id", list(checks.CHECKS))
+TOKENIZER_CHECKS = [c.id for c in all_checks("tokenizer")]
+
+
+def run_tokenizer_checks(backend, *ids, profile="quick"):
+    suite = run_suite(backend, profile=profile, seed=0, area="tokenizer",
+                      select=lambda c: c.id in ids)
+    return {r.id: r for r in suite.results}
+
+
+def test_tokenizer_checks_are_registered_for_the_entries():
+    assert len(TOKENIZER_CHECKS) == 6
+    covered = {e for c in all_checks("tokenizer") for e in c.entries}
+    assert {"train", "encode", "decode", "bpe_chunk", "split_special"} <= covered
+    assert checks_for("bpe_chunk") and all(c.area == "tokenizer" for c in checks_for("train"))
+
+
+@pytest.mark.parametrize("check_id", TOKENIZER_CHECKS)
 def test_fast_backend_passes_conformance_check(check_id):
-    _, check = checks.CHECKS[check_id]
-    check(FastTokenizerBackend(), settings(max_examples=40, deadline=None))
+    result = run_tokenizer_checks(FastTokenizerBackend(), check_id, profile="default")[check_id]
+    assert result.status == "pass", (result.detail, result.minimal_example)
+    assert result.examples > 0 and result.comparisons > 0
+
+
+def test_a_model_backend_without_a_tokenizer_is_reported_not_implemented():
+    class NoTokenizer:
+        name, version, device, dtype = "none", "0", "cpu", "float64"
+
+        def forward(self, config, params, tokens):
+            raise NotImplementedError
+
+    results = run_tokenizer_checks(NoTokenizer(), *TOKENIZER_CHECKS)
+    assert {r.status for r in results.values()} == {"not-implemented"}
 
 
 # --- the checks catch planted bugs -----------------------------------------------------------
@@ -267,7 +303,7 @@ PLANTED = {
     "train.matches_reference": Planted(train=first_seen_tie_break),
     "bpe_chunk.rank_order": Planted(encode=leftmost_first),
     "encode.matches_reference": Planted(encode=leftmost_first),
-    "decode.roundtrip": Planted(encode=lambda tok, s, a=(): tok.encode(s.rstrip(" "))),
+    "decode.round_trip": Planted(encode=lambda tok, s, a=(): tok.encode(s.rstrip(" "))),
     "split_special.allowed_and_disallowed": Planted(
         encode=lambda tok, s, a=(): tok.encode_ordinary(s)),
     "decode.out_of_range": Planted(
@@ -277,13 +313,13 @@ PLANTED = {
 
 @pytest.mark.parametrize("check_id", list(PLANTED))
 def test_conformance_check_catches_planted_bug(check_id):
-    _, check = checks.CHECKS[check_id]
-    with pytest.raises(AssertionError):
-        check(PLANTED[check_id], settings(max_examples=200, deadline=None))
+    result = run_tokenizer_checks(PLANTED[check_id], check_id, profile="thorough")[check_id]
+    assert result.status == "fail", (result.status, result.detail)
+    assert result.minimal_example  # the report shows the counterexample
 
 
 def test_every_check_has_a_planted_bug():
-    assert set(PLANTED) == set(checks.CHECKS)
+    assert set(PLANTED) == set(TOKENIZER_CHECKS)
 
 
 # --- the Tokenizer API and its errors ----------------------------------------------------------
@@ -296,6 +332,8 @@ def test_byte_level_tokenizer():
     with_eot = Tokenizer.byte_level([ENDOFTEXT])
     assert with_eot.vocab_size == 257 and with_eot.eot_token == 256
     assert with_eot.encode("a<|endoftext|>", allowed_special="all") == [97, 256]
+    assert with_eot.encode("a<|endoftext|>", allowed_special=ENDOFTEXT) == [97, 256]
+    assert with_eot.encode("", allowed_special="all") == [] == with_eot.encode("")
 
 
 def test_train_counts_special_tokens_in_the_vocab_size():
@@ -343,3 +381,106 @@ def test_project_file_is_plain_json_with_the_spec_data(tmp_path):
     assert doc["format"] == "gptspec-tokenizer" and doc["version"] == 1
     assert [tuple(m) for m in doc["merges"]] == tok.merges
     assert doc["special_tokens"] == {ENDOFTEXT: 299} and doc["pattern"] == ref.GPT2_PATTERN
+
+
+def test_merges_that_spell_the_same_bytes(tmp_path):
+    # (aa, a) and (a, aa) both spell "aaa": tiktoken cannot hold them, the fallback can
+    merges = [(97, 97), (256, 97), (97, 256)]
+    tok = Tokenizer(merges)
+    for s in ("aaa", "aaaa", "aaaaa a aa"):
+        assert tok.encode(s) == ref.encode(s, merges)
+        assert tok.decode(tok.encode(s)) == s
+    for fmt in ("tiktoken", "hf"):
+        with pytest.raises(TokenizerError, match="same bytes"):
+            tok.save(tmp_path / f"t.{fmt}", fmt)
+        assert not (tmp_path / f"t.{fmt}").exists()
+    tok.save(tmp_path / "t.json")
+    assert Tokenizer.load(tmp_path / "t.json").merges == merges
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=60) | small_texts()
+                | st.sampled_from(["it's  x", "a \n b", "x  ", "  ", "1,000 ", "ab.  c"]),
+                min_size=1, max_size=40),
+       st.integers(2, 8), st.sampled_from(checks.PATTERNS))
+def test_threaded_encoding_cuts_only_where_every_chunking_agrees(parts, n_threads, pattern):
+    text = "".join(parts)
+    tok = Tokenizer(ref.train(corpus()[:2000], 300, pattern), pattern)
+    assert tok.encode_ordinary(text, n_threads, min_piece=4) == tok.encode_ordinary(text)
+    pieces = split_for_threads(text, n_threads)
+    assert "".join(pieces) == text
+    chunks = ref.pretokenize(text, pattern)
+    assert [c for p in pieces for c in ref.pretokenize(p, pattern)] == chunks
+
+
+def test_threaded_encoding_of_a_long_text():
+    text = corpus() * 2
+    tok = Tokenizer.train(text[:20_000], 400)
+    assert tok.encode(text, num_threads=4) == tok.encode(text)
+    assert len(split_for_threads(text, 4)) == 4
+
+
+def test_white_space_is_what_the_patterns_call_whitespace():
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    assert [ord(c) for c in regex.findall(r"\s", every)] == sorted(WHITE_SPACE)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
+                | st.text(" \t\n\r\x0b\x0c\x85\xa0\u2000\u3000\x1cab1.'!", max_size=20),
+                min_size=1, max_size=20))
+def test_lookahead_free_pattern_on_cut_pieces_gives_gpt2_chunks(parts):
+    text = "".join(parts)
+    pieces = cut_whitespace_runs(text)
+    assert "".join(pieces) == text
+    chunks = [c for p in pieces for c in regex.findall(GPT2_NO_LOOKAHEAD, p)]
+    assert chunks == ref.pretokenize(text, ref.GPT2_PATTERN)
+
+
+def test_the_cut_is_needed():
+    # without it the lookahead-free pattern keeps a whole run of spaces in one chunk
+    assert regex.findall(GPT2_NO_LOOKAHEAD, "a   b") == ["a", "   ", "b"]
+    assert ref.pretokenize("a   b") == ["a", "  ", " b"]
+    assert cut_whitespace_runs("a   b\n\nc  ") == ["a  ", " b\n", "\nc  "]
+
+
+def hf_trained(tmp_path, special_tokens):
+    from tokenizers import Regex, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import BPE
+
+    hf = HFTokenizer(BPE())
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(ref.GPT2_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    trainer = trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=special_tokens)
+    hf.train_from_iterator([corpus()], trainer)
+    path = tmp_path / "tokenizer.json"
+    hf.save(str(path))
+    return hf, path
+
+
+def test_tokenizer_json_written_by_hf_tokenizers_loads_and_encodes_alike(tmp_path):
+    hf, path = hf_trained(tmp_path, [])
+    tok = Tokenizer.load(path)
+    assert tok.vocab_size == hf.get_vocab_size() == 600
+    assert tok.base != tuple(range(256))  # HF numbers the bytes in its own order
+    sample = corpus()[-5000:] + "naïve 😀 中文"
+    assert tok.encode(sample) == hf.encode(sample).ids
+    assert tok.encode(sample) == ref.encode(sample, tok.merges, base=tok.base)
+
+
+def test_tokenizer_json_with_special_tokens_first_is_a_clear_error(tmp_path):
+    from gptspec.fast.tokenizer_files import TokenizerFileError
+
+    _, path = hf_trained(tmp_path, [ENDOFTEXT])
+    with pytest.raises(TokenizerFileError, match=r"special tokens after them \(special tokens at"):
+        Tokenizer.load(path)
+    doc = json.loads(path.read_text())
+    doc["normalizer"] = {"type": "NFC"}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TokenizerFileError, match="normalizer"):
+        Tokenizer.load(path)

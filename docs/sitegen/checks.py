@@ -35,7 +35,7 @@ def _info(check: Any) -> CheckInfo:
         if budget:
             break
     description = ""
-    for name in ("description", "doc"):
+    for name in ("summary", "description", "doc"):
         description = _text(getattr(check, name, None)).strip()
         if description:
             break

@@ -1,6 +1,8 @@
 """The latest conformance results of the built-in backends, read from JSON reports.
 
-``gptspec conformance --report FILE`` writes one report per run. The site reads every
+``gptspec conformance --report FILE`` writes a report (schema ``gptspec-conformance``,
+documented in gptspec.conformance.report) holding one run per backend, device and dtype.
+The site reads every
 ``*.json`` under ``out/conformance/`` (or the files named in the environment variable
 ``GPTSPEC_CONFORMANCE_REPORTS``, separated by ``os.pathsep``) and shows, on each entry's
 page, the status of that entry's checks for each backend. With no report, pages say the
@@ -52,17 +54,11 @@ def report_paths(root: Path) -> list[Path]:
     return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
-def _first(mapping: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        if key in mapping and mapping[key] is not None:
-            return mapping[key]
-    return default
+SCHEMA = "gptspec-conformance"
+VERSIONS = (1, 2)  # 2 added settings.timeout_s, isolated, saved and adjudication
 
 
-def _describe_backend(data: dict[str, Any]) -> str:
-    info = _first(data, "backend", "header", default={})
-    if isinstance(info, str):
-        return info
+def _describe_backend(info: Any) -> str:
     if not isinstance(info, dict):
         return "unnamed backend"
     name = " ".join(str(info[k]) for k in ("name", "version") if info.get(k))
@@ -70,53 +66,63 @@ def _describe_backend(data: dict[str, Any]) -> str:
     return " · ".join([name or "unnamed backend", *rest])
 
 
-def _describe_settings(data: dict[str, Any]) -> str:
-    settings = _first(data, "settings", "suite", default={})
+def _describe_settings(settings: Any) -> str:
     if isinstance(settings, dict):
         return ", ".join(f"{k} {v}" for k, v in settings.items())
-    return str(settings)
+    return str(settings or "")
 
 
 def _check_result(item: Any, path: Path) -> CheckResult:
-    if not isinstance(item, dict) or "id" not in item:
-        raise ReportError(f"{path}: a check result without an 'id': {item!r:.80}")
-    entries = _first(item, "entries", "spec_entries", "entry", "spec_entry", default=())
-    if isinstance(entries, str):
-        entries = (entries,)
-    fraction = _first(item, "budget_fraction", "worst_fraction", "fraction_of_budget", "worst")
-    if isinstance(fraction, dict):  # {"fraction": ..., ...}
-        fraction = _first(fraction, "fraction", "budget_fraction")
-    try:
-        fraction = None if fraction is None else float(fraction)
-    except (TypeError, ValueError):
-        raise ReportError(f"{path}: check {item['id']!r} has a non-numeric error "
-                          f"fraction {fraction!r}") from None
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+        raise ReportError(f"conformance report {path}: a check without an id: {item!r:.80}")
+    entries = item.get("entries") or ()
+    if isinstance(entries, str) or not all(isinstance(e, str) for e in entries):
+        raise ReportError(f"conformance report {path}: check {item['id']!r} has no list of "
+                          "entries")
+    fraction = item.get("worst_fraction")
+    if fraction is not None and (isinstance(fraction, bool)
+                                 or not isinstance(fraction, (int, float))):
+        raise ReportError(f"conformance report {path}: check {item['id']!r} has a "
+                          f"non-numeric worst_fraction {fraction!r}")
+    message = item.get("detail") or ""
+    if item.get("blocked_by"):
+        message = f"blocked by {item['blocked_by']}" + (f": {message}" if message else "")
     return CheckResult(
-        check_id=str(item["id"]),
-        entries=tuple(str(e) for e in entries),
-        status=str(_first(item, "status", default="unknown")),
-        budget_fraction=fraction,
-        message=str(_first(item, "message", "blocked_by", default="")),
+        check_id=item["id"],
+        entries=tuple(entries),
+        status=str(item.get("status", "unknown")),
+        budget_fraction=None if fraction is None else float(fraction),
+        message=str(message),
     )
 
 
-def load_report(path: Path) -> BackendReport:
+def load_report(path: Path) -> list[BackendReport]:
+    """Every run (a backend on a device in a dtype) in one report file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ReportError(f"conformance report {path}: cannot be read: {err}") from None
-    if not isinstance(data, dict):
-        raise ReportError(f"conformance report {path}: expected a JSON object")
-    checks = _first(data, "checks", "results", default=None)
-    if not isinstance(checks, list):
-        raise ReportError(f"conformance report {path}: no list of 'checks'")
-    return BackendReport(
-        path=path,
-        backend=_describe_backend(data),
-        settings=_describe_settings(data),
-        results=tuple(_check_result(c, path) for c in checks),
-    )
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ReportError(f"conformance report {path}: not a {SCHEMA} report")
+    if data.get("version") not in VERSIONS:
+        raise ReportError(f"conformance report {path}: schema version {data.get('version')!r} "
+                          f"is not one this site reads ({VERSIONS})")
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ReportError(f"conformance report {path}: no list of runs")
+    reports = []
+    for run in runs:
+        checks = run.get("checks")
+        if not isinstance(checks, list):
+            raise ReportError(f"conformance report {path}: a run without a list of checks")
+        reports.append(BackendReport(
+            path=path,
+            backend=_describe_backend(run.get("backend")),
+            settings=_describe_settings(run.get("settings")),
+            results=tuple(_check_result(c, path) for c in checks),
+        ))
+    return reports
 
 
 def load_reports(root: Path) -> list[BackendReport]:
-    return [load_report(p) for p in report_paths(root)]
+    return [run for p in report_paths(root) for run in load_report(p)]

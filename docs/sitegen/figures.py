@@ -60,13 +60,9 @@ def _batches(tokens: np.ndarray, n_ctx: int, rng: np.random.Generator):
 
 
 def model_class() -> tuple[Any, str]:
-    """The fast backend's model class; until gptspec.fast has one, a minimal stand-in."""
-    try:
-        from gptspec.fast.model import GPT
-    except ImportError:
-        from sitegen.standin_model import StandInGPT
+    """The fast backend's model class, and how the figures page names it."""
+    from gptspec.fast.model import GPT
 
-        return StandInGPT, "a minimal PyTorch stand-in (gptspec.fast.model is not installed)"
     return GPT, "the fast backend (gptspec.fast.model.GPT)"
 
 
@@ -77,6 +73,7 @@ def build_model(config: Any) -> Any:
 def train(data: bytes) -> tuple[Any, dict[str, np.ndarray], dict[str, list[float]]]:
     """Train the tiny model; returns (config, float64 schema parameters, loss history)."""
     import torch
+
     from gptspec.spec import GPTConfig
 
     config = GPTConfig(**CONFIG)
@@ -137,9 +134,8 @@ def _train(config: Any, tokens: np.ndarray) -> tuple[Any, dict[str, np.ndarray],
 def attention_patterns(config: Any, params: dict[str, np.ndarray], tokens: np.ndarray
                        ) -> list[np.ndarray]:
     """Per layer, the (h, T, T) attention weights, computed with the reference functions."""
-    from gptspec.reference.forward import BLOCK, block_parameters
-
     from gptspec import reference as ref
+    from gptspec.reference.forward import BLOCK, block_parameters
 
     H = ref.input_representation(ref.token_embedding(tokens, params["wte"]),
                                  ref.positional_embedding(len(tokens), params["wpe"]))
@@ -202,7 +198,10 @@ def make_figures(out_dir: Path, cache_root: Path) -> dict[str, float]:
 
     matplotlib.use("Agg")
     data = corpus()
-    cache = cache_root / _cache_key(data)
+    try:
+        cache = cache_root / _cache_key(data)
+    except ImportError as err:
+        raise FigureError(f"the figures need gptspec.fast to train a model: {err}") from None
     stats_file = cache / "stats.json"
     if not stats_file.is_file():
         try:
@@ -220,7 +219,9 @@ def make_figures(out_dir: Path, cache_root: Path) -> dict[str, float]:
         stats = {"train_seconds": seconds, "steps": STEPS, "final_val": history["val"][-1],
                  "model": model_class()[1]}
         (tmp / "stats.json").write_text(json.dumps(stats))
-        shutil.rmtree(cache, ignore_errors=True)
+        for old in cache_root.iterdir():  # results of other code or settings
+            if old != tmp:
+                shutil.rmtree(old, ignore_errors=True)
         tmp.rename(cache)
     from sitegen.spec_pages import write_if_changed
 

@@ -48,8 +48,9 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], css_class: str =
     body = "".join(
         "\n<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows
     )
-    return (f'{wrap}<div class="md-typeset__table"><table>\n<thead><tr>{head}</tr></thead>\n'
-            f"<tbody>{body}\n</tbody>\n</table></div></div>\n")
+    return (f'{wrap}<div class="md-typeset__scrollwrap"><div class="md-typeset__table"><table>'
+            f"\n<thead><tr>{head}</tr></thead>\n<tbody>{body}\n</tbody>\n</table></div></div>"
+            "</div>\n")
 
 
 def fenced(source: str, language: str = "python") -> str:

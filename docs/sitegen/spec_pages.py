@@ -10,8 +10,10 @@ each, its reference function, its conformance checks and its page, and
 from __future__ import annotations
 
 import inspect
+import re
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +28,7 @@ from sitegen.conformance_results import BackendReport
 from sitegen.markup import code, display_math, esc, inline_math, link, markdown_math, table
 
 SPEC_DIR = "spec"
+ENTRY_CODE = re.compile(r"(?<![\[`])`([a-z][a-z0-9_]*)`(?!`)")
 GROUP_TITLES = {
     "tokenizer": "Tokenizer",
     "embedding": "Embedding",
@@ -169,17 +172,37 @@ def _symbols_table(entry: Any) -> str:
     return table(["Symbol", "Shape", "Meaning"], rows, "gs-symbols")
 
 
-def _decisions(entry: Any) -> str:
+def link_entries(text: str, ids: AbstractSet[str], self_id: str = "") -> str:
+    """`id` in an entry's prose becomes a link to that entry's page (pages are siblings)."""
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in ids and name != self_id:
+            return f"[`{name}`]({name}.md)"
+        return match.group(0)
+
+    return ENTRY_CODE.sub(replace, text)
+
+
+def _decisions(entry: Any, ids: AbstractSet[str] = frozenset()) -> str:
     if not entry.decisions:
         return ""
     parts = ["## Where the documents disagree\n"]
     for d in entry.decisions:
-        parts.append(f"### {d.question}\n")
+        # A paragraph, not a heading: the table of contents would show its math untypeset.
+        parts.append(f'<p class="gs-question" markdown>**{d.question}**</p>\n')
         for r in d.readings:
             reading = markdown_math(r.reading) if looks_like_latex(r.reading) else r.reading
             parts.append(f"- **{r.source}**: {reading}")
-        parts.append(f"\n**Decision.** {d.decision}\n\n**Why.** {d.why}\n")
+        parts.append(f"\n**Decision.** {link_entries(d.decision, ids, entry.id)}\n\n"
+                     f"**Why.** {link_entries(d.why, ids, entry.id)}\n")
     return "\n".join(parts) + "\n"
+
+
+def percent(fraction: float | None) -> str:
+    """A check's worst error as a percentage of its budget (a pass is at most 100%)."""
+    if fraction is None:
+        return "—"
+    return "∞" if fraction == float("inf") else f"{100 * fraction:.3g}%"
 
 
 def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
@@ -198,14 +221,16 @@ def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
             continue
         rows = []
         for r in results:
-            used = "—" if r.budget_fraction is None else f"{r.budget_fraction:.3g}"
+            used = percent(r.budget_fraction)
             rows.append([code(r.check_id), f'<span class="gs-status gs-{esc(r.status)}">'
                          f"{esc(r.status)}</span>", used, esc(r.message)])
-        out.append(table(["Check", "Status", "Worst error / budget", "Note"], rows))
+        out.append(table(["Check", "Status", "Worst error / budget", "Note"], rows, "gs-results"))
     return "\n".join(out)
 
 
-def entry_page(view: EntryView, reports: Sequence[BackendReport]) -> str:
+def entry_page(view: EntryView, reports: Sequence[BackendReport],
+               ids: AbstractSet[str] = frozenset()) -> str:
+    """The page of one entry; ``ids`` are the entries its prose may link to."""
     e = view.entry
     ref = view.reference
     left = (
@@ -225,10 +250,10 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport]) -> str:
         f'<div class="gs-beside">\n{left}\n{right}\n</div>\n',
         "## Sources\n",
         "\n".join(f"- {esc(str(s))}" for s in e.sources) + "\n",
-        _decisions(e),
+        _decisions(e, ids),
     ]
     if e.notes:
-        parts += ["## Notes\n", textwrap.dedent(e.notes).strip() + "\n"]
+        parts += ["## Notes\n", link_entries(textwrap.dedent(e.notes).strip(), ids, e.id) + "\n"]
     parts += [
         "## Meaning (sympy)\n",
         "This function is the definition; the LaTeX above displays it. The tests "
@@ -294,10 +319,23 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
             parts.append(f"Settings: {esc(report.settings)}.\n")
         rows = [[code(r.check_id), esc(", ".join(r.entries)),
                  f'<span class="gs-status gs-{esc(r.status)}">{esc(r.status)}</span>',
-                 "—" if r.budget_fraction is None else f"{r.budget_fraction:.3g}"]
-                for r in report.results]
-        parts.append(table(["Check", "Spec entry", "Status", "Worst error / budget"], rows))
+                 percent(r.budget_fraction)] for r in report.results]
+        parts.append(table(["Check", "Spec entry", "Status", "Worst error / budget"], rows,
+                           "gs-results"))
     return "\n".join(parts) + "\n"
+
+
+def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]) -> str:
+    """The named configurations, with their parameter counts."""
+    norms = {"pre": "pre-LN", "post": "post-LN", "guide": "one residual"}
+    rows = [[code(name), str(c.vocab_size), str(c.n_ctx), str(c.d_model), str(c.n_layers),
+             str(c.n_heads), str(c.d_ff), norms.get(c.norm, esc(c.norm)), code(c.ffn),
+             "tied" if c.tied_embeddings else "untied", f"{parameter_count(c):,}"]
+            for name, c in presets.items()]
+    header = ["preset", inline_math("V"), inline_math(r"n_{\text{ctx}}"), inline_math("d"),
+              inline_math("L"), inline_math("h"), inline_math(r"d_{\text{ff}}"), "block", "FFN",
+              "output", "parameters"]
+    return table(header, rows)
 
 
 # --- writing -------------------------------------------------------------------------------
@@ -318,7 +356,8 @@ def write_if_changed(path: Path, text: str | bytes) -> None:
 def render_pages(views: Sequence[EntryView], groups: Sequence[str],
                  reports: Sequence[BackendReport]) -> dict[str, str]:
     """Every generated page by its path under the site's docs root."""
-    pages = {v.page: entry_page(v, reports) for v in views}
+    ids = {v.entry.id for v in views}
+    pages = {v.page: entry_page(v, reports, ids) for v in views}
     pages[f"{SPEC_DIR}/index.md"] = index_page(views, groups)
     pages[f"{SPEC_DIR}/conformance.md"] = conformance_page(reports)
     pages[f"{SPEC_DIR}/traceability.md"] = traceability_page(views, set(pages))

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SOURCE", help="CHECKPOINT_DIR or HF_DIR")
     parser.add_argument("out", metavar="OUT_DIR", help="where to write the converted model")
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="dtype of the written weights (default float32)")
+                        help="dtype of the written weights (default float32; bfloat16 only "
+                             "with --to-hf: checkpoints hold float32 or float64)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
             save_hf_dir(out, config, params, dtype=getattr(torch, args.dtype))
             print(f"wrote {out} (transformers GPT2LMHeadModel, {args.dtype})")
         else:
+            if args.dtype == "bfloat16":
+                raise CLIError("--dtype bfloat16 is for --to-hf only: gptspec checkpoints "
+                               "hold float32 or float64")
             if model_file(out).exists():
                 raise CLIError(f"{model_file(out)} already exists; choose another OUT_DIR")
             source = Path(args.source)
@@ -63,8 +67,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cast(params: dict, dtype: str) -> dict:
-    if dtype == "bfloat16":  # NumPy has no bfloat16: round through torch
-        import torch
-
-        return {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in params.items()}
     return {k: v.astype(dtype) for k, v in params.items()}

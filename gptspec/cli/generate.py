@@ -66,14 +66,14 @@ def load_checkpoint(directory: str) -> tuple[Any, Any, Any]:
         raise CLIError(f"checkpoint {directory!r} is not a directory")
     try:
         config, params = load_model(path)
-    except Exception as err:  # any failure to read the file is the user's file's problem
+    except (ValueError, OSError) as err:  # CheckpointError is a ValueError
         raise CLIError(f"cannot load the model from {directory!r}: {_one_line(err)}") from None
     tokenizer_file = path / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise CLIError(f"checkpoint {directory!r} has no tokenizer.json")
     try:
         tokenizer = Tokenizer.load(tokenizer_file)
-    except Exception as err:
+    except (ValueError, OSError) as err:  # TokenizerError is a ValueError
         raise CLIError(f"cannot load the tokenizer from {str(tokenizer_file)!r}: "
                        f"{_one_line(err)}") from None
     return config, params, tokenizer
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                        f"{config.vocab_size}: they do not belong together")
     try:
         prompt = tokenizer.encode(args.prompt)
-    except Exception as err:
+    except ValueError as err:
         raise CLIError(f"cannot encode the prompt: {_one_line(err)}") from None
     eot = tokenizer.eot_token
     if not prompt:

@@ -54,13 +54,13 @@ def config_of(name: str) -> GPTConfig:
 def human(n: int, unit: str = "") -> str:
     """1234567 → '1.23 M'; bytes in binary units."""
     if unit == "B":
-        for suffix, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if n >= scale:
-                return f"{n / scale:.2f} {suffix}"
+        for suffix, power in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if n >= 2**power:
+                return f"{n / 2**power:.2f} {suffix}"
         return f"{n} B"
-    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {suffix}{unit}"
+    for suffix, exponent in (("G", 9), ("M", 6), ("k", 3)):
+        if n >= 10**exponent:
+            return f"{n / 10**exponent:.2f} {suffix}{unit}"
     return f"{n} {unit}".strip()
 
 

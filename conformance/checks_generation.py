@@ -1,0 +1,350 @@
+"""Generation: the sampling distribution, greedy decoding, the KV cache, batching, seeds.
+
+The backend operations are named and called like their reference functions:
+``sampling_distribution(z, temperature, top_k, top_p)`` and
+``generate(params, config, prompts, max_new_tokens, *, temperature, top_k, top_p,
+eot_token, rng, return_logits)``.
+
+Greedy tokens are compared exactly, with one allowance: where the reference's two best
+logits lie within the logits' budget of each other, a backend may legitimately pick the
+other one (its logits are only known to that budget); from that step on the sequences
+differ and are not compared further. A divergence anywhere else fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gptspec.conformance import budgets as B
+from gptspec.conformance.budgets import Precision
+from gptspec.conformance.registry import check
+from gptspec.conformance.strategies import arrays, configs, parameter_recipes
+from hypothesis import strategies as st
+
+from gptspec import reference as ref
+
+AREA = "generation"
+MODEL = "the model's logits budget (budgets.gpt_forward_bound) at each step's context"
+DEPENDS = ("gpt_forward.differential",)
+
+
+# --- cases -------------------------------------------------------------------------------------
+
+
+@st.composite
+def generation_cases(draw, dtype: str):
+    """A small model, its parameters (rounded to the dtype), 1–3 prompts (some longer
+    than n_ctx), a number of new tokens that runs past n_ctx, and maybe an end-of-text id."""
+    config = draw(configs(max_layers=2, max_ctx=6, max_vocab=16))
+    recipe = draw(parameter_recipes(config, dtype))
+    params = {k: B.round_to(v, dtype) for k, v in recipe.make().items()}
+    n_prompts = draw(st.integers(1, 3), label="prompts")
+    prompts = [draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
+                             max_size=config.n_ctx + 2), label=f"prompt {b}")
+               for b in range(n_prompts)]
+    max_new = draw(st.integers(1, config.n_ctx + 3), label="max_new_tokens")
+    eot = draw(st.one_of(st.none(), st.integers(0, config.vocab_size - 1)), label="eot")
+    return config, params, prompts, max_new, eot
+
+
+def _logit_budget(context: list[int], params, config, p: Precision) -> np.ndarray:
+    """Budget of the last row of logits of ``context`` (V,)."""
+    tokens = np.asarray([context])
+    return B.budget(B.gpt_forward_bound(tokens, params, config, p))[0, -1]
+
+
+def _near_tie(z: np.ndarray, a: int, b: int, bound: np.ndarray) -> bool:
+    """Tokens a and b are both a plausible arg-max of logits known to within ``bound``."""
+    return abs(float(z[a]) - float(z[b])) <= float(bound[a] + bound[b])
+
+
+def _compare_greedy(ctx, what: str, prompt: list[int], got: list[int], got_logits,
+                    want: list[int], want_logits, params, config, factor: float) -> None:
+    """Token for token, logits within ``factor`` × budget, up to a legitimate divergence."""
+    p = ctx.precision
+    seq = list(prompt)
+    for n, (g, w) in enumerate(zip(got, want, strict=False)):
+        context = ref.crop_context(seq, config.n_ctx)
+        bound = factor * _logit_budget(context, params, config, p)
+        if got_logits is not None:
+            ctx.record(f"{what}: logits of step {n + 1}",
+                       B.compare(got_logits[n], want_logits[n], bound))
+        if g != w:
+            z = np.asarray(want_logits[n], dtype=np.float64)
+            ctx.require(_near_tie(z, g, w, bound),
+                        f"{what}: step {n + 1} chose token {g}, expected {w} (logits "
+                        f"{z[g]:.9g} vs {z[w]:.9g}, beyond the budget {bound[g] + bound[w]:.3g}"
+                        f" of a near tie)")
+            return  # the sequences differ from here on: nothing more to compare
+        seq.append(g)
+    ctx.require(len(got) == len(want),
+                f"{what}: {len(got)} tokens, expected {len(want)} (the stop conditions: "
+                f"end-of-text or the length)")
+
+
+def _generate(ctx, params, config, prompts, max_new, **options):
+    out = ctx.op("generate")(params, config, [list(p) for p in prompts], max_new, **options)
+    tokens, logits = out if options.get("return_logits") else (out, None)
+    ctx.require(len(tokens) == len(prompts),
+                f"generate returned {len(tokens)} sequences for {len(prompts)} prompts")
+    return [[int(t) for t in seq] for seq in tokens], logits
+
+
+# --- greedy decoding, the KV cache, batches ----------------------------------------------------
+
+
+@check("generate.greedy_reference", entries=("generate", "greedy_token", "crop_context",
+                                             "stop_condition"),
+       ops=("generate",), depends_on=DEPENDS, area=AREA, budget=MODEL)
+def greedy_reference(backend, ctx):
+    """Greedy generation equals the reference's token for token, and each step's logits
+    (computed however the backend likes: a KV cache) are within the model's budget of the
+    reference's, which recomputes the full forward on the cropped context every step.
+    Prompts longer than n_ctx and generations past n_ctx are included (cropping), and
+    an end-of-text id stops a sequence."""
+    @ctx.given(case=generation_cases(ctx.precision.dtype))
+    def _(case):
+        config, params, prompts, max_new, eot = case
+        got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
+                                    eot_token=eot, return_logits=True)
+        want, want_logits = ref.generate(params, config, prompts, max_new, temperature=0.0,
+                                         eot_token=eot, return_logits=True)
+        for b, prompt in enumerate(prompts):
+            _compare_greedy(ctx, f"sequence {b}", prompt, got[b], got_logits[b], want[b],
+                            want_logits[b], params, config, factor=1.0)
+
+
+@check("kv_cache_attention.cache_vs_no_cache", entries=("kv_cache_attention", "generate"),
+       ops=("generate",), depends_on=DEPENDS, kind="property", area=AREA,
+       budget="twice the model's budget: both paths are within it of the same exact logits")
+def cache_vs_no_cache(backend, ctx):
+    """The KV-cache identity in the backend: the logits its generation step used equal
+    its own forward pass over the whole (cropped) context within twice the model's budget,
+    and the greedy token is that forward pass's arg-max (up to a near tie)."""
+    @ctx.given(case=generation_cases(ctx.precision.dtype))
+    def _(case):
+        config, params, prompts, max_new, _ = case
+        got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
+                                    return_logits=True)
+        for b, prompt in enumerate(prompts):
+            seq = list(prompt)
+            rows = []
+            for n in range(len(got[b])):
+                context = ref.crop_context(seq, config.n_ctx)
+                rows.append(np.asarray(backend.forward(config, params, np.asarray([context])),
+                                       dtype=np.float64)[0, -1])
+                seq.append(got[b][n])
+            want = [int(np.argmax(r)) for r in rows]
+            _compare_greedy(ctx, f"sequence {b} (cache vs forward)", prompt, got[b],
+                            got_logits[b], want, rows, params, config, factor=2.0)
+
+
+@check("generate.batch_invariance", entries="generate", ops=("generate",),
+       depends_on=("generate.greedy_reference",), kind="property", area=AREA,
+       budget="twice the model's budget (a batch may change the summation order)")
+def batch_invariance(backend, ctx):
+    """Batch invariance: a prompt generated alone and inside a batch of other prompts (of
+    other lengths) gives the same greedy tokens (up to a near tie of its logits)."""
+    @ctx.given(case=generation_cases(ctx.precision.dtype))
+    def _(case):
+        config, params, prompts, max_new, eot = case
+        together, together_logits = _generate(ctx, params, config, prompts, max_new,
+                                              temperature=0.0, eot_token=eot,
+                                              return_logits=True)
+        for b, prompt in enumerate(prompts):
+            [alone], [alone_logits] = _generate(ctx, params, config, [prompt], max_new,
+                                                temperature=0.0, eot_token=eot,
+                                                return_logits=True)
+            _compare_greedy(ctx, f"sequence {b} in a batch of {len(prompts)} vs alone",
+                            prompt, together[b], together_logits[b], alone, alone_logits,
+                            params, config, factor=2.0)
+
+
+# --- the sampling distribution -----------------------------------------------------------------
+
+
+def _sampling_precision(p: Precision) -> Precision:
+    """Sampling runs in float32 at least (16-bit logits are widened first)."""
+    return p if p.dtype in ("float64", "float32") else Precision.of("float32")
+
+
+def filter_certainty(y: np.ndarray, top_k: int | None, top_p: float | None,
+                     sp: Precision) -> tuple[np.ndarray, np.ndarray] | None:
+    """Which tokens every correct implementation keeps (``certain_in``) and drops
+    (``certain_out``), given logits y = z/τ known to within their rounding. None where a
+    top-k boundary is uncertain and a nucleus follows (its masses then depend on it)."""
+    V = y.size
+    certain_in = np.ones(V, dtype=bool)
+    certain_out = np.zeros(V, dtype=bool)
+    kept = np.ones(V, dtype=bool)
+    if top_k is not None:
+        kth = np.sort(y)[::-1][min(top_k, V) - 1]
+        # fl(·/τ) is monotone: a value ≥ z_(k) stays ≥; below by more than two roundings
+        # of the threshold, it stays below
+        certain_in &= y >= kth
+        certain_out |= y < kth - 2 * sp.u * abs(kth) - sp.tiny
+        if top_p is not None and not np.all(certain_in | certain_out):
+            return None
+        kept = certain_in.copy()
+    if top_p is not None and top_p < 1:
+        masked = np.where(kept, y, -np.inf)
+        P, eP = B.softmax_bound(masked, np.where(kept, sp.u * np.abs(y), 0.0), sp)
+        dP = B.budget(eP)
+        d_mass = B.LAMBDA * (np.sqrt(np.sum(eP**2)) + sp.sum_scale(V))
+        ids = np.arange(V)
+        for i in np.flatnonzero(kept):
+            others = kept & (ids != i)
+            # may come before i: larger up to the roundings, or exactly equal with a lower id
+            maybe_ahead = others & ((P > P[i]) | (np.abs(P - P[i]) <= dP + dP[i]))
+            maybe_ahead &= ~((P == P[i]) & (ids > i))
+            surely_ahead = others & ((P > P[i] + dP + dP[i]) | ((P == P[i]) & (ids < i)))
+            if not np.sum(P[maybe_ahead]) < top_p - d_mass:
+                certain_in[i] = False  # only kept when the mass before i is below p anyway
+            if np.sum(P[surely_ahead]) >= top_p + d_mass:
+                certain_out[i] = True
+    return certain_in & ~certain_out, certain_out
+
+
+@st.composite
+def sampling_settings(draw, V: int):
+    temperature = draw(st.sampled_from((0.0, 0.5, 1.0, 2.0)), label="temperature")
+    top_k = draw(st.one_of(st.none(), st.integers(1, V + 1)), label="top_k")
+    top_p = draw(st.one_of(st.none(), st.sampled_from((0.1, 0.5, 0.9, 0.99, 1.0)),
+                           st.floats(0.01, 1.0)), label="top_p")
+    return temperature, top_k, top_p
+
+
+FIXED_CASES = [
+    ([2.0, 2.0, 2.0, 0.0], 1.0, 2, None),  # top-k keeps all three tied with the 2nd value
+    ([0.0, 1.0, 1.0, 1.0, -1.0], 0.5, 1, None),
+    (list(np.log([0.2, 0.5, 0.3])), 1.0, None, 0.6),  # 0.3 crosses p: kept
+    (list(np.log([0.5, 0.3, 0.2])), 1.0, None, 0.75),
+    ([0.0, 0.0, 0.0, 0.0], 1.0, None, 0.5),  # equal probabilities: the lower ids
+    ([1.0, 3.0, 3.0, 0.0], 0.0, None, None),  # greedy: the first maximum
+    ([1.0, 1.0, 1.0, 0.0, 0.0], 2.0, 4, 0.5),
+]
+
+
+@check("sampling_distribution.differential",
+       entries=("sampling_distribution", "temperature_softmax", "top_k_filter",
+                "nucleus_filter", "greedy_token"),
+       ops=("sampling_distribution",), area=AREA,
+       budget="the filters: exact off rounding-close boundaries; the values: softmax budget")
+def sampling_distribution(backend, ctx):
+    """The distribution the backend samples from, against the spec's, on the
+    distribution itself (so no draw can leave the set, whatever the luck):
+
+    * τ = 0: the one-hot of the lowest-id maximum, exactly;
+    * every token the spec keeps for certain has positive probability and every token it
+      drops for certain has probability exactly 0. "For certain" allows rounding only:
+      top-k keeps all ties with the k-th value (exact ties in the input stay ties);
+      the nucleus is the shortest prefix, by descending probability and then ascending
+      id, whose mass reaches p — a token is uncertain only when its probability or the
+      prefix mass is within the budget of another token's or of p;
+    * equal logits are treated alike by top-k; by the nucleus, the lower id first;
+    * the probabilities are softmax(z/τ) renormalised over the backend's own kept set,
+      within the softmax budget."""
+    p = ctx.precision
+    sp = _sampling_precision(p)
+
+    def one(z: np.ndarray, tau: float, top_k: int | None, top_p: float | None) -> None:
+        V = z.size
+        q = np.asarray(ctx.op("sampling_distribution")(z, tau, top_k, top_p), dtype=np.float64)
+        ctx.require(q.shape == (V,), f"distribution of shape {q.shape}, expected {(V,)}")
+        if tau == 0:
+            ctx.record("greedy one-hot", B.exact(q, ref.sampling_distribution(z, 0.0)))
+            return
+        y = z / tau
+        certainty = filter_certainty(y, top_k, top_p, sp)
+        ctx.require(bool(np.all(q >= 0)) and bool(np.all(np.isfinite(q))),
+                    f"the distribution has negative or non-finite entries: {q}")
+        kept = q > 0
+        if certainty is not None:
+            certain_in, certain_out = certainty
+            expected_in = ref.softmax(np.where(certain_in | kept, y, -np.inf))
+            visible = certain_in & (expected_in > B.budget(sp.store(expected_in)))
+            missing = np.flatnonzero(visible & ~kept)
+            ctx.require(missing.size == 0, f"token {missing[:1]} must be kept (τ={tau}, "
+                        f"top_k={top_k}, top_p={top_p}) but has probability 0")
+            extra = np.flatnonzero(certain_out & kept)
+            ctx.require(extra.size == 0, f"token {extra[:1]} must be dropped (τ={tau}, "
+                        f"top_k={top_k}, top_p={top_p}) but has probability {q[extra[:1]]}")
+        ties = [(i, j) for i in range(V) for j in range(i + 1, V) if z[i] == z[j]]
+        for i, j in ties:
+            if top_p is None or top_p >= 1:  # top-k alone: a threshold on values
+                ctx.require(kept[i] == kept[j],
+                            f"tokens {i} and {j} have equal logits, but only one is kept")
+            else:
+                ctx.require(kept[i] or not kept[j],
+                            f"tokens {i} < {j} have equal logits; {j} is kept, {i} is not")
+        # the values over the backend's own set
+        support = kept | (certainty[0] if certainty is not None else False)
+        masked = np.where(support, y, -np.inf)
+        expected, e = B.softmax_bound(masked, np.where(support, sp.u * np.abs(y), 0.0), sp)
+        # e includes the storage rounding, but its quadrature sum underflows below ~1e-154
+        bound = B.budget(np.maximum(e, sp.store(expected)))
+        ctx.record("probabilities over the kept set", B.compare(q, expected, bound))
+
+    # The cases the rules are about, every run: ties at the k-th value, the token that
+    # crosses p, equal probabilities at the nucleus's edge, the lowest-id maximum.
+    for z, tau, top_k, top_p in FIXED_CASES:
+        one(B.round_to(np.array(z, dtype=np.float64), p.dtype), tau, top_k, top_p)
+
+    @ctx.given(data=st.data())
+    def _(data):
+        V = data.draw(st.integers(2, 24), label="V")
+        tied = st.lists(st.integers(-2, 2), min_size=V, max_size=V).map(
+            lambda v: np.array(v, dtype=np.float64))  # exact ties: the tie rules matter
+        z = B.round_to(data.draw(st.one_of(arrays((V,), p.dtype), tied), label="logits"),
+                       p.dtype)
+        one(z, *data.draw(sampling_settings(V)))
+
+
+# --- drawing --------------------------------------------------------------------------------
+
+
+@check("sample_token.support", entries=("sample_token", "top_k_filter", "nucleus_filter"),
+       ops=("generate",), depends_on=("sampling_distribution.differential",),
+       kind="property", area=AREA, budget="the filters' certainty (see the distribution check)")
+def sample_token_support(backend, ctx):
+    """Every sampled token lies in the filtered set of the logits it was drawn from: no
+    token that top-k or the nucleus drops for certain is ever drawn."""
+    sp = _sampling_precision(ctx.precision)
+
+    @ctx.given(case=generation_cases(ctx.precision.dtype), data=st.data())
+    def _(case, data):
+        config, params, prompts, max_new, eot = case
+        tau = data.draw(st.sampled_from((0.5, 1.0, 2.0)), label="temperature")
+        # settings that drop tokens (else there is nothing to check)
+        top_k, top_p = data.draw(st.tuples(st.one_of(st.none(), st.integers(1, 3)),
+                                           st.sampled_from((None, 0.3, 0.6, 0.9)))
+                                 .filter(lambda s: s != (None, None)), label="top_k, top_p")
+        seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+        tokens, logits = _generate(ctx, params, config, prompts, max_new, temperature=tau,
+                                   top_k=top_k, top_p=top_p, eot_token=eot,
+                                   rng=np.random.default_rng(seed), return_logits=True)
+        for b, seq in enumerate(tokens):
+            for n, t in enumerate(seq):
+                y = np.asarray(logits[b][n], dtype=np.float64) / tau
+                certainty = filter_certainty(y, top_k, top_p, sp)
+                if certainty is not None:
+                    ctx.require(not certainty[1][t],
+                                f"sequence {b}, step {n + 1}: drew token {t}, which "
+                                f"top_k={top_k} / top_p={top_p} drop")
+
+
+@check("generate.seeded", entries=("sample_token", "generate"), ops=("generate",),
+       kind="property", area=AREA, budget="exact: the same seed gives the same tokens")
+def seeded(backend, ctx):
+    """With a fixed seed, sampling is reproducible: the same generator state gives the
+    same tokens."""
+    @ctx.given(case=generation_cases(ctx.precision.dtype), data=st.data())
+    def _(case, data):
+        config, params, prompts, max_new, eot = case
+        tau, top_k, top_p = data.draw(sampling_settings(config.vocab_size))
+        seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+        options = dict(temperature=tau or 1.0, top_k=top_k, top_p=top_p, eot_token=eot)
+        first, _ = _generate(ctx, params, config, prompts, max_new,
+                             rng=np.random.default_rng(seed), **options)
+        again, _ = _generate(ctx, params, config, prompts, max_new,
+                             rng=np.random.default_rng(seed), **options)
+        ctx.require(first == again, f"seed {seed} gave {first}, then {again}")

@@ -1,0 +1,411 @@
+"""Training with torch autograd: AdamW, clipping, the learning-rate schedule, gradient
+accumulation, mixed precision on CUDA, validation, checkpoints and exact resumption.
+
+The optimizer, the clipping and the schedule are the spec's (``gptspec.spec.optimizer``):
+torch's AdamW is Algorithm 2 of Loshchilov & Hutter with the decay scaled by the learning
+rate, as the spec decides; the schedule is ``gptspec.reference.lr_schedule`` itself.
+
+On one CPU the run is deterministic: the same seed gives bit-identical losses, and a run
+resumed from a checkpoint continues bit-identically, because the checkpoint holds every
+piece of state the next step reads (parameters, AdamW moments, step, the batch sampler's
+RNG state, and torch's and Python's RNG states).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gptspec.fast.checkpoint import load_training_checkpoint, save_training_checkpoint
+from gptspec.fast.data import TokenData
+from gptspec.fast.model import GPT
+from gptspec.reference.optim import lr_schedule
+from gptspec.spec.config import GPTConfig
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stopped being a finite number."""
+
+
+@dataclass
+class TrainSettings:
+    batch_size: int = 12  # sequences per micro-batch (per process under DDP)
+    max_steps: int = 2000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    decay_steps: int = 0  # 0: decay until max_steps
+    weight_decay: float = 0.1  # on matrices only (see the adamw_step entry)
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0: no clipping
+    grad_accum: int = 1  # micro-batches per optimizer step
+    eval_interval: int = 250
+    eval_batches: int = 20
+    checkpoint_interval: int = 0  # 0: at every evaluation
+    seed: int = 1337
+    device: str = "cpu"
+    precision: str = "auto"  # auto | float32 | bfloat16 | float16 (the last two: CUDA autocast)
+
+    def __post_init__(self) -> None:
+        positive = ("batch_size", "max_steps", "grad_accum", "eval_interval", "eval_batches")
+        for name in positive:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"setting {name!r} must be a positive integer, got "
+                                 f"{getattr(self, name)!r}")
+        for name in ("warmup_steps", "decay_steps", "checkpoint_interval"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"setting {name!r} must not be negative")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"need 0 < lr and 0 ≤ min_lr ≤ lr, got lr={self.lr}, "
+                             f"min_lr={self.min_lr}")
+        if self.precision not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"setting 'precision' must be auto, float32, bfloat16 or float16, "
+                             f"got {self.precision!r}")
+
+    def learning_rate(self, step: int) -> float:
+        decay = self.decay_steps or self.max_steps
+        return lr_schedule(step, self.lr, self.min_lr, min(self.warmup_steps, decay),
+                           max(decay, self.warmup_steps + 1))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def autocast_dtype(settings: TrainSettings) -> torch.dtype | None:
+    """The autocast dtype: none on the CPU (float32 throughout); on CUDA bfloat16 where
+    the device has it, else float16 (with loss scaling)."""
+    if torch.device(settings.device).type != "cuda" or settings.precision == "float32":
+        return None
+    if settings.precision == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if settings.precision == "bfloat16" else torch.float16
+
+
+def make_optimizer(model: GPT, settings: TrainSettings) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only; fused kernels on CUDA."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": settings.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    fused = torch.device(settings.device).type == "cuda"
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=(settings.beta1, settings.beta2),
+                             eps=settings.eps, fused=fused or None)
+
+
+def optimizer_tensors(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """AdamW's moments by parameter name (empty before the first step)."""
+    out = {}
+    for name, p in model.named_parameters():
+        state = optimizer.state.get(p)
+        if state:
+            out[f"exp_avg.{name}"] = state["exp_avg"]
+            out[f"exp_avg_sq.{name}"] = state["exp_avg_sq"]
+    return out
+
+
+def load_optimizer_tensors(model: GPT, optimizer: torch.optim.Optimizer,
+                           tensors: dict[str, Any], step: int) -> None:
+    if step == 0:
+        return
+    fused = any(g.get("fused") for g in optimizer.param_groups)
+    for name, p in model.named_parameters():
+        optimizer.state[p] = {
+            # torch keeps the step count as a float32 tensor (on the device when fused)
+            "step": torch.tensor(float(step), dtype=torch.float32,
+                                 device=p.device if fused else "cpu"),
+            "exp_avg": torch.as_tensor(np.asarray(tensors[f"exp_avg.{name}"])).to(p),
+            "exp_avg_sq": torch.as_tensor(np.asarray(tensors[f"exp_avg_sq.{name}"])).to(p),
+        }
+
+
+# --- RNG states, as JSON (no pickle) ------------------------------------------------------------
+
+
+def rng_state(batch_rng: np.random.Generator) -> dict:
+    py = random.getstate()
+    return {
+        "batches": batch_rng.bit_generator.state,
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        "python": [py[0], list(py[1]), py[2]],
+    }
+
+
+def set_rng_state(state: dict) -> np.random.Generator:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])),
+                                         dtype=torch.uint8))
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state["batches"]
+    return rng
+
+
+# --- distributed ------------------------------------------------------------------------------------
+
+
+def distributed() -> tuple[int, int]:
+    """(rank, world size): (0, 1) unless started by torchrun with more than one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def init_distributed(device: str) -> tuple[int, int, str]:
+    """Join the process group torchrun describes (gloo on the CPU, NCCL on CUDA); the
+    device becomes the local GPU on CUDA. Without torchrun: (0, 1, device)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1, device
+    cuda = torch.device(device).type == "cuda"
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+# --- the trainer ------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """One model, its optimizer and data, stepped by :meth:`step` and saved by :meth:`save`."""
+
+    def __init__(self, config: GPTConfig, settings: TrainSettings, data: TokenData,
+                 tokenizer: Any, params: dict | None = None) -> None:
+        self.config, self.settings, self.data, self.tokenizer = config, settings, data, tokenizer
+        self.rank, self.world = distributed()
+        torch.manual_seed(settings.seed)
+        random.seed(settings.seed)
+        if params is None:
+            self.model = GPT(config, device=settings.device, seed=settings.seed)
+        else:
+            self.model = GPT.from_parameters(config, params, device=settings.device,
+                                             dtype=torch.float32)
+        self.ddp_model: torch.nn.Module = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp_model = DistributedDataParallel(self.model)
+        self.optimizer = make_optimizer(self.model, settings)
+        self.batch_rng = np.random.default_rng(settings.seed + self.rank)
+        self.amp = autocast_dtype(settings)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
+        self.step_count = 0
+        self.history: dict[str, list] = {"train": [], "val": []}
+        self.elapsed = 0.0
+        self.extra_state: dict = {}  # saved with the checkpoint (the CLI's data source)
+
+    @property
+    def tokens_per_step(self) -> int:
+        s = self.settings
+        return s.batch_size * self.data.block_size * s.grad_accum * self.world
+
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.amp)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None):
+        """Mean cross-entropy per token (the cross_entropy_mean entry), in float32."""
+        with self._autocast():
+            logits = (model or self.ddp_model)(x)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    def step_on(self, batches: list[Batch]) -> float:
+        """One optimizer step on these micro-batches: their mean loss's gradient (averaged
+        over processes under DDP), clipped, then AdamW at this step's learning rate."""
+        s = self.settings
+        lr = s.learning_rate(self.step_count)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = 0.0
+        for i, (x, y) in enumerate(batches):
+            sync = i == len(batches) - 1 or self.world == 1
+            ctx = contextlib.nullcontext() if sync else self.ddp_model.no_sync()  # type: ignore[operator]
+            with ctx:
+                loss = self.loss(x, y) / len(batches)
+                if not torch.isfinite(loss):
+                    raise TrainingDiverged(f"the loss became {float(loss)} at step "
+                                           f"{self.step_count + 1}")
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += float(loss.detach())
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        return total
+
+    def next_batches(self) -> list[Batch]:
+        s = self.settings
+        return [self.data.batch("train", s.batch_size, self.batch_rng, s.device)
+                for _ in range(s.grad_accum)]
+
+    def step(self) -> float:
+        loss = self.step_on(self.next_batches())
+        self.history["train"].append([self.step_count, loss])
+        return loss
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean validation loss over ``eval_batches`` batches drawn by a fixed-seed RNG, so
+        every evaluation sees the same batches and the training RNG is untouched."""
+        s = self.settings
+        rng = np.random.default_rng(s.seed + 7919)
+        self.model.eval()
+        losses = [float(self.loss(*self.data.batch("val", s.batch_size, rng, s.device),
+                                  model=self.model)) for _ in range(s.eval_batches)]
+        self.model.train()
+        val = sum(losses) / len(losses)
+        self.history["val"].append([self.step_count, val])
+        return val
+
+    # --- checkpoints --------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {"step": self.step_count, "settings": asdict(self.settings),
+                "rng": rng_state(self.batch_rng), "history": self.history,
+                "elapsed_seconds": self.elapsed,
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                **self.extra_state}
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        return save_training_checkpoint(directory, self.config, dict(self.model.named_parameters()),
+                                        optimizer_tensors(self.model, self.optimizer),
+                                        self.state(), self.tokenizer)
+
+    @classmethod
+    def resume(cls, directory: str | os.PathLike[str], data: TokenData,
+               changes: dict | None = None) -> Trainer:
+        """The trainer as it was when ``directory`` was saved (``changes``: settings to
+        override, e.g. a larger max_steps)."""
+        config, params, optimizer, state, tokenizer = load_training_checkpoint(directory)
+        settings = TrainSettings.from_dict({**state["settings"], **(changes or {})})
+        trainer = cls(config, settings, data, tokenizer, params=params)
+        trainer.step_count = int(state["step"])
+        load_optimizer_tensors(trainer.model, trainer.optimizer, optimizer, trainer.step_count)
+        trainer.batch_rng = set_rng_state(state["rng"])
+        trainer.history = state["history"]
+        trainer.elapsed = float(state.get("elapsed_seconds", 0.0))
+        trainer.extra_state = {k: v for k, v in state.items() if k == "data"}
+        if trainer.scaler and state.get("scaler"):
+            trainer.scaler.load_state_dict(state["scaler"])
+        return trainer
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self, out_dir: str | os.PathLike[str] | None = None, progress: bool = True,
+            log: Callable[[str], None] = print) -> str:
+        """Train until max_steps, evaluating and checkpointing as the settings say. Returns
+        "done", or "interrupted" after Ctrl-C (the checkpoint is saved first). A
+        non-finite loss raises TrainingDiverged and leaves the last checkpoint alone."""
+        s = self.settings
+        main = self.rank == 0
+        ckpt_every = s.checkpoint_interval or s.eval_interval
+        checkpoint_dir = Path(out_dir) / "checkpoint" if out_dir is not None else None
+        saved_step = self.step_count
+        bar = _progress_bar(s.max_steps, self.step_count, enabled=progress and main)
+        try:
+            while self.step_count < s.max_steps:
+                t0 = time.perf_counter()
+                loss = self.step()
+                dt = time.perf_counter() - t0
+                self.elapsed += dt
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self.tokens_per_step / dt:,.0f}",
+                                refresh=False)
+                last = self.step_count == s.max_steps
+                if self.step_count % s.eval_interval == 0 or last:
+                    val = self.evaluate()
+                    if main:
+                        bar.write(f"step {self.step_count}: train loss {loss:.4f}, "
+                                  f"val loss {val:.4f}")
+                if checkpoint_dir is not None and main and (self.step_count % ckpt_every == 0
+                                                            or last):
+                    self.save(checkpoint_dir)
+                    plot_loss_curve(self.history, Path(out_dir) / "loss.png")  # type: ignore[arg-type]
+                    saved_step = self.step_count
+        except KeyboardInterrupt:
+            bar.close()
+            if checkpoint_dir is not None and main and self.step_count != saved_step:
+                self.save(checkpoint_dir)
+                plot_loss_curve(self.history, Path(out_dir) / "loss.png")  # type: ignore[arg-type]
+            return "interrupted"
+        finally:
+            bar.close()
+        return "done"
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+    def set_postfix(self, **kw: Any) -> None: ...
+    def write(self, text: str) -> None:
+        print(text, flush=True)
+    def close(self) -> None: ...
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+
+
+def plot_loss_curve(history: dict, path: str | os.PathLike[str]) -> Path:
+    """Training and validation loss against step, as a PNG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    target = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if history["train"]:
+        steps, losses = zip(*history["train"], strict=True)
+        ax.plot(steps, losses, lw=0.8, alpha=0.7, label="train")
+    if history["val"]:
+        steps, losses = zip(*history["val"], strict=True)
+        ax.plot(steps, losses, "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, target)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+    return target
