@@ -34,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
     parser.add_argument("--check", action="append", metavar="PATTERN",
                         help="run only checks whose id matches (glob, repeatable)")
-    parser.add_argument("--area", default="forward",
+    parser.add_argument("--area", default="all",
                         help="which part of the suite: forward, tokenizer, training, "
-                             "generation, or all (default forward)")
+                             "generation, or all (default all: what a backend does not "
+                             "bring is reported as not implemented)")
     parser.add_argument("--report", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown summary here")
     parser.add_argument("--save-failures", metavar="DIR",
