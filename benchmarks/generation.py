@@ -5,14 +5,15 @@ A GPT-2-small-shaped model with random weights (GPT-2's initialisation), the sam
 loaded into transformers' GPT2LMHeadModel (gptspec.fast.hf_interop: our schema maps onto
 its names one to one, Conv1D weights are (in, out) like ours). Both decode greedily with
 their KV cache, 256 new tokens after an 8-token prompt, at batch 1 and 8, no end-of-text
-stop; tokens/s is (batch × new tokens) / median wall time.
+stop; tokens/s is (batch × new tokens) / median wall time, the two timed in turn within
+each repeat; their ratio is the median of the per-repeat ratios.
 
 The bandwidth limit: at batch 1 every step reads every weight once (the unembedding
 reads all of W_E; the embeddings only one row each), so no implementation can exceed
 (copy bandwidth) / (bytes of weights) steps per second. Copy bandwidth is measured here
 as (bytes read + bytes written) / time of a large tensor copy.
 
-    python -m benchmarks.generation [--quick]
+    python -m benchmarks.generation [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import json
 import time
 
 import torch
+
+from benchmarks.forward import interleaved_seconds
+from benchmarks.machine import copy_bandwidth
+from benchmarks.report import Report
 from gptspec.fast.generate import GREEDY, generate
 from gptspec.fast.hf_interop import to_hf_model
 from gptspec.fast.model import GPT
 from gptspec.spec.config import GPTConfig, preset
-
-from benchmarks.machine import copy_bandwidth
-from benchmarks.report import Report, median_seconds
 
 GROUP = "generation"
 PROMPT_LENGTH = 8
@@ -88,19 +90,19 @@ def run(report: Report, quick: bool) -> None:
         prompts = torch.randint(0, config.vocab_size, (batch, PROMPT_LENGTH),
                                 generator=torch.Generator().manual_seed(batch))
         prompt_lists = prompts.tolist()
-        ours = median_seconds(lambda: generate(model, prompt_lists, new_tokens, GREEDY),  # noqa: B023
-                              repeats=repeats)
-        theirs = median_seconds(lambda: hf_generate(hf, prompts, new_tokens),  # noqa: B023
-                                repeats=repeats)
+        # timed in turn within each repeat, so that both see the same machine load
+        medians, ratios = interleaved_seconds({
+            "gptspec": lambda: generate(model, prompt_lists, new_tokens, GREEDY),  # noqa: B023
+            "transformers": lambda: hf_generate(hf, prompts, new_tokens),  # noqa: B023
+        }, repeats, "cpu")
         note = f"GPT-2 small shape, random weights, float32, {new_tokens} new tokens, " \
                f"greedy, {threads} threads"
         ours_rate = report.metric(GROUP, f"gptspec generate, batch {batch}",
-                                  batch * new_tokens / ours, "tokens/s", note=note)
-        theirs_rate = report.metric(GROUP, f"transformers generate, batch {batch}",
-                                    batch * new_tokens / theirs, "tokens/s",
-                                    note=note)
+                                  batch * new_tokens / medians["gptspec"], "tokens/s", note=note)
+        report.metric(GROUP, f"transformers generate, batch {batch}",
+                      batch * new_tokens / medians["transformers"], "tokens/s", note=note)
         report.ratio(GROUP, f"gptspec / transformers tokens/s, batch {batch}",
-                     ours_rate / theirs_rate, goal=2.0 if batch == 1 else None,
+                     ratios[("gptspec", "transformers")], goal=2.0 if batch == 1 else None,
                      goal_text="≥ 2 (CPU)" if batch == 1 else "")
         if batch == 1:
             report.ratio(GROUP, "gptspec tokens/s / bandwidth limit, batch 1", ours_rate / limit,
@@ -110,7 +112,11 @@ def run(report: Report, quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     report = Report()
     t0 = time.perf_counter()
     run(report, args.quick)

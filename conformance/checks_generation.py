@@ -14,13 +14,13 @@ differ and are not compared further. A divergence anywhere else fails.
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import strategies as st
+
+from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.budgets import Precision
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import arrays, configs, parameter_recipes
-from hypothesis import strategies as st
-
-from gptspec import reference as ref
 
 AREA = "generation"
 MODEL = "the model's logits budget (budgets.gpt_forward_bound) at each step's context"

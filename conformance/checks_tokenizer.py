@@ -207,3 +207,57 @@ def decode_out_of_range(backend, ctx):
         else:
             raised = False
         ctx.require(raised, f"decode([65, {bad}]) did not raise ValueError")
+
+
+@check("token_bytes.concatenation", entries=("byte_tokens", "token_bytes"), ops=OPS,
+       kind="property", area="tokenizer", budget=EXACT)
+def token_bytes_concatenation(backend, ctx):
+    """Token ids denote byte strings, and a text's tokens spell its bytes.
+
+    (1) With no merges, the tokens of s are its UTF-8 bytes: encode(s) = list(utf8(s))
+        (the base vocabulary: token i is byte i).
+    (2) For a trained tokenizer with merges m, the bytes of its tokens, bytes(t) defined
+        by token_bytes(m), concatenate to utf8(s): ‖_t bytes(t) = utf8(s).
+    """
+    tb = _tokenizer_backend(ctx)
+    merges = tb.train(CORPUS, 400, ref.GPT2_PATTERN)
+    table = ref.token_bytes(merges)
+    trained = tb.build(merges, ref.GPT2_PATTERN, {})
+    bare = tb.build([], ref.GPT2_PATTERN, {})
+
+    @ctx.given(s=st.text(st.characters(exclude_categories=["Cs"])) | texts())
+    def _(s):
+        data = s.encode("utf-8")
+        ids = list(bare.encode(s))
+        ctx.require(ids == list(data), f"byte-level encode({s!r}) = {ids} != its bytes")
+        spelled = b"".join(table[t] for t in trained.encode(s))
+        ctx.require(spelled == data, f"the tokens of {s!r} spell {spelled!r}, not {data!r}")
+
+
+@check("bytes_to_unicode.alphabet", entries=("bytes_to_unicode",), ops=OPS, kind="property",
+       area="tokenizer", budget=EXACT)
+def bytes_to_unicode_alphabet(backend, ctx):
+    """GPT-2's printable byte alphabet, as the backend writes it into tokenizer files.
+
+    The map φ used by the tokenizer backend's files (its ``bytes_to_unicode()``) equals the
+    spec's: a bijection from the 256 byte values onto 256 printable, non-space characters,
+    the identity on the printable ranges [33, 126], [161, 172] and [174, 255], and the
+    remaining bytes sent in order to chr(256), chr(257), …
+    """
+    tb = _tokenizer_backend(ctx)
+    phi_of = getattr(tb, "bytes_to_unicode", None)
+    if phi_of is None:
+        from gptspec.conformance.context import NotImplementedOp
+
+        raise NotImplementedOp("tokenizer().bytes_to_unicode")
+    phi = dict(phi_of())
+    expected = ref.bytes_to_unicode()
+    ctx.require(sorted(phi) == list(range(256)), "φ is not defined on exactly the 256 bytes")
+    ctx.require(len(set(phi.values())) == 256, "φ is not one to one")
+
+    @ctx.given(b=st.integers(0, 255))
+    def _(b):
+        c = phi[b]
+        ctx.require(c.isprintable() and not c.isspace(),
+                    f"φ({b}) = {c!r} is not a printable non-space character")
+        ctx.require(c == expected[b], f"φ({b}) = {c!r}, the spec's is {expected[b]!r}")

@@ -96,6 +96,7 @@ CHECK_MODULES = (
     "gptspec.conformance.checks_tokenizer",
     "gptspec.conformance.checks_training",
     "gptspec.conformance.checks_generation",
+    "gptspec.conformance.checks_costs",
 )
 
 

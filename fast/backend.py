@@ -89,6 +89,31 @@ class TorchBackend:
         return self._to_numpy(sampling_distribution(self._to_torch(np.asarray(z)), temperature,
                                                     top_k, top_p))
 
+    # --- measured sizes and costs (gptspec.conformance.checks_costs) -----------------------
+
+    @staticmethod
+    def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+        from gptspec.fast import measure
+
+        return measure.parameter_shapes(config)
+
+    @staticmethod
+    def count_flops(config: GPTConfig, batch: int, T: int, backward: bool = False) -> int:
+        from gptspec.fast import measure
+
+        return measure.count_flops(config, batch, T, backward)
+
+    def kv_cache_nbytes(self, config: GPTConfig, batch: int) -> int:
+        from gptspec.fast import measure
+
+        return measure.kv_cache_nbytes(config, batch, self.torch_dtype)
+
+    @staticmethod
+    def saved_activation_bytes(config: GPTConfig, batch: int, T: int) -> int:
+        from gptspec.fast import measure
+
+        return measure.saved_activation_bytes(config, batch, T)
+
     # --- the tokenizer (gptspec.conformance.checks_tokenizer) ------------------------------
 
     @staticmethod

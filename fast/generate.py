@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from gptspec.fast.kv_cache import KVCache
 from gptspec.fast.model import GPT
 from gptspec.reference.sampling import check_sampling_settings

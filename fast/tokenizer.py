@@ -453,3 +453,10 @@ class FastTokenizerBackend:
     def build(self, merges: Sequence[Pair], pattern: str,
               special_tokens: Mapping[str, int]) -> Tokenizer:
         return Tokenizer(merges, pattern, special_tokens)
+
+    @staticmethod
+    def bytes_to_unicode() -> dict[int, str]:
+        """The byte alphabet this tokenizer's HF tokenizer.json files are written in."""
+        from gptspec.fast.tokenizer_files import bytes_to_unicode
+
+        return bytes_to_unicode()

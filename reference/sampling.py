@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from gptspec.reference.forward import gpt_forward, softmax
 from gptspec.spec.config import GPTConfig
 

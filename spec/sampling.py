@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import sympy as sp
+
 from gptspec.spec.equation import Decision, Reading, Symbol, Tolerance, equation
 from gptspec.spec.sources import (
     BLUEPRINT,

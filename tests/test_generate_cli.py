@@ -5,13 +5,13 @@ from __future__ import annotations
 import io
 
 import pytest
-from gptspec.fast.checkpoint import save_model
-from gptspec.fast.tokenizer import Tokenizer
-from gptspec.spec import GPTConfig, init_parameters
 
 from gptspec import reference as R
 from gptspec.cli import main
 from gptspec.cli.generate import TextStream
+from gptspec.fast.checkpoint import save_model
+from gptspec.fast.tokenizer import Tokenizer
+from gptspec.spec import GPTConfig, init_parameters
 
 EOT = "<|endoftext|>"
 
@@ -152,9 +152,8 @@ def test_text_streams_token_by_token_and_holds_back_split_characters():
 
 def test_streaming_prints_before_generation_ends(checkpoint, monkeypatch, capsys):
     """Each token is written to stdout before the next one is sampled."""
-    from gptspec.fast import generate as fast_generate
-
     from gptspec.cli import generate as cli_generate
+    from gptspec.fast import generate as fast_generate
 
     events = []
     sample, write = fast_generate.sample, cli_generate.TextStream.write

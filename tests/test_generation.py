@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import sympy as sp
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from gptspec import reference as R
 from gptspec.fast.generate import GREEDY, Sampling, generate, stream
 from gptspec.fast.generate import nucleus_filter as fast_nucleus
 from gptspec.fast.generate import sampling_distribution as fast_distribution
 from gptspec.fast.generate import top_k_filter as fast_top_k
 from gptspec.fast.model import GPT
 from gptspec.spec import REGISTRY, init_parameters, preset
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-
-from gptspec import reference as R
 
 U64 = 2.0**-53  # float64 unit roundoff
 SPEC = {e.id: e.sympy for e in REGISTRY.by_group("sampling")}
@@ -548,3 +548,19 @@ def test_generation_checks_pass_honest_backends(backend):
     ids = [c.id for c in all_checks("generation")]
     assert len(ids) >= 6
     assert set(run_checks(backend, *ids).values()) == {"pass"}
+
+
+def test_fast_greedy_equals_transformers_generate_on_the_same_weights():
+    """The benchmark's peer computes the same tokens (float64, peaked weights): the
+    speeds it reports compare like with like."""
+    from benchmarks.generation import hf_generate, hf_model, weight_bytes_per_step
+
+    config = preset("tiny").replace(n_ctx=32)
+    params = init_parameters(config, seed=5, std=0.5)
+    model = fast_model(config, params)
+    hf = hf_model(config, model)
+    prompts = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
+    ours = generate(model, prompts.tolist(), 12, GREEDY)
+    assert hf_generate(hf, prompts, 12).tolist() == ours
+    n_weights = sum(int(np.prod(v.shape)) for v in params.values())
+    assert weight_bytes_per_step(model) == 8 * (n_weights - (config.n_ctx - 1) * config.d_model)

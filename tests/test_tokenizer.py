@@ -214,9 +214,10 @@ def run_tokenizer_checks(backend, *ids, profile="quick"):
 
 
 def test_tokenizer_checks_are_registered_for_the_entries():
-    assert len(TOKENIZER_CHECKS) == 6
+    assert len(TOKENIZER_CHECKS) == 8
     covered = {e for c in all_checks("tokenizer") for e in c.entries}
-    assert {"train", "encode", "decode", "bpe_chunk", "split_special"} <= covered
+    assert {"train", "encode", "decode", "bpe_chunk", "split_special", "byte_tokens",
+            "token_bytes", "bytes_to_unicode"} <= covered
     assert checks_for("bpe_chunk") and all(c.area == "tokenizer" for c in checks_for("train"))
 
 
@@ -268,6 +269,16 @@ class Planted(FastTokenizerBackend):
         return Wrapped(tok, encode, decode)
 
 
+class SwappedAlphabet(FastTokenizerBackend):
+    """Writes its files in an alphabet with two printable bytes swapped."""
+
+    @staticmethod
+    def bytes_to_unicode():
+        phi = ref.bytes_to_unicode()
+        phi[65], phi[66] = phi[66], phi[65]
+        return phi
+
+
 def first_seen_tie_break(text, vocab_size, pattern, merges):
     """BPE whose ties go to the first pair seen (Python's max over a dict)."""
     chunks = Counter(tuple(c.encode()) for c in ref.pretokenize(text, pattern))
@@ -308,6 +319,10 @@ PLANTED = {
         encode=lambda tok, s, a=(): tok.encode_ordinary(s)),
     "decode.out_of_range": Planted(
         decode=lambda tok, ids: tok.decode([i for i in ids if 0 <= i < tok.vocab_size])),
+    # byte ids counted from 1, as if token 0 were reserved
+    "token_bytes.concatenation": Planted(
+        encode=lambda tok, s, a=(): [i + 1 if i < 255 else i for i in tok.encode(s)]),
+    "bytes_to_unicode.alphabet": SwappedAlphabet(),
 }
 
 
