@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
+from hypothesis import HealthCheck, settings
+
 from gptspec.conformance import budgets
 from gptspec.conformance.budgets import Comparison, Precision
-from hypothesis import HealthCheck, settings
 
 PROFILES = {"quick": 12, "default": 30, "thorough": 200}
 

@@ -1,11 +1,16 @@
 """A catalog of realistic bugs planted in the fast backend, to show the suite catches them.
 
+Areas covered: the forward pass (``gptspec.fast.ops``), the tokenizer
+(``gptspec.fast.tokenizer``) and generation (``gptspec.fast.generate``, ``kv_cache``).
+
 Each :class:`Mutant` is one bug a backend author could plausibly write, named, explained,
 and tied to the spec entries it breaks (``breaks``). A forward mutant is a
 :class:`MutantTorchBackend`: the built-in ``TorchBackend`` with some functions of
 ``gptspec.fast.ops`` replaced while it runs, so the bug reaches the operation *and* every
-operation and model path built from it (the model calls ``ops.<name>`` at run time). A
-tokenizer mutant wraps ``FastTokenizerBackend``.
+operation and model path built from it (the model calls ``ops.<name>`` at run time); a
+generation mutant replaces a function of ``gptspec.fast.generate`` or a method of the KV
+cache the same way. A tokenizer mutant is the built-in backend bringing a subclass of the
+fast tokenizer.
 
 ``gptspec.conformance.mutation`` runs the suite against each and reports the first check
 that fails ("killed by") and whether that check names one of the entries the mutant breaks.
@@ -22,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend
 from gptspec.fast.tokenizer import FastTokenizerBackend, Tokenizer
@@ -36,13 +42,47 @@ class Mutant:
     breaks: tuple[str, ...]  # the spec entries the bug breaks: a killing check should name one
     area: str  # which part of the suite is run against it
     doc: str
-    patches: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    patches: Mapping[str, Callable[..., Any]] = field(default_factory=dict)  # ops.<name>
     make_backend: Callable[[], Any] | None = None
+    # other functions replaced, by dotted path ("gptspec.fast.generate.top_k_filter")
+    elsewhere: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     def backend(self, device: str = "cpu", dtype: str = "float32") -> Any:
         if self.make_backend is not None:
             return self.make_backend()
-        return MutantTorchBackend(self.name, self.patches, device=device, dtype=dtype)
+        return MutantTorchBackend(self.name, self.patches, device=device, dtype=dtype,
+                                  elsewhere=self.elsewhere)
+
+
+def _owner(path: str) -> tuple[Any, str]:
+    """The object holding the attribute named by a dotted path, and the attribute's name."""
+    import importlib
+
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:-1]:
+            obj = getattr(obj, part)
+        return obj, parts[-1]
+    raise ImportError(f"cannot resolve {path!r}")
+
+
+@contextlib.contextmanager
+def patched_paths(patches: Mapping[str, Callable[..., Any]]) -> Iterator[None]:
+    """Replace attributes named by dotted paths while the block runs."""
+    saved = []
+    try:
+        for path, fn in patches.items():
+            owner, name = _owner(path)
+            saved.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, fn)
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 @contextlib.contextmanager
@@ -65,18 +105,33 @@ class MutantTorchBackend(TorchBackend):
     """TorchBackend with some of its operations replaced by buggy ones."""
 
     def __init__(self, mutant: str, patches: Mapping[str, Callable[..., Any]],
-                 device: str = "cpu", dtype: str = "float32") -> None:
+                 device: str = "cpu", dtype: str = "float32",
+                 elsewhere: Mapping[str, Callable[..., Any]] | None = None) -> None:
         super().__init__(device=device, dtype=dtype)
         self.name = f"torch+{mutant}"
         self.patches = dict(patches)
+        self.elsewhere = dict(elsewhere or {})
+
+    @contextlib.contextmanager
+    def _mutated(self) -> Iterator[None]:
+        with patched_ops(self.patches), patched_paths(self.elsewhere):
+            yield
 
     def forward(self, config: Any, params: Any, tokens: Any) -> Any:
-        with patched_ops(self.patches):
+        with self._mutated():
             return super().forward(config, params, tokens)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with self._mutated():
+            return super().generate(*args, **kwargs)
+
+    def sampling_distribution(self, *args: Any, **kwargs: Any) -> Any:
+        with self._mutated():
+            return super().sampling_distribution(*args, **kwargs)
 
     def _wrap(self, name: str) -> Callable[..., Any]:
         def op(*args: Any, **kwargs: Any) -> Any:
-            with patched_ops(self.patches):  # _wrap looks the function up inside
+            with self._mutated():  # _wrap looks the function up inside
                 return TorchBackend._wrap(self, name)(*args, **kwargs)
 
         op.__name__ = op.__qualname__ = name
@@ -257,14 +312,64 @@ def _log_probability_not_shifted(tokens: Tensor, logits: Tensor) -> Tensor:
     return log_p.gather(-1, tokens[..., 1:].long().unsqueeze(-1)).squeeze(-1).sum(dim=-1)
 
 
+# --- the generation bugs ------------------------------------------------------------------
+
+
+def _top_k_off_by_one(z: Tensor, k: int) -> Tensor:
+    k = min(int(k) + 1, z.shape[-1])  # keeps the k + 1 largest
+    kth = torch.topk(z, k, dim=-1).values[..., -1:]
+    return z.masked_fill(z < kth, float("-inf"))
+
+
+def _nucleus_without_crossing_token(z: Tensor, p: float) -> Tensor:
+    if p >= 1:
+        return z
+    probs = torch.softmax(z, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    cum = torch.cumsum(sorted_probs, dim=-1)
+    # kept iff the mass *including* it is < p: the token that crosses p is dropped
+    # (the first token is always kept, so the distribution stays defined)
+    inside = (cum < p) | (torch.arange(cum.shape[-1], device=cum.device) == 0)
+    keep = torch.zeros_like(inside).scatter(-1, order, inside)
+    return z.masked_fill(~keep, float("-inf"))
+
+
+def _sampling_temperature_multiplies(logits: Tensor, temperature: float = 1.0,
+                                     top_k: int | None = None,
+                                     top_p: float | None = None) -> Tensor:
+    if temperature == 0:
+        return _ORIGINAL_SAMPLING(logits, 0, top_k, top_p)
+    # z·τ instead of z/τ (the correct function, given z·τ², divides by τ)
+    return _ORIGINAL_SAMPLING(logits * temperature ** 2, temperature, top_k, top_p)
+
+
+def _stale_cache_position(self: Any, T_new: int, lengths: Any = None) -> Any:
+    import dataclasses
+
+    step = _ORIGINAL_PLAN(self, T_new, lengths)
+    # the new tokens' positions read before the lengths were advanced: one step behind
+    return dataclasses.replace(step, positions=(step.positions - 1).clamp(min=0))
+
+
+def _originals() -> tuple[Any, Any]:
+    from gptspec.fast import generate as gen
+    from gptspec.fast.kv_cache import KVCache
+
+    return gen.sampling_distribution, KVCache.plan
+
+
+_ORIGINAL_SAMPLING, _ORIGINAL_PLAN = _originals()
+
+
 # --- the tokenizer bugs ---------------------------------------------------------------------
 
 
 class _FrequencyTokenizer(Tokenizer):
     """Merges the pair that occurs most often in the chunk first, not the lowest rank."""
 
-    def encode_ordinary(self, text: str) -> list[int]:
-        return [i for chunk in self._compiled.findall(text) for i in self._bpe_chunk(chunk)]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._encoding = None  # no tiktoken: every chunk goes through _bpe_chunk below
 
     def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
         ids = list(chunk.encode("utf-8"))
@@ -337,6 +442,18 @@ class _TokenizerMutant(FastTokenizerBackend):
 # --- the catalog ----------------------------------------------------------------------------
 
 
+class _TorchWithTokenizer(TorchBackend):
+    """The built-in backend bringing a mutant tokenizer (the suite's tokenizer area)."""
+
+    def __init__(self, tokenizer_backend: Any) -> None:
+        super().__init__("cpu", "float32")
+        self._tokenizer_backend = tokenizer_backend
+        self.name = f"torch+{tokenizer_backend.name}"
+
+    def tokenizer(self) -> Any:  # type: ignore[override]
+        return self._tokenizer_backend
+
+
 def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable[..., Any]
          ) -> Mutant:
     return Mutant(name, (breaks,) if isinstance(breaks, str) else breaks, "forward", doc,
@@ -345,7 +462,13 @@ def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable
 
 def _tok(name: str, breaks: tuple[str, ...], doc: str, **kwargs: Any) -> Mutant:
     return Mutant(name, breaks, "tokenizer", doc,
-                  make_backend=lambda: _TokenizerMutant(name, **kwargs))
+                  make_backend=lambda: _TorchWithTokenizer(_TokenizerMutant(name, **kwargs)))
+
+
+def _gen(name: str, breaks: tuple[str, ...], doc: str, **elsewhere: Callable[..., Any]
+         ) -> Mutant:
+    return Mutant(name, breaks, "generation", doc,
+                  elsewhere={k.replace("__", "."): v for k, v in elsewhere.items()})
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -435,6 +558,18 @@ MUTANTS: tuple[Mutant, ...] = (
     _fwd("log_probability_not_shifted", "sequence_log_probability",
          "log P(x) scores row t against x_t instead of x_{t+1}.",
          sequence_log_probability=_log_probability_not_shifted),
+    _gen("top_k_off_by_one", ("top_k_filter",),
+         "top-k keeps the k + 1 largest logits.",
+         gptspec__fast__generate__top_k_filter=_top_k_off_by_one),
+    _gen("nucleus_without_crossing_token", ("nucleus_filter",),
+         "The nucleus drops the token whose probability carries the mass past p.",
+         gptspec__fast__generate__nucleus_filter=_nucleus_without_crossing_token),
+    _gen("temperature_multiplies", ("temperature_softmax",),
+         "The logits multiplied by the temperature instead of divided by it.",
+         gptspec__fast__generate__sampling_distribution=_sampling_temperature_multiplies),
+    _gen("stale_kv_cache_position", ("kv_cache_attention", "generate"),
+         "A cached step embeds its new token at the previous position (stale length).",
+         gptspec__fast__kv_cache__KVCache__plan=_stale_cache_position),
     _tok("bpe_merges_by_frequency", ("bpe_chunk",),
          "Encoding merges the most frequent pair in the chunk first instead of the lowest "
          "rank.", tokenizer=_FrequencyTokenizer),
@@ -456,4 +591,4 @@ BY_NAME = {m.name: m for m in MUTANTS}
 if len(BY_NAME) != len(MUTANTS):
     raise ValueError("duplicate mutant name")
 
-__all__ = ["BY_NAME", "MUTANTS", "Mutant", "MutantTorchBackend", "patched_ops"]
+__all__ = ["BY_NAME", "MUTANTS", "Mutant", "MutantTorchBackend", "patched_ops", "patched_paths"]

@@ -32,24 +32,7 @@ class MutantResult:
     detail: str = ""
 
 
-def _tokenizer_kill(mutant: Mutant, profile: str, seed: int) -> tuple[str, list[str], str, str]:
-    import hypothesis
-    from gptspec.conformance import checks_tokenizer
-    from gptspec.conformance.context import suite_settings
-
-    backend = mutant.backend()
-    settings = suite_settings(profile)
-    for check_id, (entries, fn) in checks_tokenizer.CHECKS.items():
-        try:
-            hypothesis.seed(seed)(lambda fn=fn: fn(backend, settings))()
-        except AssertionError as err:
-            return check_id, list(entries), "fail", str(err).splitlines()[0] if str(err) else ""
-        except Exception as err:  # noqa: BLE001 — a mutant may raise anything
-            return check_id, list(entries), "error", f"{type(err).__name__}: {err}"
-    return "", [], "survived", ""
-
-
-def _forward_kill(mutant: Mutant, profile: str, seed: int) -> tuple[str, list[str], str, str]:
+def _first_kill(mutant: Mutant, profile: str, seed: int) -> tuple[str, list[str], str, str]:
     from gptspec.conformance.runner import run_suite
 
     suite = run_suite(mutant.backend(), profile=profile, seed=seed, area=mutant.area,
@@ -63,8 +46,7 @@ def _forward_kill(mutant: Mutant, profile: str, seed: int) -> tuple[str, list[st
 def run_mutant(name: str, profile: str = "quick", seed: int = 0) -> MutantResult:
     mutant = BY_NAME[name]
     start = time.perf_counter()
-    kill = _tokenizer_kill if mutant.area == "tokenizer" else _forward_kill
-    check_id, entries, status, detail = kill(mutant, profile, seed)
+    check_id, entries, status, detail = _first_kill(mutant, profile, seed)
     return MutantResult(name, list(mutant.breaks), check_id, entries, status,
                         bool(set(entries) & set(mutant.breaks)),
                         time.perf_counter() - start, detail)

@@ -10,6 +10,12 @@ Optional: any operation under the name and signature of its reference function i
 :mod:`gptspec.reference` (NumPy float64 in, rounded by the backend to its dtype; NumPy
 out). Each lets the suite check that operation on its own, so a failure is localised;
 a missing one is reported as not implemented.
+
+Discovery (:mod:`gptspec.conformance.discovery`): ``--backend module:attr`` or a name
+registered in the ``gptspec.backends`` entry-point group; a class or factory is called
+with the ``device`` and ``dtype`` keyword arguments it accepts. Isolation
+(:mod:`gptspec.conformance.isolation`) builds the backend again in a worker process from
+that same spec, so everything a backend needs must come from its constructor.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from gptspec.spec.config import GPTConfig
 
 

@@ -29,9 +29,11 @@ Version history: 1 — first version; 2 — added ``settings.timeout_s``,
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gptspec.conformance.runner import CheckResult, SuiteResult
 
@@ -116,6 +118,17 @@ def write_atomically(path: str | Path, text: str) -> None:
         raise
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no ∞ or NaN: an unbounded fraction is written as null (see the schema)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_json(path: str | Path, suites: list[SuiteResult]) -> None:
-    write_atomically(path, json.dumps(to_json(suites), indent=2, allow_nan=False,
-                                      default=str).replace("Infinity", "null") + "\n")
+    write_atomically(path, json.dumps(_finite(to_json(suites)), indent=2, allow_nan=False,
+                                      default=str) + "\n")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from gptspec.conformance import budgets
 from gptspec.conformance.context import Call, FailureCapture
 from gptspec.spec.config import GPTConfig

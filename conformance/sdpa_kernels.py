@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from gptspec.conformance.mutants import patched_ops
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend

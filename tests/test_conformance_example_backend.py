@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from gptspec.conformance.registry import all_checks
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "numpy_backend"
 
 
@@ -53,8 +55,10 @@ def test_the_example_backend_is_found_by_name_and_passes_the_suite(tmp_path):
     (run,) = json.loads(report.read_text())["runs"]
     assert run["backend"]["name"] == "numpy-f32" and run["backend"]["dtype"] == "float32"
     statuses = {c["id"]: c["status"] for c in run["checks"]}
-    assert set(statuses.values()) == {"pass"}, statuses
-    assert "gpt_forward.differential" in statuses and "softmax.differential" in statuses
+    forward = {c.id for c in all_checks("forward")}
+    # every forward check passes; the tokenizer and generation areas it does not bring
+    assert {statuses[i] for i in forward} == {"pass"}, statuses
+    assert {s for i, s in statuses.items() if i not in forward} <= {"not-implemented"}
 
 
 def test_the_same_run_fails_on_the_example_with_a_planted_bug(tmp_path):

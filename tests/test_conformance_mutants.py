@@ -5,6 +5,7 @@ them with a check that names the entry the bug breaks (the whole catalog runs in
 from __future__ import annotations
 
 import pytest
+
 from gptspec.conformance.mutants import BY_NAME, MUTANTS, patched_ops
 from gptspec.conformance.mutation import main, run_mutant, table
 from gptspec.fast import ops
@@ -12,7 +13,7 @@ from gptspec.spec import REGISTRY
 
 FAST_SUBSET = ("mask_shifted_by_one", "softmax_without_max_shift",
                "heads_split_without_transpose", "positions_off_by_one",
-               "train_ties_to_largest_pair", "bpe_merges_by_frequency")
+               "train_ties_to_largest_pair", "bpe_merges_by_frequency", "stale_kv_cache_position")
 
 
 def test_the_catalog_has_at_least_25_named_documented_mutants_of_existing_entries():
@@ -21,7 +22,7 @@ def test_the_catalog_has_at_least_25_named_documented_mutants_of_existing_entrie
     for m in MUTANTS:
         assert m.doc and m.breaks, m.name
         assert set(m.breaks) <= ids, f"{m.name} breaks unknown entries {m.breaks}"
-    assert {m.area for m in MUTANTS} >= {"forward", "tokenizer"}
+    assert {m.area for m in MUTANTS} >= {"forward", "tokenizer", "generation"}
 
 
 def test_forward_mutants_patch_existing_operations_and_restore_them():
@@ -32,6 +33,17 @@ def test_forward_mutants_patch_existing_operations_and_restore_them():
             for name, fn in m.patches.items():
                 assert getattr(ops, name) is fn
     assert {name: getattr(ops, name) for name in dir(ops)} == before
+
+
+def test_generation_mutants_patch_existing_functions_and_restore_them():
+    from gptspec.conformance.mutants import _owner, patched_paths
+
+    for m in MUTANTS:
+        originals = {path: getattr(*_owner(path)) for path in m.elsewhere}
+        with patched_paths(m.elsewhere):
+            for path, fn in m.elsewhere.items():
+                assert getattr(*_owner(path)) is fn, path
+        assert {path: getattr(*_owner(path)) for path in m.elsewhere} == originals
 
 
 @pytest.mark.parametrize("name", FAST_SUBSET)

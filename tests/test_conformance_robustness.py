@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+
 from gptspec.conformance.isolation import run_isolated
 from gptspec.conformance.reproduction import load_case, replay
 from gptspec.conformance.runner import run_suite
@@ -169,3 +170,33 @@ def test_a_low_precision_failure_is_adjudicated_against_plain_torch(tmp_path, mo
     assert adj["plain"] == "torch cpu bfloat16"
     assert adj["closer"] == "plain" and adj["plain_fraction"] <= 1 < adj["backend_fraction"]
     assert "closer to the float64 reference" in adj["note"]
+
+
+def test_runs_finished_before_a_backend_fails_to_load_are_still_reported(tmp_path):
+    _module(tmp_path)
+    out = tmp_path / "report.json"
+    proc = _cli(tmp_path, "--backend", "odd_backends:MaskShifted", "--backend",
+                "odd_backends:CrashesOnLoad", "--profile", "quick",
+                "--check", "causal_mask.differential", "--report", str(out))
+    assert proc.returncode == 2 and "exit code 9" in proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [c["status"] for c in run["checks"]] == ["fail"]
+
+
+def test_a_property_failure_saves_its_calls_without_a_replay_test(tmp_path):
+    class Peeks(ReferenceBackend):
+        """Attention that lets every position see the whole sequence."""
+
+        def attention_weights(self, Q, K, M):
+            from gptspec import reference
+
+            return reference.attention_weights(Q, K, np.zeros_like(M))
+
+    (r,) = run_suite(Peeks(), profile="quick", save_failures=str(tmp_path),
+                     select=_only("causal_mask.causality")).results
+    assert r.status == "fail"
+    (npz,) = (p for p in r.saved if p.endswith(".npz"))
+    assert not any(p.endswith(".py") for p in r.saved)
+    manifest, data = load_case(npz)
+    assert manifest["replayable"] is False
+    assert "attention_weights" in [c["call"] for c in manifest["calls"]]

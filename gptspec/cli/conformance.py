@@ -34,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
     parser.add_argument("--check", action="append", metavar="PATTERN",
                         help="run only checks whose id matches (glob, repeatable)")
-    parser.add_argument("--area", default="forward",
+    parser.add_argument("--area", default="all",
                         help="which part of the suite: forward, tokenizer, training, "
-                             "generation, or all (default forward)")
+                             "generation, or all (default all: what a backend does not "
+                             "bring is reported as not implemented)")
     parser.add_argument("--report", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown summary here")
     parser.add_argument("--save-failures", metavar="DIR",
@@ -102,10 +103,8 @@ def _cuda() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from gptspec.conformance import report
-    from gptspec.conformance.discovery import BackendError, load_backend, registered
-    from gptspec.conformance.isolation import run_isolated
+    from gptspec.conformance.discovery import registered
     from gptspec.conformance.registry import all_checks
-    from gptspec.conformance.runner import run_suite
 
     if args.list_backends:
         for name, target in sorted(registered().items()):
@@ -127,37 +126,51 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--timeout must be ≥ 0 seconds, got {args.timeout:g}")
     timeout = args.timeout or None
     isolate = bool(args.backend) if args.isolate is None else args.isolate
-    suites = []
-    for spec, device, dtype in _targets(args):
-        repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
-                 "--area", args.area]
-        repro += ["--dtype", dtype] if dtype else []
-        repro += ["--device", device] if device else []
-        print()
-        common = dict(profile=args.profile, seed=args.seed, select=selected, area=area,
-                      reproduce=shlex.join(repro), timeout=timeout,
-                      save_failures=args.save_failures,
-                      on_result=lambda r: print(report.line(r), flush=True),
-                      header=lambda s: print(report.header(s), flush=True))
-        try:
-            if isolate:
-                suite = run_isolated(spec, device=device, dtype=dtype, **common)
-            else:
-                backend = load_backend(spec, device=device, dtype=dtype)
-                origin = {"spec": spec, "device": device or str(backend.device),
-                          "dtype": dtype or str(backend.dtype),
-                          "name": str(getattr(backend, "name", spec))}
-                suite = run_suite(backend, origin=origin, **common)
-        except BackendError as err:
-            raise CLIError(str(err)) from None
-        print(report.summary(suite), flush=True)
-        suites.append(suite)
-    if args.report:
-        report.write_json(args.report, suites)
-    if args.markdown:
-        report.write_atomically(args.markdown, report.to_markdown(suites))
+    suites: list = []
+    try:
+        for spec, device, dtype in _targets(args):
+            suites.append(_run_one(args, spec, device, dtype, area, selected, timeout, isolate))
+    finally:
+        # whatever happened (a backend that cannot be built, Ctrl-C), the runs that
+        # finished are reported
+        if args.report:
+            report.write_json(args.report, suites)
+        if args.markdown:
+            report.write_atomically(args.markdown, report.to_markdown(suites))
     failed = [s for s in suites if not s.ok]
     if failed:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str | None,
+             area: str | None, selected, timeout: float | None, isolate: bool):
+    from gptspec.conformance import report
+    from gptspec.conformance.discovery import BackendError, load_backend
+    from gptspec.conformance.isolation import run_isolated
+    from gptspec.conformance.runner import run_suite
+
+    repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
+             "--area", args.area]
+    repro += ["--dtype", dtype] if dtype else []
+    repro += ["--device", device] if device else []
+    print()
+    common = dict(profile=args.profile, seed=args.seed, select=selected, area=area,
+                  reproduce=shlex.join(repro), timeout=timeout,
+                  save_failures=args.save_failures,
+                  on_result=lambda r: print(report.line(r), flush=True),
+                  header=lambda s: print(report.header(s), flush=True))
+    try:
+        if isolate:
+            suite = run_isolated(spec, device=device, dtype=dtype, **common)
+        else:
+            backend = load_backend(spec, device=device, dtype=dtype)
+            origin = {"spec": spec, "device": device or str(backend.device),
+                      "dtype": dtype or str(backend.dtype),
+                      "name": str(getattr(backend, "name", spec))}
+            suite = run_suite(backend, origin=origin, **common)
+    except BackendError as err:
+        raise CLIError(str(err)) from None
+    print(report.summary(suite), flush=True)
+    return suite
