@@ -51,8 +51,10 @@ def log_softmax(z):
         Decision(
             question="What is summed: every sequence of the corpus, or one sequence?",
             readings=(
-                Reading(Source(BLUEPRINT, "eq 10"), r"a double sum over the corpus $\mathcal{D}$ and positions t"),
-                Reading(Source(GUIDE, "sec. 7"), r"$-\sum_{i=1}^{T} \log P(y_i \mid x_{1:i-1})$ over one sequence"),
+                Reading(Source(BLUEPRINT, "eq 10"),
+                        r"a double sum over the corpus $\mathcal{D}$ and positions t"),
+                Reading(Source(GUIDE, "sec. 7"),
+                        r"$-\sum_{i=1}^{T} \log P(y_i \mid x_{1:i-1})$ over one sequence"),
             ),
             decision="The same sum; a batch of sequences is a subset of the corpus. The sum over "
                      "positions runs over the positions that have a target.",

@@ -36,10 +36,12 @@ CLIP_EPS = sp.Rational(1, 10**6)  # PyTorch's, so backends agree
         Decision(
             question="How is the weight decay scaled?",
             readings=(
-                Reading(Source(LOSHCHILOV_2019, "Algorithm 2, line 12"), r"$\theta_t = \theta_{t-1} - \eta_t(\alpha \hat m_t/"
-                                         r"(\sqrt{\hat v_t}+\epsilon) + \lambda\theta_{t-1})$ "
-                                         r"with $\eta_t$ a schedule multiplier and $\alpha$ the step size"),
-                Reading(Source(BLUEPRINT, "sec. 3.2"), "AdamW, decoupling weight decay from the gradient update; no formula"),
+                Reading(Source(LOSHCHILOV_2019, "Algorithm 2, line 12"),
+                        r"$\theta_t = \theta_{t-1} - \eta_t(\alpha \hat m_t/"
+                        r"(\sqrt{\hat v_t}+\epsilon) + \lambda\theta_{t-1})$ "
+                        r"with $\eta_t$ a schedule multiplier and $\alpha$ the step size"),
+                Reading(Source(BLUEPRINT, "sec. 3.2"),
+                        "AdamW, decoupling weight decay from the gradient update; no formula"),
             ),
             decision=r"The learning rate $\eta_t$ (schedule included) multiplies both terms: "
                      r"the paper's $\alpha$ is folded into $\eta_t$ and its $\lambda$ is ours "
