@@ -467,7 +467,7 @@ def ffn_gelu_backward(G, x, W_1, b_1, W_2, b_2):
 
 @equation(id="ffn_gelu_tanh_backward",
           title="Backward of the tanh-GELU feed-forward network (GPT-2)",
-          group="gradients", latex=_ffn_latex("GELU_tanh"), symbols=FFN_SYMBOLS,
+          group="gradients", latex=_ffn_latex(r"GELU\_tanh"), symbols=FFN_SYMBOLS,
           sources=(Source(BLUEPRINT, "eq 6"),), reference="ffn_gelu_tanh_backward",
           tolerance=FFN_TOLERANCE, sympy_inputs=FFN_INPUTS,
           notes="Returns (∂x, ∂W_1, ∂b_1, ∂W_2, ∂b_2).")
