@@ -369,13 +369,18 @@ def block_bound(H, eH, bp: dict, config: GPTConfig, p: Precision) -> tuple[Array
         return ffn_bound(config.ffn, X, eX, bp["ffn.w_1"], bp.get("ffn.b_1"), bp["ffn.w_2"],
                          bp.get("ffn.b_2"), p)
 
-    if config.norm == "pre":
-        H1, eH1 = add_bound(H, eH, *attn(*ln(H, eH, "ln_1")), p)
-        return add_bound(H1, eH1, *ffn(*ln(H1, eH1, "ln_2")), p)
-    if config.norm == "post":
-        H1, eH1 = ln(*add_bound(H, eH, *attn(H, eH), p), "ln_1")
-        return ln(*add_bound(H1, eH1, *ffn(H1, eH1), p), "ln_2")
-    return ln(*add_bound(*ffn(*attn(H, eH)), H, eH, p), "ln_1")
+    if config.norm == "pre":  # H' = H + MHA(LN_1(H)); H' + FFN(LN_2(H'))
+        A, eA = attn(*ln(H, eH, "ln_1"))
+        H1, eH1 = add_bound(H, eH, A, eA, p)
+        F, eF = ffn(*ln(H1, eH1, "ln_2"))
+        return add_bound(H1, eH1, F, eF, p)
+    if config.norm == "post":  # H' = LN_1(H + MHA(H)); LN_2(H' + FFN(H'))
+        A, eA = attn(H, eH)
+        H1, eH1 = ln(*add_bound(H, eH, A, eA, p), "ln_1")
+        F, eF = ffn(H1, eH1)
+        return ln(*add_bound(H1, eH1, F, eF, p), "ln_2")
+    F, eF = ffn(*attn(H, eH))  # the Guide: LN(FFNN(Attention(H)) + H)
+    return ln(*add_bound(F, eF, H, eH, p), "ln_1")
 
 
 def hidden_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> tuple[Array, Array]:
