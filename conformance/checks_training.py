@@ -9,9 +9,9 @@ Budgets (λ = budgets.LAMBDA, u the backend's unit roundoff, u_acc its accumulat
 * a gradient passes through D sequential stages (D = 12 per block + 6: embedding, the
   block's LayerNorms, matrix products, softmax, activation and residual sums in both
   directions, the loss), each a reduction of length at most n = max(B·T, V, d_ff, d)
-  whose relative rounding error has scale √n·u_acc (Higham & Mary 2019); independent
-  stages add in quadrature, so a gradient tensor g is within λ·√(D·n)·u_acc·max|g| of the
-  exact one, entry by entry, max|g| the largest gradient entry of the whole model —
+  whose relative rounding error has scale √n·u_acc (Higham & Mary 2019), and whose result
+  is stored once in the backend's dtype (u); independent stages add in quadrature, so a
+  gradient tensor g is within λ·(√(D·n)·u_acc + √D·u)·max|g| of the exact one, entry by entry, max|g| the largest gradient entry of the whole model —
   errors reach every entry through the upstream gradients ∂L/∂H, whose scale that is,
   and a LayerNorm's backward can cancel a gradient to far below its rounding error
   (e.g. over d_model = 2 features, where x̂ = ±1 whatever x is), so an entry's own size
@@ -44,7 +44,7 @@ GRADIENT_ENTRIES = ("cross_entropy_gradient", "linear_backward", "token_embeddin
                     "relu_backward", "gelu_backward", "gelu_tanh_backward", "ffn_relu_backward",
                     "ffn_gelu_backward", "ffn_gelu_tanh_backward", "ffn_guide_product_backward",
                     "residual_backward", "block_pre_ln_backward", "block_post_ln_backward",
-                    "block_guide_backward")
+                    "block_guide_backward", "gpt_backward")
 STAGES_PER_BLOCK, STAGES_OUTSIDE = 12, 6
 ADAMW_ROUNDINGS = 10
 
@@ -54,11 +54,12 @@ def largest_gradient(grads: dict) -> float:
 
 
 def gradient_scale(largest: float, config, tokens: np.ndarray, p: B.Precision) -> float:
-    """√(D·n)·u_acc·max|g|, max|g| the model's largest gradient entry: the error scale of
-    every gradient entry (see the module doc)."""
+    """(√(D·n)·u_acc + √D·u)·max|g|, max|g| the model's largest gradient entry: the error
+    scale of every gradient entry (see the module doc); √D·u is each stage's result
+    stored once in the backend's dtype (it matters for 16-bit dtypes)."""
     D = STAGES_PER_BLOCK * config.n_layers + STAGES_OUTSIDE
     n = max(tokens.size, config.vocab_size, config.d_ff, config.d_model)
-    return math.sqrt(D * n) * p.u_acc * largest + p.tiny
+    return (math.sqrt(D * n) * p.u_acc + math.sqrt(D) * p.u) * largest + p.tiny
 
 
 def _case(case, dtype: str, data):
@@ -72,7 +73,8 @@ def _case(case, dtype: str, data):
 
 @check("gpt_backward.differential", entries=GRADIENT_ENTRIES, ops=("gpt_backward",),
        depends_on=("gpt_forward.differential",), area="training",
-       budget="λ·√(D·n)·u_acc·max|g| (D stages, reductions of length n, the largest gradient)")
+       budget="λ·(√(D·n)·u_acc + √D·u)·max|g| (D stages, reductions of length n, the "
+              "largest gradient)")
 def gradients(backend, ctx):
     """Every gradient against the reference's hand-written backward pass, by parameter
     name: the backend's ∂L/∂θ of the mean cross-entropy equals ``gpt_backward``'s for
@@ -95,13 +97,15 @@ def gradients(backend, ctx):
             ctx.record(name, B.compare(grads[name], g, B.budget(scale)))
 
 
-@check("cross_entropy_mean.differential", entries=("cross_entropy_mean", "log_softmax"),
+@check("cross_entropy_mean.differential", entries=("cross_entropy_mean", "cross_entropy_sum",
+                                                  "log_softmax"),
        ops=("gpt_backward",), depends_on=("gpt_forward.differential",), area="training",
        budget="2·max(logit error) + √(N·V)·u_acc·|L|")
 def loss(backend, ctx):
     """The loss equals −log of the reference's probabilities: the backend's mean
     cross-entropy equals −(1/N) Σ_t log P_ref(y_t | x_≤t), with P_ref the reference's
-    ``next_token_distribution`` of its logits."""
+    ``next_token_distribution`` of its logits; N times it is the Blueprint's eq 10 sum
+    −Σ_t log P_ref(y_t | x_≤t), within N times the budget."""
     @ctx.given(case=model_cases(ctx.precision.dtype), data=st.data())
     def _(case, data):
         config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
@@ -111,6 +115,11 @@ def loss(backend, ctx):
         logit_error = float(np.max(B.gpt_forward_bound(tokens, params, config, ctx.precision)))
         scale = 2 * logit_error + ctx.precision.sum_scale(probs.size) * abs(expected)
         ctx.record("loss", B.compare(np.float64(got), expected, B.budget(scale)))
+        N = targets.size
+        picked = np.take_along_axis(probs, targets[..., None], -1)
+        total = -np.sum(np.log(picked))
+        ctx.record("N · loss vs the eq 10 sum",
+                   B.compare(N * np.float64(got), total, N * B.budget(scale)))
 
 
 @check("adamw_step.trajectory", entries=("adamw_step", "lr_schedule"),
@@ -173,3 +182,32 @@ def resume(backend, ctx):
         whole = ctx.op("train_losses")(config, params, tokens, 3, seed)
         resumed = ctx.op("train_losses")(config, params, tokens, 3, seed, resume_at=k)
         ctx.require(whole == resumed, f"resumed at step {k}: {resumed}, uninterrupted: {whole}")
+
+
+@check("clip_grad_norm.differential", entries=("clip_grad_norm",), ops=("clip_grad_norm",),
+       area="training",
+       budget="λ·|g'|·(√N·u_acc + 3u) for each clipped entry; λ·(√N·u_acc + u)·‖g‖")
+def clip(backend, ctx):
+    """Gradient-norm clipping over all parameters together: the backend's global norm
+    ‖g‖ = √(Σ_p Σ_i g_{p,i}²) and its clipped gradients g·min(1, c/(‖g‖ + 10⁻⁶)) equal the
+    reference's, both when ‖g‖ exceeds c and when it does not. The norm is a length-N sum
+    (N entries in all); the scale inherits its relative error, and each clipped entry is
+    one more product."""
+    p = ctx.precision
+
+    @ctx.given(shapes=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6)), min_size=1,
+                               max_size=4),
+               seed=st.integers(0, 2**16), ratio=st.sampled_from([0.1, 0.5, 0.99, 1.5, 10.0]))
+    def _(shapes, seed, ratio):
+        rng = np.random.default_rng(seed)
+        grads = {f"p{i}": B.round_to(rng.normal(size=s), p.dtype) for i, s in enumerate(shapes)}
+        norm = math.sqrt(sum(float(np.sum(g * g)) for g in grads.values()))
+        max_norm = float(B.round_to(ratio * norm, p.dtype))
+        expected, expected_norm = ref.clip_grad_norm(grads, max_norm)
+        got, got_norm = ctx.op("clip_grad_norm")(grads, max_norm)
+        N = sum(g.size for g in grads.values())
+        ctx.record("‖g‖", B.compare(np.float64(got_norm), expected_norm,
+                                    B.budget((p.sum_scale(N) + p.u) * expected_norm + p.tiny)))
+        for name, g in expected.items():
+            scale = np.abs(g) * (p.sum_scale(N) + 3 * p.u) + p.tiny
+            ctx.record(f"clipped {name}", B.compare(got[name], g, B.budget(scale)))

@@ -88,6 +88,20 @@ class TorchBackend:
         return train.adamw_trajectory(dict(params), grads, lrs, beta1, beta2, eps, weight_decay,
                                       self.device, self.torch_dtype)
 
+    @torch.no_grad()
+    def clip_grad_norm(self, grads: Mapping[str, Any], max_norm: float
+                       ) -> tuple[dict[str, np.ndarray], float]:
+        """torch's own clipping (as the trainer uses it), on gradients of this dtype."""
+        tensors = {k: self._to_torch(np.asarray(g)) for k, g in grads.items()}
+        holders = []
+        for g in tensors.values():
+            holder = torch.nn.Parameter(torch.zeros_like(g))
+            holder.grad = g.clone()
+            holders.append(holder)
+        norm = torch.nn.utils.clip_grad_norm_(holders, max_norm)
+        clipped = {k: self._to_numpy(h.grad) for k, h in zip(tensors, holders, strict=True)}
+        return clipped, float(norm)
+
     def train_losses(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any,
                      steps: int, seed: int, resume_at: int | None = None) -> list[float]:
         from gptspec.fast import train

@@ -243,3 +243,47 @@ def test_bad_token_files(tmp_path):
         TokenData.split(np.arange(20, dtype=np.uint16), block_size=16)
     with pytest.raises(DataError, match=r"\[0, 256\)"):
         write_tokens(tmp_path / "bad.bin", [1, 300], 256)
+
+
+# --- the conformance checks added for clipping and the loss sum catch planted bugs ---------
+
+
+def _training_check(backend, check_id):
+    from gptspec.conformance.runner import run_suite
+
+    suite = run_suite(backend, profile="quick", area="training",
+                      select=lambda c: c.id == check_id)
+    (result,) = suite.results
+    return result
+
+
+def test_clipping_check_passes_torch_in_16_bit_and_catches_per_tensor_clipping():
+    from gptspec.fast.backend import TorchBackend
+
+    class PerTensorClipping(TorchBackend):
+        """Clips each parameter's gradient on its own norm (a common slip)."""
+
+        def clip_grad_norm(self, grads, max_norm):
+            out, norms = {}, []
+            for name, g in grads.items():
+                clipped, n = super().clip_grad_norm({name: g}, max_norm)
+                out[name] = clipped[name]
+                norms.append(n)
+            return out, float(np.sqrt(np.sum(np.square(norms))))
+
+    assert _training_check(TorchBackend("cpu", "bfloat16"),
+                           "clip_grad_norm.differential").status == "pass"
+    result = _training_check(PerTensorClipping("cpu", "float32"), "clip_grad_norm.differential")
+    assert result.status == "fail", result.detail
+
+
+def test_loss_check_catches_a_loss_summed_where_the_mean_is_specified():
+    from gptspec.fast.backend import TorchBackend
+
+    class SummedLoss(TorchBackend):
+        def gpt_backward(self, tokens, targets, params, config):
+            loss, grads = super().gpt_backward(tokens, targets, params, config)
+            return loss * np.asarray(targets).size, grads
+
+    result = _training_check(SummedLoss("cpu", "float32"), "cross_entropy_mean.differential")
+    assert result.status == "fail", result.detail
