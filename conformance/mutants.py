@@ -1,7 +1,8 @@
 """A catalog of realistic bugs planted in the fast backend, to show the suite catches them.
 
-Areas covered: the forward pass (``gptspec.fast.ops``), the tokenizer
-(``gptspec.fast.tokenizer``) and generation (``gptspec.fast.generate``, ``kv_cache``).
+Areas covered: the forward pass (``gptspec.fast.ops``), training (the tied gradient and
+the optimizer), the tokenizer (``gptspec.fast.tokenizer``) and generation
+(``gptspec.fast.generate``, ``kv_cache``).
 
 Each :class:`Mutant` is one bug a backend author could plausibly write, named, explained,
 and tied to the spec entries it breaks (``breaks``). A forward mutant is a
@@ -128,6 +129,10 @@ class MutantTorchBackend(TorchBackend):
     def sampling_distribution(self, *args: Any, **kwargs: Any) -> Any:
         with self._mutated():
             return super().sampling_distribution(*args, **kwargs)
+
+    def gpt_backward(self, *args: Any, **kwargs: Any) -> Any:
+        with self._mutated():
+            return super().gpt_backward(*args, **kwargs)
 
     def _wrap(self, name: str) -> Callable[..., Any]:
         def op(*args: Any, **kwargs: Any) -> Any:
@@ -439,6 +444,50 @@ class _TokenizerMutant(FastTokenizerBackend):
         return self.tokenizer(merges, pattern, special_tokens)
 
 
+# --- training mutants -------------------------------------------------------------------------
+
+
+def _unembed_from_detached_embedding(H: Tensor, W_E: Tensor) -> Tensor:
+    """The tied output map reads a detached W_E: its gradient never reaches W_E."""
+    return F.linear(H, W_E.detach())
+
+
+def _adam_trajectory(params: dict, grads: list, lrs: list, beta1: float, beta2: float,
+                     eps: float, weight_decay: float, *, decoupled: bool, corrected: bool,
+                     dtype: torch.dtype) -> list:
+    """Adam steps written out, with the decay coupled or decoupled and the bias
+    correction on or off (both on is AdamW)."""
+    theta = {k: torch.tensor(v, dtype=dtype) for k, v in params.items()}
+    m = {k: torch.zeros_like(t) for k, t in theta.items()}
+    v = {k: torch.zeros_like(t) for k, t in theta.items()}
+    out = []
+    for step, (g_step, lr) in enumerate(zip(grads, lrs, strict=True), start=1):
+        for k, t in theta.items():
+            g = torch.tensor(g_step[k], dtype=dtype)
+            if not decoupled:
+                g = g + weight_decay * t  # L2: the decay goes through the moments
+            m[k] = beta1 * m[k] + (1 - beta1) * g
+            v[k] = beta2 * v[k] + (1 - beta2) * g * g
+            m_hat = m[k] / (1 - beta1**step) if corrected else m[k]
+            v_hat = v[k] / (1 - beta2**step) if corrected else v[k]
+            decay = lr * weight_decay * t if decoupled else 0.0
+            theta[k] = t - lr * m_hat / (v_hat.sqrt() + eps) - decay
+        out.append({k: t.double().numpy().copy() for k, t in theta.items()})
+    return out
+
+
+class _AdamMutant(TorchBackend):
+    def __init__(self, name: str, decoupled: bool, corrected: bool) -> None:
+        super().__init__("cpu", "float32")
+        self.name = f"torch+{name}"
+        self._decoupled, self._corrected = decoupled, corrected
+
+    def adamw_trajectory(self, params, grads, lrs, beta1, beta2, eps, weight_decay):  # type: ignore[override]
+        return _adam_trajectory(dict(params), grads, lrs, beta1, beta2, eps, weight_decay,
+                                decoupled=self._decoupled, corrected=self._corrected,
+                                dtype=self.torch_dtype)
+
+
 # --- the catalog ----------------------------------------------------------------------------
 
 
@@ -463,6 +512,10 @@ def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable
 def _tok(name: str, breaks: tuple[str, ...], doc: str, **kwargs: Any) -> Mutant:
     return Mutant(name, breaks, "tokenizer", doc,
                   make_backend=lambda: _TorchWithTokenizer(_TokenizerMutant(name, **kwargs)))
+
+
+def _train(name: str, breaks: tuple[str, ...], doc: str, **kwargs: Any) -> Mutant:
+    return Mutant(name, breaks, "training", doc, **kwargs)
 
 
 def _gen(name: str, breaks: tuple[str, ...], doc: str, **elsewhere: Callable[..., Any]
@@ -570,6 +623,17 @@ MUTANTS: tuple[Mutant, ...] = (
     _gen("stale_kv_cache_position", ("kv_cache_attention", "generate"),
          "A cached step embeds its new token at the previous position (stale length).",
          gptspec__fast__kv_cache__KVCache__plan=_stale_cache_position),
+    _train("tied_gradient_from_one_use", ("tied_embedding_accumulation",),
+           "The tied W_E gets the gradient of its embedding use only; the unembedding's "
+           "contribution H_fᵀ G_Z is dropped.",
+           patches={"unembed_tied": _unembed_from_detached_embedding}),
+    _train("l2_instead_of_decoupled_decay", ("adamw_step",),
+           "Weight decay added to the gradient (Adam with L2) instead of decoupled from it.",
+           make_backend=lambda: _AdamMutant("l2_decay", decoupled=False, corrected=True)),
+    _train("adamw_without_bias_correction", ("adamw_step",),
+           "The moments used without dividing by 1 − β₁ᵗ and 1 − β₂ᵗ.",
+           make_backend=lambda: _AdamMutant("no_bias_correction", decoupled=True,
+                                            corrected=False)),
     _tok("bpe_merges_by_frequency", ("bpe_chunk",),
          "Encoding merges the most frequent pair in the chunk first instead of the lowest "
          "rank.", tokenizer=_FrequencyTokenizer),

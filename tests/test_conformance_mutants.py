@@ -11,7 +11,7 @@ from gptspec.conformance.mutation import main, run_mutant, table
 from gptspec.fast import ops
 from gptspec.spec import REGISTRY
 
-FAST_SUBSET = ("mask_shifted_by_one", "softmax_without_max_shift",
+FAST_SUBSET = ("mask_shifted_by_one", "softmax_without_max_shift", "l2_instead_of_decoupled_decay",
                "heads_split_without_transpose", "positions_off_by_one",
                "train_ties_to_largest_pair", "bpe_merges_by_frequency", "stale_kv_cache_position")
 
