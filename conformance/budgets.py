@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import erf
 
-from gptspec import reference as ref
+import gptspec.reference as ref
 from gptspec.reference.forward import block_parameters
 from gptspec.spec.config import GPTConfig
 

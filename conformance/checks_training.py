@@ -11,7 +11,8 @@ Budgets (λ = budgets.LAMBDA, u the backend's unit roundoff, u_acc its accumulat
   directions, the loss), each a reduction of length at most n = max(B·T, V, d_ff, d)
   whose relative rounding error has scale √n·u_acc (Higham & Mary 2019), and whose result
   is stored once in the backend's dtype (u); independent stages add in quadrature, so a
-  gradient tensor g is within λ·(√(D·n)·u_acc + √D·u)·max|g| of the exact one, entry by entry, max|g| the largest gradient entry of the whole model —
+  gradient tensor g is within λ·(√(D·n)·u_acc + √D·u)·max|g| of the exact one, entry by
+  entry, max|g| the largest gradient entry of the whole model —
   errors reach every entry through the upstream gradients ∂L/∂H, whose scale that is,
   and a LayerNorm's backward can cancel a gradient to far below its rounding error
   (e.g. over d_model = 2 features, where x̂ = ±1 whatever x is), so an entry's own size

@@ -99,7 +99,8 @@ class TorchBackend:
             holder.grad = g.clone()
             holders.append(holder)
         norm = torch.nn.utils.clip_grad_norm_(holders, max_norm)
-        clipped = {k: self._to_numpy(h.grad) for k, h in zip(tensors, holders, strict=True)}
+        clipped = {k: self._to_numpy(h.grad) for k, h in zip(tensors, holders, strict=True)
+                   if h.grad is not None}
         return clipped, float(norm)
 
     def train_losses(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any,
