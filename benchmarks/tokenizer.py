@@ -10,7 +10,7 @@ The corpus is ``--corpus PATH`` (or the environment variable GPTSPEC_CORPUS); by
 default the .py files of Python's standard library. When GPT-2's ranks are in
 .cache/gpt2/gpt2.tiktoken (the tests fetch them) encoding is timed with them too.
 
-    python benchmarks/tokenizer.py --corpus ../shared/data/tinyshakespeare.txt
+    python benchmarks/tokenizer.py --corpus PATH/TO/tinyshakespeare.txt
 """
 
 from __future__ import annotations
