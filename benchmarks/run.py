@@ -20,7 +20,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import Report  # noqa: E402
+from gptspec.atomic_files import write_text  # noqa: E402
 
 # Run first, in this order; any other module with run(report, quick) follows, by name.
 ORDER = ("machine", "forward", "training", "generation", "tokenizer", "gpu",
@@ -240,20 +240,11 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write(summary: dict[str, Any], out: Path) -> tuple[Path, Path]:
     json_path, md_path = out / "bench.json", out / "bench.md"
-    write_atomic(json_path, json.dumps(summary, indent=2, default=str) + "\n")
-    write_atomic(md_path, markdown(summary))
+    write_text(json_path, json.dumps(summary, indent=2, default=str) + "\n",
+               make_parents=True)
+    write_text(md_path, markdown(summary), make_parents=True)
     return json_path, md_path
 
 

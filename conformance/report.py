@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from gptspec.atomic_files import write_text
 from gptspec.conformance.runner import CheckResult, SuiteResult
 
 SCHEMA = "gptspec-conformance"
@@ -103,19 +102,8 @@ def to_markdown(suites: list[SuiteResult]) -> str:
 
 
 def write_atomically(path: str | Path, text: str) -> None:
-    """Write to a temporary file beside ``path``, then rename: a reader never sees half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write a report file whole (temporary name, then rename), making its folder."""
+    write_text(path, text, make_parents=True)
 
 
 def _finite(value: Any) -> Any:

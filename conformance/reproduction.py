@@ -20,14 +20,13 @@ calls) the ``.npz`` holds the example's calls and no pytest file is written.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gptspec.atomic_files import replacing, write_text
 from gptspec.conformance import budgets
 from gptspec.conformance.context import Call, FailureCapture
 from gptspec.spec.config import GPTConfig
@@ -78,18 +77,6 @@ def _decode(spec: dict[str, Any], data: Any) -> Any:
     return spec["value"]
 
 
-def _write_atomically(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
 
@@ -125,17 +112,14 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
                 manifest["calls"].append({"call": c.name, "unstored": str(err)})
     npz = directory / f"{stem}.npz"
 
-    def write_npz(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
-                                **arrays)  # type: ignore[arg-type]
-
-    _write_atomically(npz, write_npz)
+    with replacing(npz, make_parents=True) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
+                            **arrays)  # type: ignore[arg-type]
     written = [str(npz)]
     if call is not None and origin.get("spec"):
         test = directory / f"test_{stem}.py"
-        _write_atomically(test, lambda tmp: Path(tmp).write_text(
-            _pytest_text(check_id, npz.name, origin, capture.message), encoding="utf-8"))
+        write_text(test, _pytest_text(check_id, npz.name, origin, capture.message),
+                   make_parents=True)
         written.append(str(test))
     return written
 

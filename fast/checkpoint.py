@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from gptspec.atomic_files import fsync_folder, write_bytes
 from gptspec.spec.config import ConfigError, GPTConfig
 from gptspec.spec.parameters import ParameterError, check_parameters
 
@@ -62,26 +63,6 @@ def tensors_digest(arrays: Mapping[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` through a temporary file in the same directory."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:  # make the rename itself durable
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def save_model(path: str | os.PathLike[str], config: GPTConfig,
                params: Mapping[str, Any]) -> Path:
     """Write the parameters (NumPy arrays or torch tensors, schema names) and the config."""
@@ -94,7 +75,7 @@ def save_model(path: str | os.PathLike[str], config: GPTConfig,
     arrays = {name: _to_numpy(name, value) for name, value in params.items()}
     target = model_file(path)
     metadata = {CONFIG_KEY: config.to_json(), DIGEST_KEY: tensors_digest(arrays)}
-    atomic_write_bytes(target, save(arrays, metadata=metadata))
+    write_bytes(target, save(arrays, metadata=metadata), make_parents=True)
     return target
 
 
@@ -148,14 +129,6 @@ def _previous(directory: Path) -> Path:
     return directory.parent / f".{directory.name}.previous"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfig,
                              params: Mapping[str, Any], optimizer: Mapping[str, Any],
                              state: dict, tokenizer: Any) -> Path:
@@ -171,19 +144,19 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
     try:
         save_model(tmp, config, params)
         arrays = {name: _to_numpy(name, value) for name, value in optimizer.items()}
-        atomic_write_bytes(tmp / OPTIMIZER_FILE,
+        write_bytes(tmp / OPTIMIZER_FILE,
                            save(arrays, metadata={DIGEST_KEY: tensors_digest(arrays)}))
         tokenizer.save(tmp / TOKENIZER_FILE)
         state = {"format": STATE_FORMAT, **state}
-        atomic_write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1).encode())
-        _fsync_dir(tmp)
+        write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1).encode())
+        fsync_folder(tmp)
         previous = _previous(target)
         if previous.exists():
             shutil.rmtree(previous)
         if target.exists():
             os.replace(target, previous)
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_folder(target.parent)
         shutil.rmtree(previous, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

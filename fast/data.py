@@ -9,11 +9,12 @@ of T + 1 consecutive tokens at random offsets: inputs are the first T, targets t
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from gptspec.atomic_files import write_bytes
 
 
 class DataError(ValueError):
@@ -31,17 +32,7 @@ def write_tokens(path: str | os.PathLike[str], ids, vocab_size: int) -> Path:
     array = np.asarray(ids, dtype=np.int64)
     if array.size and (array.min() < 0 or array.max() >= vocab_size):
         raise DataError(f"token ids must lie in [0, {vocab_size}) to be written to {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(array.astype(token_dtype(vocab_size)).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(target, array.astype(token_dtype(vocab_size)).tobytes(), make_parents=True)
     return target
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gptspec.atomic_files import write_bytes
 from gptspec.fast.tokenizer import ENDOFTEXT, GPT2_PATTERN, Tokenizer, TokenizerError
 from gptspec.reference.tokenizer import bytes_to_unicode
 
@@ -40,20 +39,6 @@ GPTSPEC_VERSION = 1
 
 class TokenizerFileError(TokenizerError):
     """A tokenizer file that is missing, unreadable, corrupt, truncated or inconsistent."""
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _read(path: Path) -> bytes:
@@ -98,7 +83,7 @@ def save(tokenizer: Tokenizer, path: str | Path, format: str = "gptspec") -> Non
     if format != "gptspec" and len(tokenizer.mergeable_ranks()) != tokenizer._n_bpe:
         raise TokenizerError(f"two merges of this tokenizer spell the same bytes; the "
                              f"{format} format keys tokens by their bytes and cannot hold it")
-    _write_atomic(Path(path), writers[format](tokenizer))
+    write_bytes(path, writers[format](tokenizer))
 
 
 def load(path: str | Path, format: str | None = None, **options: Any) -> Tokenizer:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gptspec.atomic_files import replacing
 from gptspec.fast.checkpoint import load_training_checkpoint, save_training_checkpoint
 from gptspec.fast.data import TokenData
 from gptspec.fast.model import GPT
@@ -403,14 +404,11 @@ def plot_loss_curve(history: dict, path: str | os.PathLike[str]) -> Path:
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, target)
+        with replacing(target) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
     return target
 
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from gptspec.atomic_files import write_bytes
 from gptspec.cli import CLIError
 
 FORMATS = ("gptspec", "tiktoken", "hf")
@@ -87,16 +86,7 @@ def _write(path: Path | None, data: bytes) -> None:
         return
     if not path.parent.is_dir():
         raise CLIError(f"output folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(path, data)
 
 
 def _load(path: Path):

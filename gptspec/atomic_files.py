@@ -1,0 +1,59 @@
+"""Writing a file so that a reader (or a crash) never sees half of it.
+
+The content goes to a temporary file beside the target, is flushed to disk, and is then
+renamed over the target; the folder is flushed too, so the rename itself survives a
+power cut. On any error the temporary file is removed and the target is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename in it) to disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write; when the block ends without an
+    error it is flushed and renamed onto ``path``, else removed. The file gets the usual
+    permissions (the umask's), not the temporary name's private ones."""
+    target = Path(path)
+    folder = target.parent
+    if make_parents:
+        folder.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        yield tmp
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_folder(folder)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, make_parents: bool = False) -> None:
+    with replacing(path, make_parents=make_parents) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, make_parents: bool = False) -> None:
+    with replacing(path, make_parents=make_parents) as tmp:
+        tmp.write_text(text, encoding="utf-8")

@@ -1,0 +1,44 @@
+"""The one way the project writes files: whole, or not at all."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from gptspec.atomic_files import replacing, write_bytes, write_text
+
+
+def test_a_write_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    write_text(target, "new")
+    assert target.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_an_error_while_writing_keeps_the_old_file(tmp_path):
+    target = tmp_path / "f.bin"
+    write_bytes(target, b"good")
+    with pytest.raises(RuntimeError), replacing(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("killed mid-write")
+    assert target.read_bytes() == b"good"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_parents_are_made_only_when_asked(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        write_text(tmp_path / "a" / "f.txt", "x")
+    write_text(tmp_path / "a" / "f.txt", "x", make_parents=True)
+    assert (tmp_path / "a" / "f.txt").read_text() == "x"
+
+
+def test_the_file_gets_the_umasks_permissions_not_the_temporary_names(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_text(tmp_path / "f.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "f.txt").stat().st_mode) == 0o644
