@@ -167,24 +167,25 @@ def scaled_dot_product_attention(Q, K, V, M) -> Array:
     return attention_weights(Q, K, M) @ _f64(V)
 
 
-def multi_head_attention(H, W_qkv, b_qkv, W_O, b_O, n_heads: int) -> Array:
-    """MultiHead(H) = Concat(head_1, …, head_h) W_O + b_O (Blueprint eqs 4–5)."""
+def _causal_heads(H, W_qkv, b_qkv, n_heads: int) -> Array:
+    """head_i = Attention(H W_Q⁽ⁱ⁾, H W_K⁽ⁱ⁾, H W_V⁽ⁱ⁾) with the causal mask (Blueprint eq 5),
+    all heads stacked: (…, h, T, d_k)."""
     Q, K, V = qkv_projection(H, W_qkv, b_qkv)
     M = causal_mask(_f64(H).shape[-2])
-    heads = scaled_dot_product_attention(
+    return scaled_dot_product_attention(
         split_heads(Q, n_heads), split_heads(K, n_heads), split_heads(V, n_heads), M
     )
-    return linear(merge_heads(heads), W_O, b_O)
+
+
+def multi_head_attention(H, W_qkv, b_qkv, W_O, b_O, n_heads: int) -> Array:
+    """MultiHead(H) = Concat(head_1, …, head_h) W_O + b_O (Blueprint eqs 4–5)."""
+    return linear(merge_heads(_causal_heads(H, W_qkv, b_qkv, n_heads)), W_O, b_O)
 
 
 def multi_head_attention_head_sum(H, W_qkv, b_qkv, W_O, b_O, n_heads: int) -> Array:
     """Σ_i head_i W_O⁽ⁱ⁾ + b_O, with W_O⁽ⁱ⁾ the rows i·d_k … (i+1)·d_k − 1 of W_O: each
     head writes into the residual stream on its own (the Notes' view)."""
-    Q, K, V = qkv_projection(H, W_qkv, b_qkv)
-    M = causal_mask(_f64(H).shape[-2])
-    heads = scaled_dot_product_attention(
-        split_heads(Q, n_heads), split_heads(K, n_heads), split_heads(V, n_heads), M
-    )
+    heads = _causal_heads(H, W_qkv, b_qkv, n_heads)
     W_O = _f64(W_O)
     dk = W_O.shape[0] // n_heads
     out = sum(heads[..., i, :, :] @ W_O[i * dk : (i + 1) * dk] for i in range(n_heads))
