@@ -211,10 +211,14 @@ def test_search_finds_an_equation(served: tuple[SiteServer, Browser], entries: l
     entry = next((e for e in entries if e.id == "softmax"), entries[0])
     browser.navigate(server.url)
     browser.evaluate("document.querySelector('input.md-search__input').focus()")
-    browser.type_text(entry.title.split()[0].lower())
+    word = entry.title.split()[0].lower()
+    browser.type_text(word)
+    # wait for the results of the whole word, not of a prefix typed so far (each result's
+    # link carries its query as ?h=…)
     hrefs = browser.wait_for(
         "(() => { const r = [...document.querySelectorAll('.md-search-result__item a')]"
-        ".map(a => a.getAttribute('href')); return r.length ? r : null; })()",
+        ".map(a => a.getAttribute('href'));"
+        f" return r.length && r.every(h => h.includes('h={word}')) ? r : null; }})()",
         "search results", seconds=30)
     assert any(f"spec/{entry.id}/" in h for h in hrefs), hrefs
 
