@@ -8,10 +8,15 @@ their KV cache, 256 new tokens after an 8-token prompt, at batch 1 and 8, no end
 stop; tokens/s is (batch × new tokens) / median wall time, the two timed in turn within
 each repeat; their ratio is the median of the per-repeat ratios.
 
+Both are measured in float32 and in bfloat16 (the weights rounded once, both models
+holding the same bf16 weights). In bfloat16 on the CPU, gptspec multiplies by weights
+prepacked for oneDNN (gptspec.fast.prepacked); transformers uses PyTorch's matmul, which
+reorders the weights on every call.
+
 The bandwidth limit: at batch 1 every step reads every weight once (the unembedding
 reads all of W_E; the embeddings only one row each), so no implementation can exceed
-(copy bandwidth) / (bytes of weights) steps per second. Copy bandwidth is measured here
-as (bytes read + bytes written) / time of a large tensor copy.
+(copy bandwidth) / (bytes of weights) steps per second; bfloat16 halves the bytes. Copy
+bandwidth is measured here as (bytes read + bytes written) / time of a large tensor copy.
 
     python -m benchmarks.generation [--quick] [--threads N]
 """
@@ -58,34 +63,54 @@ def weight_bytes_per_step(model: GPT) -> int:
     return total - wpe.numel() * wpe.element_size() + wpe.shape[1] * wpe.element_size()
 
 
+DTYPES = ("float32", "bfloat16")
+# a wrong weight mapping moves logits by their own size; rounding by ~u of the dtype
+# times the depth's growth
+MAPPING_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+
+
 def run(report: Report, quick: bool) -> None:
-    torch.manual_seed(0)
     config = preset("gpt2")
     new_tokens = 32 if quick else 256
     repeats = 1 if quick else 3
-    model = GPT(config, seed=0).eval().requires_grad_(False)
-    hf = hf_model(config, model)
     threads = torch.get_num_threads()
-
-    # The two must compute the same function before their speeds mean anything: a wrong
-    # mapping moves logits by their own size, rounding by ~1e-6 of it.
-    check = torch.randint(0, config.vocab_size, (2, PROMPT_LENGTH),
-                          generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        ours_logits, theirs_logits = model(check), hf(check).logits
-    if not (ours_logits - theirs_logits).abs().max() <= 1e-3 * ours_logits.abs().max():
-        raise RuntimeError("transformers' model does not compute our logits: bad weight mapping")
-
     # measured here, beside the runs it bounds (benchmarks.machine's method)
     bandwidth = report.metric(GROUP, "copy bandwidth (read + write)",
                               copy_bandwidth("cpu", 256 << 20, 5 if quick else 9) / 1e9,
                               "GB/s", note=f"{threads} threads")
+    rates: dict[tuple[str, str], float] = {}
+    for dtype in DTYPES:
+        rates.update(_compare_in(report, config, dtype, bandwidth, new_tokens, repeats))
+    report.ratio(GROUP, "gptspec bfloat16 / transformers float32 tokens/s, batch 1 "
+                 "(medians of separate runs)",
+                 rates[("gptspec", "bfloat16")] / rates[("transformers", "float32")])
+
+
+def _compare_in(report: Report, config: GPTConfig, dtype: str, bandwidth: float,
+                new_tokens: int, repeats: int) -> dict[tuple[str, str], float]:
+    """gptspec and transformers in one dtype, same weights (GPT-2's initialisation, rounded
+    to the dtype once, then copied): batch 1 and 8, and batch 1 against the bandwidth
+    limit of that dtype's weight bytes. Returns the batch-1 tokens/s of each."""
+    model = GPT(config, seed=0, dtype=dtype).eval().requires_grad_(False)
+    hf = hf_model(config, model)
+    threads = torch.get_num_threads()
+
+    # The two must compute the same function before their speeds mean anything.
+    check = torch.randint(0, config.vocab_size, (2, PROMPT_LENGTH),
+                          generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ours_logits, theirs_logits = model(check).float(), hf(check).logits.float()
+    if not (ours_logits - theirs_logits).abs().max() \
+            <= MAPPING_TOLERANCE[dtype] * ours_logits.abs().max():
+        raise RuntimeError("transformers' model does not compute our logits: bad weight mapping")
+
     n_bytes = weight_bytes_per_step(model)
-    report.metric(GROUP, "weight bytes read per step", n_bytes / 1e6, "MB")
+    report.metric(GROUP, f"weight bytes read per step, {dtype}", n_bytes / 1e6, "MB")
     limit = bandwidth * 1e9 / n_bytes
-    report.metric(GROUP, "bandwidth limit, batch 1", limit, "tokens/s",
+    report.metric(GROUP, f"bandwidth limit, batch 1, {dtype}", limit, "tokens/s",
                   note="copy bandwidth / weight bytes per step")
 
+    batch_1: dict[tuple[str, str], float] = {}
     for batch in (1, 8):
         prompts = torch.randint(0, config.vocab_size, (batch, PROMPT_LENGTH),
                                 generator=torch.Generator().manual_seed(batch))
@@ -95,18 +120,20 @@ def run(report: Report, quick: bool) -> None:
             "gptspec": lambda: generate(model, prompt_lists, new_tokens, GREEDY),  # noqa: B023
             "transformers": lambda: hf_generate(hf, prompts, new_tokens),  # noqa: B023
         }, repeats, "cpu")
-        note = f"GPT-2 small shape, random weights, float32, {new_tokens} new tokens, " \
-               f"greedy, {threads} threads"
-        ours_rate = report.metric(GROUP, f"gptspec generate, batch {batch}",
-                                  batch * new_tokens / medians["gptspec"], "tokens/s", note=note)
-        report.metric(GROUP, f"transformers generate, batch {batch}",
-                      batch * new_tokens / medians["transformers"], "tokens/s", note=note)
-        report.ratio(GROUP, f"gptspec / transformers tokens/s, batch {batch}",
+        note = f"GPT-2 small shape, random weights, {new_tokens} new tokens, greedy, " \
+               f"{threads} threads"
+        for name in medians:
+            rate = report.metric(GROUP, f"{name} generate, batch {batch}, {dtype}",
+                                 batch * new_tokens / medians[name], "tokens/s", note=note)
+            if batch == 1:
+                batch_1[(name, dtype)] = rate
+        report.ratio(GROUP, f"gptspec / transformers tokens/s, batch {batch}, {dtype}",
                      ratios[("gptspec", "transformers")], goal=2.0 if batch == 1 else None,
                      goal_text="≥ 2 (CPU)" if batch == 1 else "")
-        if batch == 1:
-            report.ratio(GROUP, "gptspec tokens/s / bandwidth limit, batch 1", ours_rate / limit,
-                         goal=1 / 1.5, goal_text="≥ 1/1.5 (within 1.5× of the limit)")
+    report.ratio(GROUP, f"gptspec tokens/s / bandwidth limit, batch 1, {dtype}",
+                 batch_1[("gptspec", dtype)] / limit, goal=1 / 1.5,
+                 goal_text="≥ 1/1.5 (within 1.5× of the limit)")
+    return batch_1
 
 
 def main() -> None:

@@ -47,12 +47,13 @@ class Mutant:
     make_backend: Callable[[], Any] | None = None
     # other functions replaced, by dotted path ("gptspec.fast.generate.top_k_filter")
     elsewhere: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    dtype: str | None = None  # a bug only one dtype's code path has is run in that dtype
 
     def backend(self, device: str = "cpu", dtype: str = "float32") -> Any:
         if self.make_backend is not None:
             return self.make_backend()
-        return MutantTorchBackend(self.name, self.patches, device=device, dtype=dtype,
-                                  elsewhere=self.elsewhere)
+        return MutantTorchBackend(self.name, self.patches, device=device,
+                                  dtype=self.dtype or dtype, elsewhere=self.elsewhere)
 
 
 def _owner(path: str) -> tuple[Any, str]:
@@ -356,6 +357,11 @@ def _stale_cache_position(self: Any, T_new: int, lengths: Any = None) -> Any:
     return dataclasses.replace(step, positions=(step.positions - 1).clamp(min=0))
 
 
+def _prepacked_product_without_bias(self: Any, x: Tensor, bias: Tensor | None) -> Tensor:
+    # the packed kernel called as if every layer had no bias
+    return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+
 def _originals() -> tuple[Any, Any]:
     from gptspec.fast import generate as gen
     from gptspec.fast.kv_cache import KVCache
@@ -623,6 +629,10 @@ MUTANTS: tuple[Mutant, ...] = (
     _gen("stale_kv_cache_position", ("kv_cache_attention", "generate"),
          "A cached step embeds its new token at the previous position (stale length).",
          gptspec__fast__kv_cache__KVCache__plan=_stale_cache_position),
+    Mutant("prepacked_product_drops_bias", ("linear", "generate"), "generation",
+           "Generation's prepacked 16-bit product (the bfloat16 CPU path) drops the bias b.",
+           elsewhere={"gptspec.fast.prepacked.PackedMatrix.__call__":
+                      _prepacked_product_without_bias}, dtype="bfloat16"),
     _train("tied_gradient_from_one_use", ("tied_embedding_accumulation",),
            "The tied W_E gets the gradient of its embedding use only; the unembedding's "
            "contribution H_fᵀ G_Z is dropped.",

@@ -41,6 +41,13 @@ class Step:
         causal one, which SDPA can apply itself (its fastest kernels take no mask)."""
         return self.start == 0
 
+    @property
+    def attends_all(self) -> bool:
+        """One new token per sequence, all at position ``start`` = S−1: every slot is
+        visible to it, so attention needs no mask (the common decoding step)."""
+        return self.start is not None and self.positions.shape[1] == 1 \
+            and self.n_keys == self.start + 1
+
 
 class KVCache:
     """Per layer keys and values of shape (B, h, max_len, d_k), preallocated, and the

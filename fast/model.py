@@ -82,6 +82,8 @@ class Attention(nn.Module):
         K, V = cache.write(layer, K, V, step)  # now every cached slot 0 … S−1
         if step.causal:
             heads = ops.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        elif step.attends_all:
+            heads = ops.scaled_dot_product_attention(Q, K, V)
         else:
             heads = ops.scaled_dot_product_attention(Q, K, V, step.mask)
         return ops.linear(ops.merge_heads(heads), self.w_o, self.b_o)

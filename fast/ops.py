@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from gptspec.fast import prepacked
 from gptspec.spec.config import GPTConfig
 
 Tensor = torch.Tensor
@@ -112,7 +113,11 @@ def linear(x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
     """y = x W + b, with W of shape (in, out).
 
     F.linear takes the (out, in) matrix; passing the transposed view lets BLAS read W in
-    its stored layout and fuses the bias into the product."""
+    its stored layout and fuses the bias into the product. Inside generation, 16-bit CPU
+    weights come prepacked (``gptspec.fast.prepacked``: the same product, faster)."""
+    packed = prepacked.lookup(W, x, transposed=True)
+    if packed is not None:
+        return packed(x, b)
     return F.linear(x, W.t(), b)
 
 
@@ -358,6 +363,9 @@ def final_layer_norm(H: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tens
 
 def unembed_tied(H: Tensor, W_E: Tensor) -> Tensor:
     """logits = H W_Eᵀ (Blueprint eq 9): W_E is already the (out, in) matrix F.linear takes."""
+    packed = prepacked.lookup(W_E, H, transposed=False)
+    if packed is not None:
+        return packed(H, None)
     return F.linear(H, W_E)
 
 

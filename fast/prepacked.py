@@ -1,0 +1,151 @@
+"""Weight matrices reordered once for oneDNN: faster 16-bit decoding on the CPU, same products.
+
+Decoding one token at a time multiplies a row vector by every weight matrix, so a step
+costs about the time to read the weights once (GPT-2 small: 124 M of them). Stored in
+bfloat16 they are half the bytes of float32, yet PyTorch's 16-bit CPU matmul reorders its
+weight into oneDNN's blocked layout on every call, and that reorder costs more than the
+halved reads save. Reordering once, ahead of time, keeps the saving (the same thing
+``torch.compile`` does for CPU inference with freezing). ``benchmarks/generation.py``
+measures the effect.
+
+The products are those of ``ops.linear``: oneDNN's kernels take the 16-bit operands,
+accumulate in float32 and round the result once, as PyTorch's 16-bit matmul does, so the
+conformance budgets of the dtype apply unchanged (and conformance runs this path:
+``gptspec conformance --dtype bfloat16 --area generation``).
+
+Scope and safety:
+
+- Only inside ``with packed.active():`` (generation enters it around each forward call),
+  and only where no gradient is needed: the packed kernel has no backward.
+- A packed matrix remembers its parameter's version counter: once the parameter is
+  changed in place (a training step, ``load_state_dict``), the stale copy is ignored and
+  ``for_model`` builds a fresh one.
+- Only CPU tensors in bfloat16 or float16, where this PyTorch build's oneDNN supports
+  them; float32 gains nothing here (its matmul is already bandwidth-bound), so it is
+  never packed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the model's modules import ops, which imports this module
+    from gptspec.fast.model import GPT
+
+Tensor = torch.Tensor
+
+# id(parameter) → its packed matrix, while some ``PrepackedWeights.active()`` is entered
+_ACTIVE: ContextVar[dict[int, PackedMatrix] | None] = ContextVar("gptspec_prepacked", default=None)
+
+
+def supported(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether weights of this device and dtype can be packed (and are worth packing)."""
+    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
+
+
+@dataclass(frozen=True)
+class PackedMatrix:
+    """A parameter's matrix as the (out, in) operand of ``y = x Aᵀ + b``, in oneDNN's layout.
+
+    ``transposed`` says how the parameter is used: True for ``ops.linear``'s (in, out)
+    weights (A = Wᵀ), False for the tied unembedding's W_E, already (out, in)."""
+
+    parameter: Tensor
+    version: int  # the parameter's in-place version counter when packed
+    data_ptr: int  # and its storage (``p.data = …`` replaces it without a version bump)
+    transposed: bool
+    packed: Tensor
+
+    @classmethod
+    def of(cls, parameter: Tensor, transposed: bool) -> PackedMatrix:
+        matrix = parameter.detach()
+        matrix = matrix.t().contiguous() if transposed else matrix.contiguous()
+        # the second argument is a batch-size hint for the layout; decoding multiplies one row
+        packed = torch.ops.mkldnn._reorder_linear_weight(matrix, 1)
+        return cls(parameter, parameter._version, parameter.data_ptr(), transposed, packed)
+
+    @property
+    def current(self) -> bool:
+        p = self.parameter
+        return p._version == self.version and p.data_ptr() == self.data_ptr
+
+    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
+def lookup(W: Tensor, x: Tensor, transposed: bool) -> PackedMatrix | None:
+    """The packed form of ``W`` to multiply ``x`` by, if one is active and may be used:
+    current (W unchanged since packing), the same dtype, and no gradient to record."""
+    table = _ACTIVE.get()
+    if table is None:
+        return None
+    packed = table.get(id(W))
+    if packed is None or packed.parameter is not W or packed.transposed != transposed:
+        return None
+    if not packed.current or x.dtype != W.dtype or x.device != W.device:
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad):
+        return None
+    return packed
+
+
+class PrepackedWeights:
+    """Packed copies of a model's weight matrices (memory: one more copy of them).
+
+    ``model`` is a ``gptspec.fast.model.GPT``."""
+
+    def __init__(self, model: GPT) -> None:
+        self.table = {id(p): PackedMatrix.of(p, transposed)
+                      for p, transposed in _matrices(model)}
+        self.dtype = model.wte.dtype
+
+    def current_for(self, model: GPT) -> bool:
+        """Packed from exactly these parameters, none changed since."""
+        matrices = list(_matrices(model))
+        return self.dtype == model.wte.dtype and len(matrices) == len(self.table) and all(
+            id(p) in self.table and self.table[id(p)].current for p, _ in matrices)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """``ops.linear`` and ``ops.unembed_tied`` use the packed matrices inside."""
+        token = _ACTIVE.set(self.table)
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+
+
+def _matrices(model: GPT) -> Iterator[tuple[Tensor, bool]]:
+    """Every weight matrix a forward pass multiplies by, and whether ``ops.linear`` uses
+    it transposed: all but the tables (W_P, and W_E unless it is the tied unembedding,
+    which uses it as it is)."""
+    for name, p in model.named_parameters():
+        if name == "wte" and model.config.tied_embeddings:
+            yield p, False
+        elif p.ndim == 2 and name not in ("wte", "wpe"):
+            yield p, True
+
+
+def for_model(model: GPT) -> PrepackedWeights | None:
+    """The model's packed weights (kept on the model, rebuilt once stale), or None where
+    its device and dtype gain nothing from packing."""
+    wte = model.wte
+    if not supported(wte.device, wte.dtype):
+        return None
+    packed = model.__dict__.get("_prepacked_weights")
+    if packed is None or not packed.current_for(model):
+        packed = PrepackedWeights(model)
+        model.__dict__["_prepacked_weights"] = packed  # not a submodule or buffer: never saved
+    return packed
