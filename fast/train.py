@@ -5,10 +5,11 @@ The optimizer, the clipping and the schedule are the spec's (``gptspec.spec.opti
 torch's AdamW is Algorithm 2 of Loshchilov & Hutter with the decay scaled by the learning
 rate, as the spec decides; the schedule is ``gptspec.reference.lr_schedule`` itself.
 
-On one CPU the run is deterministic: the same seed gives bit-identical losses, and a run
-resumed from a checkpoint continues bit-identically, because the checkpoint holds every
-piece of state the next step reads (parameters, AdamW moments, step, the batch sampler's
-RNG state, and torch's and Python's RNG states).
+On the CPU the run is deterministic: the same seed gives bit-identical losses, and a run
+resumed from a checkpoint continues bit-identically, on one process or several, because the
+checkpoint holds every piece of state the next step reads (parameters, AdamW moments, step,
+torch's and Python's RNG states) and the training batches are a function of (seed, rank,
+step) alone (:func:`batch_generator`), so no process has sampler state to lose.
 """
 
 from __future__ import annotations
@@ -141,22 +142,28 @@ def load_optimizer_tensors(model: GPT, optimizer: torch.optim.Optimizer,
 # --- RNG states, as JSON (no pickle) ------------------------------------------------------------
 
 
-def rng_state(batch_rng: np.random.Generator) -> dict:
+def batch_generator(seed: int, rank: int, step: int) -> np.random.Generator:
+    """The generator that draws the training batches of ``step`` (0-based) on process
+    ``rank``. Keyed by all three, it needs no saved state: a resumed run draws the batches
+    the unbroken run would have on every rank, whereas one generator per process would
+    need every rank's state in a checkpoint that only rank 0 writes."""
+    return np.random.default_rng([seed, rank, step])
+
+
+def rng_state() -> dict:
+    """torch's and Python's RNG states. Every process seeds them alike and draws from
+    them alike, so rank 0's states are every rank's."""
     py = random.getstate()
     return {
-        "batches": batch_rng.bit_generator.state,
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
         "python": [py[0], list(py[1]), py[2]],
     }
 
 
-def set_rng_state(state: dict) -> np.random.Generator:
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])),
                                          dtype=torch.uint8))
     random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    rng = np.random.default_rng()
-    rng.bit_generator.state = state["batches"]
-    return rng
 
 
 # --- distributed ------------------------------------------------------------------------------------
@@ -211,7 +218,6 @@ class Trainer:
 
             self.ddp_model = DistributedDataParallel(self.model)
         self.optimizer = make_optimizer(self.model, settings)
-        self.batch_rng = np.random.default_rng(settings.seed + self.rank)
         self.amp = autocast_dtype(settings)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
         self.step_count = 0
@@ -248,9 +254,7 @@ class Trainer:
             ctx = contextlib.nullcontext() if sync else self.ddp_model.no_sync()  # type: ignore[operator]
             with ctx:
                 loss = self.loss(x, y) / len(batches)
-                if not torch.isfinite(loss):
-                    raise TrainingDiverged(f"the loss became {float(loss.detach())} at step "
-                                           f"{self.step_count + 1}")
+                self._stop_unless_finite(loss)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
         if self.scaler:
@@ -266,10 +270,31 @@ class Trainer:
         self.step_count += 1
         return total
 
+    def _stop_unless_finite(self, loss: torch.Tensor) -> None:
+        """Raise TrainingDiverged if the loss is not finite, under DDP on every process
+        together when it is not finite on any one: a process that stopped alone would leave
+        the others waiting in the gradient all-reduce."""
+        value = loss.detach().float()
+        where = ""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            losses = torch.zeros(self.world, device=value.device)
+            losses[self.rank] = value
+            dist.all_reduce(losses)  # the others' entries are 0: the sum is every rank's loss
+            bad = (~torch.isfinite(losses)).nonzero().flatten().tolist()
+            if not bad:
+                return
+            value, where = losses[bad[0]], f" on process {bad[0]} of {self.world}"
+        elif torch.isfinite(value):
+            return
+        raise TrainingDiverged(f"the loss became {float(value)} at step {self.step_count + 1}"
+                               f"{where}")
+
     def next_batches(self) -> list[Batch]:
         s = self.settings
-        return [self.data.batch("train", s.batch_size, self.batch_rng, s.device)
-                for _ in range(s.grad_accum)]
+        rng = batch_generator(s.seed, self.rank, self.step_count)
+        return [self.data.batch("train", s.batch_size, rng, s.device) for _ in range(s.grad_accum)]
 
     def step(self) -> float:
         loss = self.step_on(self.next_batches())
@@ -296,7 +321,7 @@ class Trainer:
 
     def state(self) -> dict:
         return {"step": self.step_count, "settings": asdict(self.settings),
-                "rng": rng_state(self.batch_rng), "history": self.history,
+                "rng": rng_state(), "history": self.history,
                 "elapsed_seconds": self.elapsed,
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 **self.extra_state}
@@ -316,7 +341,7 @@ class Trainer:
         trainer = cls(config, settings, data, tokenizer, params=params)
         trainer.step_count = int(state["step"])
         load_optimizer_tensors(trainer.model, trainer.optimizer, optimizer, trainer.step_count)
-        trainer.batch_rng = set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         trainer.history = state["history"]
         trainer.elapsed = float(state.get("elapsed_seconds", 0.0))
         trainer.extra_state = {k: v for k, v in state.items() if k == "data"}

@@ -1,8 +1,10 @@
-"""Data-parallel training: a DDP step on two CPU processes (gloo, started by torchrun)
-equals the single-process step on the concatenated batch."""
+"""Data-parallel training on two CPU processes (gloo, started by torchrun): a DDP step
+equals the single-process step on the concatenated batch, a resumed run continues
+bit-identically, and a non-finite loss on one process stops every process in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from gptspec.conformance import budgets as B
@@ -65,21 +68,112 @@ def worker(out: str) -> None:
                **{f"param.{k}": v for k, v in params.items()}, **own}, f"{out}.rank{rank}")
 
 
+def cli_worker(rc_file: str, *argv: str) -> int:
+    """Run by torchrun on each process: ``gptspec`` with these arguments (several commands
+    separated by ``+``, one after the other, to pay torchrun's start once); the exit status
+    goes to ``rc_file.rank<r>`` once they have returned (a process that hangs, or that
+    torchrun ends, leaves none)."""
+    from gptspec.cli import main
+
+    commands: list[list[str]] = [[]]
+    for arg in argv:
+        commands.append([]) if arg == "+" else commands[-1].append(arg)
+    rc = 0
+    for command in commands:
+        rc = main(command)
+        if rc:
+            break
+    Path(f"{rc_file}.rank{os.environ['RANK']}").write_text(str(rc))
+    return rc
+
+
+def nan_on_rank_1_worker(rc_file: str, *argv: str) -> int:
+    """``cli_worker`` with the loss of process 1 made NaN from step 3 on, the way the
+    single-process CLI test makes it NaN; process 0's loss stays finite."""
+    from gptspec.fast import train
+
+    if os.environ["RANK"] == "1":
+        real_loss = train.Trainer.loss
+
+        def loss(self, x, y, model=None):
+            value = real_loss(self, x, y, model)
+            return value * float("nan") if self.step_count >= 2 else value
+
+        train.Trainer.loss = loss
+    return cli_worker(rc_file, *argv)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def _torchrun(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                           str(Path(__file__)), *args],
+                          check=check, env=env, timeout=240, capture_output=True, text=True)
+
+
+TINY = ["train", "--preset", "tiny", "--vocab-size", "256", "--batch-size", "2",
+        "--eval-interval", "2", "--eval-batches", "1", "--warmup", "1", "--no-progress"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n"
+                            for i in range(200)))
+    return path
+
+
+def _run_state(out: Path) -> tuple[dict, dict, dict]:
+    from safetensors.numpy import load_file
+
+    ckpt = out / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text())
+    return (load_file(ckpt / "model.safetensors"), load_file(ckpt / "optimizer.safetensors"),
+            state)
+
+
+def test_ddp_resume_continues_bit_identically(tmp_path, corpus):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    rc = str(tmp_path / "rc")
+    _torchrun("cli", rc, *TINY, "--data", str(corpus), "--out", str(whole), "--steps", "4",
+              "+", *TINY, "--data", str(corpus), "--out", str(part), "--steps", "2")
+    _torchrun("cli", rc, *TINY, "--out", str(part), "--resume", "--steps", "4")  # new processes
+    (params, moments, state), (params_r, moments_r, state_r) = map(_run_state, (whole, part))
+    assert state["step"] == state_r["step"] == 4
+    assert state_r["history"] == state["history"]
+    for mine, theirs in ((params, params_r), (moments, moments_r)):
+        assert mine.keys() == theirs.keys()
+        for name, value in mine.items():
+            assert np.array_equal(value, theirs[name]), name
+
+
+def test_a_nan_loss_on_one_process_stops_every_process(tmp_path, corpus):
+    out, rc = tmp_path / "out", tmp_path / "rc"
+    done = _torchrun("nan-on-rank-1", str(rc), *TINY, "--data", str(corpus), "--out", str(out),
+                     "--steps", "4", check=False)
+    assert done.returncode != 0
+    # both processes returned from the command (neither hung in a collective, nor was ended
+    # by torchrun), each with the CLI's error status
+    assert [Path(f"{rc}.rank{r}").read_text() if Path(f"{rc}.rank{r}").exists() else None
+            for r in range(2)] == ["2", "2"], done.stderr
+    errors = [line for line in done.stderr.splitlines() if "gptspec train: error:" in line]
+    assert len(errors) == 1, done.stderr
+    assert "loss became nan at step 3 on process 1 of 2" in errors[0]
+    assert "last good checkpoint" in errors[0]
+    assert _run_state(out)[2]["step"] == 2  # the checkpoint of step 2 is kept
+
+
 def test_ddp_step_equals_the_single_process_step_on_the_whole_batch(tmp_path):
     from safetensors.numpy import load_file
 
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-                    str(Path(__file__)), str(out)],
-                   check=True, env=env, timeout=240, capture_output=True)
+    _torchrun("step", str(out))
     ranks = [load_file(f"{out}.rank{r}") for r in range(2)]
     # DDP keeps the replicas identical: the same averaged gradient, the same step
     for key in (k for k in ranks[0] if not k.startswith("own.")):
@@ -104,4 +198,8 @@ def test_ddp_step_equals_the_single_process_step_on_the_whole_batch(tmp_path):
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1])
+    mode, *rest = sys.argv[1:]
+    if mode == "step":
+        worker(*rest)
+    else:
+        sys.exit({"cli": cli_worker, "nan-on-rank-1": nan_on_rank_1_worker}[mode](*rest))

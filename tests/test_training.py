@@ -139,14 +139,32 @@ def test_training_is_deterministic_and_resumes_bit_identically():
         assert train.train_losses(config, params, tokens, 4, seed=5, resume_at=k) == a
 
 
-def test_resume_without_the_sampler_state_is_not_identical(monkeypatch):
-    """The resume check can fail: losing the batch RNG state changes the losses."""
+def test_resume_with_a_sampler_state_the_checkpoint_lacks_is_not_identical(monkeypatch):
+    """The resume check can fail: a batch generator kept per trainer, whose state no
+    checkpoint holds, starts over on resume and changes the losses."""
     config = CONFIGS[0].replace(vocab_size=256)
     params = init_parameters(config, 1)
     tokens = _tokens(config, 200)
+
+    def stateful(self):
+        rng = self.__dict__.setdefault("lost_rng", np.random.default_rng(self.settings.seed))
+        return [self.data.batch("train", self.settings.batch_size, rng)]
+
+    monkeypatch.setattr(train.Trainer, "next_batches", stateful)
     whole = train.train_losses(config, params, tokens, 4, seed=5)
-    monkeypatch.setattr(train, "set_rng_state", lambda state: np.random.default_rng(0))
     assert train.train_losses(config, params, tokens, 4, seed=5, resume_at=2) != whole
+
+
+def test_the_batches_are_keyed_by_seed_rank_and_step():
+    config = CONFIGS[0].replace(vocab_size=256)
+    data = TokenData.split(_tokens(config, 300).astype(np.uint16), config.n_ctx)
+
+    def draw(seed, rank, step):
+        return data.batch("train", 4, train.batch_generator(seed, rank, step))[0]
+
+    assert torch.equal(draw(5, 1, 3), draw(5, 1, 3))
+    for other in ((6, 1, 3), (5, 0, 3), (5, 1, 2)):
+        assert not torch.equal(draw(5, 1, 3), draw(*other)), other
 
 
 def test_gradient_accumulation_equals_the_larger_batch():

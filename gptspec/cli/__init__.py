@@ -24,6 +24,11 @@ class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+def error_line(command: str, err: CLIError) -> str:
+    """The one line a CLIError is reported as."""
+    return f"gptspec {command}: error: {err}"
+
+
 def build_parser(which: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptspec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -42,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except CLIError as err:
-        print(f"gptspec {args.command}: error: {err}", file=sys.stderr)
+        print(error_line(args.command, err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"gptspec {args.command}: interrupted", file=sys.stderr)

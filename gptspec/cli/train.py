@@ -15,13 +15,14 @@ are the same either way.
 from __future__ import annotations
 
 import argparse
+import sys
 import sysconfig
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gptspec.cli import CLIError
+from gptspec.cli import CLIError, error_line
 
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
@@ -227,8 +228,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         status = trainer.run(out, progress=not args.no_progress)
     except TrainingDiverged as err:
-        raise CLIError(f"{err}; stopped without saving — the last good checkpoint "
-                       f"is kept in {checkpoint}") from None
+        error = CLIError(f"{err}; stopped without saving — the last good checkpoint "
+                         f"is kept in {checkpoint}")
+        if world == 1:
+            raise error from None
+        # Every process stopped at the same step (Trainer._stop_unless_finite). Rank 0 says
+        # so once; the others exit only after it has, because torchrun ends the whole group
+        # as soon as one process fails, which could cut rank 0 off before its line.
+        if rank == 0:
+            print(error_line("train", error), file=sys.stderr, flush=True)
+        import torch.distributed as dist
+
+        dist.barrier()
+        return 2
     if rank != 0:
         return 0
     if status == "interrupted":
