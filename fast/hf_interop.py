@@ -9,6 +9,12 @@ GELU or ReLU FFN, and an output map that is W_Eᵀ or a separate matrix without 
 Configurations outside it (post-LN, the Guide's block or FFN, no biases, an output bias,
 no final norm) are refused with a message naming the field. transformers is an optional
 dependency (``pip install gptspec[interop]``), imported only here and only when called.
+
+Tokenizers travel too: a directory written by :func:`save_hf_dir` with a tokenizer holds
+it as HF's tokenizer.json (plus tokenizer_config.json and special_tokens_map.json naming
+``<|endoftext|>`` as eos and bos), which ``AutoTokenizer`` loads as a
+``PreTrainedTokenizerFast`` giving the same ids; :func:`load_hf_tokenizer` reads a
+byte-level BPE back from tokenizer.json or GPT-2's vocab.json + merges.txt.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ ACTIVATION_ALIASES = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
 
 class InteropError(ValueError):
     """A model or directory that cannot be converted; the message says why, in one line."""
+
+
+class TokenizerInteropError(InteropError):
+    """A tokenizer that cannot be carried across (the weights alone still could be)."""
 
 
 def _transformers() -> Any:
@@ -62,11 +72,16 @@ def check_expressible(config: GPTConfig) -> None:
             raise InteropError(f"transformers' GPT-2 cannot express config field {why}")
 
 
-def config_to_hf(config: GPTConfig) -> Any:
-    """The GPT2Config of a configuration (dropout off: this project's model has none)."""
+def config_to_hf(config: GPTConfig, tokenizer: Any = None) -> Any:
+    """The GPT2Config of a configuration (dropout off: this project's model has none).
+    Its bos and eos ids are the tokenizer's end-of-text token; without a tokenizer,
+    GPT-2's 50256 when the vocabulary reaches it."""
     check_expressible(config)
     transformers = _transformers()
-    eot = 50256 if config.vocab_size > 50256 else None  # GPT-2's <|endoftext|>
+    if tokenizer is not None:
+        eot = tokenizer.eot_token
+    else:
+        eot = 50256 if config.vocab_size > 50256 else None  # GPT-2's <|endoftext|>
     return transformers.GPT2Config(
         vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.d_model,
         n_layer=config.n_layers, n_head=config.n_heads, n_inner=config.d_ff,
@@ -176,11 +191,12 @@ def from_hf_model(model: Any) -> tuple[GPTConfig, dict[str, np.ndarray]]:
     return config, params_from_hf(config, model.state_dict())
 
 
-def to_hf_model(config: GPTConfig, params: Mapping[str, Any], dtype: Any = None) -> Any:
-    """A GPT2LMHeadModel (eval mode) holding these parameters."""
+def to_hf_model(config: GPTConfig, params: Mapping[str, Any], dtype: Any = None,
+                tokenizer: Any = None) -> Any:
+    """A GPT2LMHeadModel (eval mode) holding these parameters (bos/eos from ``tokenizer``)."""
     transformers = _transformers()
     state = params_to_hf(config, params, dtype)
-    model = transformers.GPT2LMHeadModel(config_to_hf(config))
+    model = transformers.GPT2LMHeadModel(config_to_hf(config, tokenizer))
     model.to(next(iter(state.values())).dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith(".attn.bias")]  # old causal-mask buffers
@@ -219,8 +235,9 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
 
 
 def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping[str, Any],
-                dtype: Any = None) -> Path:
-    """Write a directory that ``GPT2LMHeadModel.from_pretrained`` loads (safetensors).
+                dtype: Any = None, tokenizer: Any = None) -> Path:
+    """Write a directory that ``GPT2LMHeadModel.from_pretrained`` loads (safetensors), and
+    ``AutoTokenizer.from_pretrained`` too when a ``tokenizer`` is given.
 
     It is written in full under a temporary name beside ``path`` and then renamed, so
     ``path`` either does not exist or is complete. An existing non-empty ``path`` is
@@ -228,7 +245,9 @@ def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping
     target = Path(path)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InteropError(f"{target} already exists and is not an empty directory")
-    model = to_hf_model(config, params, dtype)
+    if tokenizer is not None:
+        check_tokenizer_fits(config, tokenizer)
+    model = to_hf_model(config, params, dtype, tokenizer)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     umask = os.umask(0)
@@ -236,6 +255,8 @@ def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the temporary name only
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer is not None:
+            save_hf_tokenizer(tmp, tokenizer, config.n_ctx)
         for f in tmp.iterdir():
             with open(f, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -246,3 +267,102 @@ def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+# --- tokenizers -------------------------------------------------------------------------------
+
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+# tokenizer files of kinds that are not byte-level BPE (SentencePiece, WordPiece)
+FOREIGN_TOKENIZER_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                           "vocab.txt")
+
+
+def check_tokenizer_fits(config: GPTConfig, tokenizer: Any) -> None:
+    """Refuse a tokenizer with ids the model has no embedding for (spare model ids are fine:
+    vocabularies are often padded)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise TokenizerInteropError(f"the tokenizer has {tokenizer.vocab_size} tokens but the "
+                                    f"model only {config.vocab_size}: they do not belong together")
+
+
+def save_hf_tokenizer(folder: str | os.PathLike[str], tokenizer: Any, n_ctx: int) -> None:
+    """Write tokenizer.json (HF's format), tokenizer_config.json and special_tokens_map.json
+    into ``folder``, each atomically. The class named is PreTrainedTokenizerFast, which
+    takes tokenizer.json and the special tokens as they are (GPT2TokenizerFast makes
+    <|endoftext|> eos, bos and unk even for a tokenizer without it)."""
+    import json
+
+    from gptspec.atomic_files import write_text
+    from gptspec.fast.tokenizer import ENDOFTEXT, TokenizerError
+
+    folder = Path(folder)
+    try:
+        tokenizer.save(folder / TOKENIZER_JSON, "hf")
+    except TokenizerError as err:
+        raise TokenizerInteropError(f"the tokenizer cannot be written as HF's tokenizer.json: "
+                                    f"{err}") from None
+    # GPT-2's convention: <|endoftext|> both ends and starts a document
+    special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT} \
+        if tokenizer.eot_token is not None else {}
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": n_ctx,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,  # transformers 4 would drop " ,"'s space
+        **special,
+    }
+    write_text(folder / TOKENIZER_CONFIG, json.dumps(settings, indent=2) + "\n")
+    write_text(folder / SPECIAL_TOKENS_MAP, json.dumps(special, indent=2) + "\n")
+
+
+def _tokenizer_settings(folder: Path) -> dict:
+    import json
+
+    file = folder / TOKENIZER_CONFIG
+    if not file.is_file():
+        return {}
+    try:
+        settings = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TokenizerInteropError(f"{file} cannot be read: {str(err).splitlines()[0]}") \
+            from None
+    return settings if isinstance(settings, dict) else {}
+
+
+def load_hf_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer of a transformers directory as a ``gptspec.fast.tokenizer.Tokenizer``,
+    from tokenizer.json or else GPT-2's vocab.json + merges.txt; None if it holds neither.
+    A tokenizer that is not a byte-level BPE this project can reproduce id for id raises
+    :class:`TokenizerInteropError` naming the problem."""
+    from gptspec.fast import tokenizer_files
+    from gptspec.fast.tokenizer import TokenizerError
+
+    folder = Path(path)
+    settings = _tokenizer_settings(folder)
+    if settings.get("add_prefix_space"):
+        raise TokenizerInteropError(f"{folder / TOKENIZER_CONFIG}: add_prefix_space=true is "
+                                    f"not supported (gptspec encodes text as it is)")
+    vocab, merges = folder / "vocab.json", folder / "merges.txt"
+    try:
+        if (folder / TOKENIZER_JSON).is_file():
+            return tokenizer_files.load(folder / TOKENIZER_JSON, "hf")
+        if vocab.is_file() and merges.is_file():
+            added = settings.get("added_tokens_decoder")
+            special = {t["content"]: int(i) for i, t in added.items()
+                       if isinstance(t, dict) and t.get("special") and "content" in t} \
+                if isinstance(added, dict) else {}
+            return tokenizer_files.load_vocab_merges(vocab, merges, special)
+    except (TokenizerError, ValueError) as err:  # TokenizerFileError names the file
+        raise TokenizerInteropError(f"unsupported tokenizer: {str(err).splitlines()[0]}") \
+            from None
+    foreign = [name for name in FOREIGN_TOKENIZER_FILES if (folder / name).is_file()]
+    if foreign:
+        raise TokenizerInteropError(f"unsupported tokenizer: {folder / foreign[0]} is not a "
+                                    f"byte-level BPE that gptspec can represent (it reads "
+                                    f"tokenizer.json or vocab.json + merges.txt)")
+    if vocab.is_file() or merges.is_file():
+        have, lack = (vocab, merges) if vocab.is_file() else (merges, vocab)
+        raise TokenizerInteropError(f"unsupported tokenizer: {have} without {lack.name}")
+    return None

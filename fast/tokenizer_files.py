@@ -10,6 +10,7 @@
 - ``hf``: HF tokenizers' tokenizer.json with a BPE model over GPT-2's printable byte
   alphabet (spec entry ``bytes_to_unicode``), a Split pre-tokenizer with the pattern, and
   the special tokens as added tokens; the `tokenizers` library reads it as is.
+  GPT-2's classic vocab.json + merges.txt pair is read too (:func:`load_vocab_merges`).
 
 Every file is written to a temporary name in the same folder, synced, then renamed, so
 an interrupted save leaves the old file whole. A corrupt or truncated file raises
@@ -30,7 +31,7 @@ from gptspec.fast.tokenizer import ENDOFTEXT, GPT2_PATTERN, Tokenizer, Tokenizer
 from gptspec.reference.tokenizer import bytes_to_unicode
 
 __all__ = ["TokenizerFileError", "save", "load", "detect_format", "merges_from_ranks",
-           "FORMATS", "GPTSPEC_FORMAT"]
+           "tokenizer_from_hf_doc", "load_vocab_merges", "FORMATS", "GPTSPEC_FORMAT"]
 
 FORMATS = ("gptspec", "tiktoken", "hf")
 GPTSPEC_FORMAT = "gptspec-tokenizer"
@@ -264,35 +265,70 @@ def _hf_bytes(tok: Tokenizer) -> bytes:
 
 
 def _hf_pattern(path: Path, doc: dict) -> str:
-    pre = doc.get("pre_tokenizer") or {}
+    """The chunking pattern of a byte-level pre-tokenizer: ByteLevel with GPT-2's own
+    regex, or an isolating Split by a regex followed by ByteLevel without one. Anything
+    else chunks text in a way one pattern cannot say, and is refused."""
+    pre = doc.get("pre_tokenizer")
     steps = pre.get("pretokenizers", [pre]) if isinstance(pre, dict) else []
-    for step in steps:
-        if isinstance(step, dict) and step.get("type") == "Split":
-            regex_text = (step.get("pattern") or {}).get("Regex")
-            if isinstance(regex_text, str):
-                return regex_text
-        if isinstance(step, dict) and step.get("type") == "ByteLevel" and step.get("use_regex"):
-            return GPT2_PATTERN  # the ByteLevel pre-tokenizer's own regex is GPT-2's
-    raise TokenizerFileError(f"{path}: no Split or ByteLevel pre-tokenizer with a pattern")
+    steps = [s for s in steps if isinstance(s, dict)]
+    kinds = [s.get("type") for s in steps]
+    if not steps or kinds.count("ByteLevel") != 1:
+        raise TokenizerFileError(f"{path}: the pre-tokenizer is not byte-level "
+                                 f"(steps {kinds}, expected one ByteLevel)")
+    level = steps[kinds.index("ByteLevel")]
+    if level.get("add_prefix_space"):
+        raise TokenizerFileError(f"{path}: ByteLevel add_prefix_space is not supported")
+    splits = [s for s in steps if s.get("type") == "Split"]
+    others = sorted({str(k) for k in kinds} - {"Split", "ByteLevel"})
+    if others or len(splits) > 1 or (splits and level.get("use_regex", True)):
+        raise TokenizerFileError(f"{path}: pre-tokenizer steps {kinds} chunk text in a way "
+                                 f"one pattern cannot express")
+    if not splits:
+        if not level.get("use_regex", True):
+            raise TokenizerFileError(f"{path}: no Split or ByteLevel pre-tokenizer with a "
+                                     f"pattern")
+        return GPT2_PATTERN  # the ByteLevel pre-tokenizer's own regex is GPT-2's
+    split = splits[0]
+    regex_text = (split.get("pattern") or {}).get("Regex")
+    if not isinstance(regex_text, str):
+        raise TokenizerFileError(f"{path}: the Split pre-tokenizer has no Regex pattern")
+    if split.get("behavior") != "Isolated" or split.get("invert"):
+        raise TokenizerFileError(f"{path}: Split behavior {split.get('behavior')!r} "
+                                 f"(invert {split.get('invert')}) is not 'Isolated' matches")
+    return regex_text
 
 
 def _load_hf(path: Path, data: bytes) -> Tokenizer:
-    doc = _json(path, data)
+    return tokenizer_from_hf_doc(path, _json(path, data))
+
+
+def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
+    """The tokenizer of a parsed HF tokenizer.json (``path`` names it in errors). Only a
+    byte-level BPE whose encoding this tokenizer reproduces id for id is accepted."""
     model = doc.get("model") if isinstance(doc, dict) else None
     if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise TokenizerFileError(f"{path}: not an HF tokenizer.json with a BPE model")
+        kind = model.get("type") if isinstance(model, dict) else None
+        what = f" (its model is {kind})" if isinstance(kind, str) else ""
+        raise TokenizerFileError(f"{path}: not an HF tokenizer.json with a BPE model{what}")
     if doc.get("normalizer"):
         raise TokenizerFileError(f"{path}: has a normalizer, which this tokenizer does not apply")
-    pre = json.dumps(doc.get("pre_tokenizer"))
-    if '"add_prefix_space": true' in pre:
-        raise TokenizerFileError(f"{path}: ByteLevel add_prefix_space is not supported")
+    pattern = _hf_pattern(path, doc)
+    # options that change which ids BPE gives ("" is how GPT-2's own file says "none")
+    for option in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(option):
+            raise TokenizerFileError(f"{path}: BPE option {option}={model[option]!r} is not "
+                                     f"supported")
     vocab, merges_text = model.get("vocab"), model.get("merges")
     if not isinstance(vocab, dict) or not isinstance(merges_text, list):
         raise TokenizerFileError(f"{path}: the BPE model lacks 'vocab' or 'merges'")
     special = {}
     for added in doc.get("added_tokens") or []:
-        if isinstance(added, dict) and added.get("special"):
-            special[added.get("content")] = added.get("id")
+        if not isinstance(added, dict):
+            continue
+        if not added.get("special"):  # HF matches these in raw text; BPE here would not
+            raise TokenizerFileError(f"{path}: added token {added.get('content')!r} is not "
+                                     f"special; only special added tokens are supported")
+        special[added.get("content")] = added.get("id")
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     try:  # a special token may also be listed in the model's vocab; it is not BPE's
         id_bytes = {i: bytes(inverse[c] for c in s) for s, i in vocab.items()
@@ -321,4 +357,41 @@ def _load_hf(path: Path, data: bytes) -> Tokenizer:
                                      f"(merges out of vocabulary order)")
         merges.append((a, b))
     base = [id_bytes[i][0] for i in range(256)]
-    return Tokenizer(merges, _hf_pattern(path, doc), special, base)
+    return Tokenizer(merges, pattern, special, base)
+
+
+# --- GPT-2's classic vocab.json + merges.txt ------------------------------------------------
+
+
+def load_vocab_merges(vocab_path: str | Path, merges_path: str | Path,
+                      special_tokens: Mapping[str, int] | None = None) -> Tokenizer:
+    """The tokenizer of GPT-2's original pair of files: vocab.json (token text in GPT-2's
+    byte alphabet → id) and merges.txt (a ``#version`` line, then one ``a b`` merge a
+    line), pre-tokenized by GPT-2's pattern. Vocabulary entries no merge makes (GPT-2's
+    ``<|endoftext|>`` at 50256) are special tokens, as are ``special_tokens``."""
+    vocab_path, merges_path = Path(vocab_path), Path(merges_path)
+    vocab = _json(vocab_path, _read(vocab_path))
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise TokenizerFileError(f"{vocab_path}: not a JSON object of token text → id")
+    try:
+        text = _read(merges_path).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TokenizerFileError(f"{merges_path}: not UTF-8 text (byte {err.start}); "
+                                 f"corrupt?") from None
+    merges = [line for line in text.splitlines()
+              if line.strip() and not line.startswith("#version")]
+    n_bpe = 256 + len(merges)
+    special = {s: i for s, i in vocab.items() if i >= n_bpe}
+    special.update(special_tokens or {})
+    doc = {  # the same tokenizer as HF's tokenizer.json would state it
+        "added_tokens": [{"id": i, "content": s, "special": True} for s, i in special.items()],
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges},
+    }
+    label = Path(f"{vocab_path} + {merges_path.name}")  # errors name both files
+    try:
+        return tokenizer_from_hf_doc(label, doc)
+    except TokenizerFileError:
+        raise
+    except TokenizerError as err:
+        raise TokenizerFileError(f"{label}: {err}") from None

@@ -23,6 +23,7 @@ from gptspec.fast.hf_interop import (  # noqa: E402
     save_hf_dir,
     to_hf_model,
 )
+from gptspec.fast.tokenizer import ENDOFTEXT  # noqa: E402
 from gptspec.reference.forward import gpt_forward  # noqa: E402
 from gptspec.spec import PRESETS  # noqa: E402
 
@@ -256,3 +257,290 @@ def test_transformers_counts_the_same_parameters(name):
         model = transformers.GPT2LMHeadModel(config_to_hf(config))
     distinct = {id(p): p.numel() for p in model.parameters()}
     assert sum(distinct.values()) == param_count_total(config)
+
+
+# --- the tokenizer travels with the weights ---------------------------------------------------
+
+# spaces, a whitespace run, newlines, punctuation, contractions, non-ASCII and the special
+# token: each is a place where a pre-tokenizer or a byte mapping could go wrong
+TOKENIZER_TEXT = ("Hello,  world!\n\n  naïve café — 中文 😀 it's 1,000.\t\tend<|endoftext|>"
+                  "New doc:\r\n  x = f(y) # ok?  spaced , out . don 't !\n")
+TRAINING_TEXT = ("The quick brown fox jumps over the lazy dog. It's a fox's world, isn't it?\n"
+                 "  def f(x):\n      return x * 2  # doubled\n"
+                 "Naïve café résumé, 中文 中文 文字, 😀 😀 emoji.\n") * 20
+
+
+def small_tokenizer(pattern="gpt2", special_tokens=(ENDOFTEXT,)):
+    from gptspec.fast.tokenizer import Tokenizer
+
+    return Tokenizer.train(TRAINING_TEXT, 300, pattern, special_tokens)
+
+
+def write_checkpoint(path, tokenizer=None, vocab_size=320, seed=7):
+    """A tiny float32 checkpoint (vocabulary padded past the tokenizer's, as is common)."""
+    from gptspec.conformance.budgets import round_to
+    from gptspec.fast.checkpoint import save_model
+    from gptspec.spec import init_parameters
+
+    config = PRESETS["tiny"].replace(vocab_size=vocab_size)
+    params = {k: round_to(v, "float32") for k, v in init_parameters(config, seed=seed).items()}
+    save_model(path, config, params)
+    if tokenizer is not None:
+        tokenizer.save(path / "tokenizer.json")
+    return config, params
+
+
+def convert(*argv) -> int:
+    from gptspec.cli import main
+
+    return main(["convert", *map(str, argv)])
+
+
+def errors(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("pattern, special", [("gpt2", (ENDOFTEXT,)),
+                                              ("cl100k", (ENDOFTEXT,)),
+                                              ("gpt2", ())])
+def test_to_hf_tokenizer_loads_in_transformers_with_the_same_ids(tmp_path, pattern, special):
+    """cl100k's pattern catches a tokenizer class that rebuilds GPT-2's pre-tokenizer."""
+    tok = small_tokenizer(pattern, special)
+    write_checkpoint(tmp_path / "ck", tok)
+    assert convert("--to-hf", tmp_path / "ck", tmp_path / "hf") == 0
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert isinstance(hf, transformers.PreTrainedTokenizerFast)
+    text = TOKENIZER_TEXT if special else TOKENIZER_TEXT.replace(ENDOFTEXT, " ")
+    ids = tok.encode(text, allowed_special="all")
+    assert hf(text)["input_ids"] == ids
+    assert hf.decode(ids) == text
+    hf_config = transformers.AutoConfig.from_pretrained(str(tmp_path / "hf"))
+    generation = transformers.GenerationConfig.from_pretrained(str(tmp_path / "hf"))
+    eot = tok.eot_token
+    assert (eot is not None) == bool(special)
+    assert hf.eos_token_id == hf.bos_token_id == eot
+    assert hf_config.eos_token_id == hf_config.bos_token_id == eot
+    assert generation.eos_token_id == generation.bos_token_id == eot
+
+
+def test_round_trip_keeps_the_tokenizer_and_the_logits(tmp_path, capsys):
+    from gptspec.fast.checkpoint import load_model
+    from gptspec.fast.model import GPT
+    from gptspec.fast.tokenizer import Tokenizer
+
+    tok = small_tokenizer()
+    config, params = write_checkpoint(tmp_path / "ck", tok)
+    assert convert("--to-hf", tmp_path / "ck", tmp_path / "hf") == 0
+    assert convert("--from-hf", tmp_path / "hf", tmp_path / "back") == 0
+    back = Tokenizer.load(tmp_path / "back" / "tokenizer.json")
+    assert (back.merges, back.base, back.pattern, back.special_tokens) == \
+        (tok.merges, tok.base, tok.pattern, tok.special_tokens)
+    ids = tok.encode(TOKENIZER_TEXT, allowed_special="all")
+    assert back.encode(TOKENIZER_TEXT, allowed_special="all") == ids
+
+    config2, params2 = load_model(tmp_path / "back")
+    assert config2 == config
+    tokens = torch.as_tensor([ids[: config.n_ctx]])
+    with torch.no_grad():
+        before = GPT.from_parameters(config, params, dtype=torch.float32)(tokens)
+        after = GPT.from_parameters(config2, params2, dtype=torch.float32)(tokens)
+    assert torch.equal(before, after)
+
+    # end to end: the converted checkpoint generates what the original does
+    capsys.readouterr()
+    outputs = []
+    for ck in ("ck", "back"):
+        assert main_generate(tmp_path / ck) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].startswith("Hello")
+
+
+def main_generate(checkpoint) -> int:
+    from gptspec.cli import main
+
+    return main(["generate", "--checkpoint", str(checkpoint), "--prompt", "Hello",
+                 "--max-new-tokens", "8", "--temperature", "0"])
+
+
+def hf_model_dir(path, vocab_size=320):
+    """A transformers directory holding weights only."""
+    config, params = from_hf_model(random_hf_model(dtype=torch.float32, vocab_size=vocab_size,
+                                                   n_positions=16, n_embd=32, n_layer=1))
+    return save_hf_dir(path, config, params)
+
+
+def test_from_hf_reads_gpt2_classic_vocab_and_merges(tmp_path):
+    """vocab.json + merges.txt as the tokenizers library writes them, with <|endoftext|>
+    after the merged tokens as in GPT-2's own vocab.json; transformers' GPT2Tokenizer,
+    reading the same pair, is the judge."""
+    import json
+
+    from gptspec.fast.tokenizer import Tokenizer
+
+    tok = small_tokenizer()
+    hf = hf_model_dir(tmp_path / "hf")
+    tok.save(tmp_path / "tokenizer.json", "hf")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    HFTokenizer.from_file(str(tmp_path / "tokenizer.json")).model.save(str(hf))
+    vocab = json.loads((hf / "vocab.json").read_text())
+    vocab[ENDOFTEXT] = len(vocab)
+    (hf / "vocab.json").write_text(json.dumps(vocab))
+    assert convert("--from-hf", hf, tmp_path / "ck") == 0
+    ours = Tokenizer.load(tmp_path / "ck" / "tokenizer.json")
+    assert ours.eot_token == tok.eot_token == 299
+    judge = transformers.GPT2Tokenizer.from_pretrained(str(hf))
+    ids = ours.encode(TOKENIZER_TEXT, allowed_special="all")
+    assert ids == judge(TOKENIZER_TEXT)["input_ids"] == tok.encode(TOKENIZER_TEXT,
+                                                                   allowed_special="all")
+
+
+def test_from_hf_without_a_tokenizer_warns_and_writes_the_weights(tmp_path, capsys):
+    hf = hf_model_dir(tmp_path / "hf")
+    assert convert("--from-hf", hf, tmp_path / "ck") == 0
+    (warning,) = errors(capsys)
+    assert warning.startswith("gptspec convert: warning:") and "no tokenizer" in warning
+    assert (tmp_path / "ck" / "model.safetensors").is_file()
+    assert not (tmp_path / "ck" / "tokenizer.json").exists()
+    assert main_generate(tmp_path / "ck") == 2
+    assert "has no tokenizer.json" in errors(capsys)[0]
+
+
+def unsupported_tokenizers():
+    """(name, what to write into a transformers directory, words the error must hold)."""
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    def wordpiece(hf):
+        word = HFTokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+        word.save(str(hf / "tokenizer.json"))
+
+    def split_then_bytelevel_regex(hf):  # two regexes in a row: no one pattern says that
+        small_tokenizer().save(hf / "tokenizer.json", "hf")
+        doc = json.loads((hf / "tokenizer.json").read_text())
+        doc["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = True
+        (hf / "tokenizer.json").write_text(json.dumps(doc))
+
+    def metaspace(hf):
+        small_tokenizer().save(hf / "tokenizer.json", "hf")
+        doc = json.loads((hf / "tokenizer.json").read_text())
+        doc["pre_tokenizer"] = json.loads(pre_tokenizers.Metaspace().__getstate__())
+        (hf / "tokenizer.json").write_text(json.dumps(doc))
+
+    def added_not_special(hf):  # HF matches it in raw text; gptspec's BPE would not
+        small_tokenizer().save(hf / "tokenizer.json", "hf")
+        doc = json.loads((hf / "tokenizer.json").read_text())
+        doc["added_tokens"].append({"id": 300, "content": "fox", "special": False})
+        (hf / "tokenizer.json").write_text(json.dumps(doc))
+
+    def prefix_space(hf):
+        small_tokenizer().save(hf / "tokenizer.json", "hf")
+        (hf / "tokenizer_config.json").write_text('{"add_prefix_space": true}')
+
+    return {
+        "wordpiece": (wordpiece, "BPE model (its model is WordPiece)"),
+        "sentencepiece": (lambda hf: (hf / "tokenizer.model").write_bytes(b"\x0a\x00"),
+                          "tokenizer.model is not a byte-level BPE"),
+        "vocab-alone": (lambda hf: (hf / "vocab.json").write_text("{}"),
+                        "vocab.json without merges.txt"),
+        "split-then-regex": (split_then_bytelevel_regex, "one pattern cannot express"),
+        "metaspace": (metaspace, "not byte-level"),
+        "prefix-space": (prefix_space, "add_prefix_space=true"),
+        "added-not-special": (added_not_special, "added token 'fox' is not special"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(unsupported_tokenizers()))
+def test_from_hf_unsupported_tokenizer_is_a_one_line_error(tmp_path, capsys, case):
+    write, words = unsupported_tokenizers()[case]
+    hf = hf_model_dir(tmp_path / "hf")
+    write(hf)
+    capsys.readouterr()
+    assert convert("--from-hf", hf, tmp_path / "ck") == 2
+    (line,) = errors(capsys)
+    assert line.startswith("gptspec convert: error: unsupported tokenizer") or \
+        "add_prefix_space" in line
+    assert words in line and line.endswith("--no-tokenizer converts the weights alone")
+    assert not (tmp_path / "ck").exists()  # nothing written
+    assert convert("--from-hf", hf, tmp_path / "ck", "--no-tokenizer") == 0
+    assert not (tmp_path / "ck" / "tokenizer.json").exists()
+
+
+def test_from_hf_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
+    hf = hf_model_dir(tmp_path / "hf", vocab_size=290)
+    small_tokenizer().save(hf / "tokenizer.json", "hf")  # 300 tokens
+    capsys.readouterr()
+    assert convert("--from-hf", hf, tmp_path / "ck") == 2
+    (line,) = errors(capsys)
+    assert "the tokenizer has 300 tokens but the model only 290" in line
+    assert not (tmp_path / "ck").exists()
+
+
+def test_from_hf_keeps_what_out_dir_already_holds(tmp_path, capsys):
+    hf = hf_model_dir(tmp_path / "hf")
+    small_tokenizer().save(hf / "tokenizer.json", "hf")
+    out = tmp_path / "ck"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "tokenizer.json").write_text("also mine")
+    capsys.readouterr()
+    assert convert("--from-hf", hf, out) == 2
+    assert "tokenizer.json already exists" in errors(capsys)[0]
+    assert (out / "tokenizer.json").read_text() == "also mine"
+    assert not (out / "model.safetensors").exists()
+    (out / "tokenizer.json").unlink()
+    assert convert("--from-hf", hf, out) == 0
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "notes.txt",
+                                                     "tokenizer.json"]
+
+
+def test_to_hf_tokenizer_problems(tmp_path, capsys):
+    tok = small_tokenizer()
+    # more tokens than the model: refused before anything is written
+    write_checkpoint(tmp_path / "small", tok, vocab_size=290)
+    capsys.readouterr()
+    assert convert("--to-hf", tmp_path / "small", tmp_path / "a") == 2
+    (line,) = errors(capsys)
+    assert "300 tokens but the model only 290" in line and "--no-tokenizer" in line
+    assert not (tmp_path / "a").exists()
+    # a corrupt tokenizer.json: refused, naming the file
+    write_checkpoint(tmp_path / "bad", tok)
+    (tmp_path / "bad" / "tokenizer.json").write_text('{"format": "gptspec-tokenizer"')
+    assert convert("--to-hf", tmp_path / "bad", tmp_path / "b") == 2
+    (line,) = errors(capsys)
+    assert "cannot load the tokenizer" in line and "tokenizer.json" in line
+    assert not (tmp_path / "b").exists()
+    assert convert("--to-hf", tmp_path / "bad", tmp_path / "b", "--no-tokenizer") == 0
+    assert not (tmp_path / "b" / "tokenizer.json").exists()
+    # no tokenizer at all: a warning, and the weights
+    write_checkpoint(tmp_path / "bare")
+    capsys.readouterr()
+    assert convert("--to-hf", tmp_path / "bare", tmp_path / "c") == 0
+    (warning,) = errors(capsys)
+    assert warning.startswith("gptspec convert: warning:") and "tokenizer.json" in warning
+    assert (tmp_path / "c" / "model.safetensors").is_file()
+    assert not (tmp_path / "c" / "tokenizer.json").exists()
+
+
+def test_real_gpt2_tokenizer_through_transformers(tmp_path):
+    """GPT-2's own vocabulary (numbered in its byte order, not the identity) written for
+    transformers and read back: the same ids as tiktoken's GPT-2, both ways."""
+    from test_tokenizer_gpt2 import fetch_gpt2_ranks, varied_texts
+
+    from gptspec.fast.hf_interop import load_hf_tokenizer, save_hf_tokenizer
+    from gptspec.fast.tokenizer import Tokenizer
+
+    gpt2 = Tokenizer.load(fetch_gpt2_ranks())
+    assert gpt2.base != tuple(range(256))
+    save_hf_tokenizer(tmp_path, gpt2, 1024)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf.eos_token_id == 50256 and hf.model_max_length == 1024
+    back = load_hf_tokenizer(tmp_path)
+    assert back.merges == gpt2.merges and back.base == gpt2.base
+    for text in [*varied_texts().values(), TOKENIZER_TEXT]:
+        ids = gpt2.encode(text, allowed_special="all")
+        assert hf(text)["input_ids"] == ids
+        assert back.encode(text, allowed_special="all") == ids

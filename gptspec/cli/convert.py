@@ -1,20 +1,35 @@
 """``gptspec convert``: checkpoints to and from the transformers GPT-2 layout.
 
     gptspec convert --to-hf CHECKPOINT_DIR OUT_DIR    # a save_pretrained directory
-    gptspec convert --from-hf HF_DIR OUT_DIR          # OUT_DIR/model.safetensors
+    gptspec convert --from-hf HF_DIR OUT_DIR          # OUT_DIR/model.safetensors + tokenizer.json
+
+The tokenizer travels with the weights. ``--to-hf`` writes the checkpoint's tokenizer.json
+as HF's tokenizer.json, with tokenizer_config.json and special_tokens_map.json, so that
+``AutoTokenizer.from_pretrained(OUT_DIR)`` gives the same ids as gptspec; eos and bos (in
+config.json too) are ``<|endoftext|>`` when the tokenizer has it. ``--from-hf`` reads
+HF_DIR's tokenizer.json, or GPT-2's vocab.json + merges.txt, and writes gptspec's
+tokenizer.json, so ``gptspec generate --checkpoint OUT_DIR`` works.
+
+A source without a tokenizer is converted with a warning (weights only). A tokenizer that
+cannot be carried across (not a byte-level BPE gptspec reproduces id for id, or more
+tokens than the model has) is an error naming the problem, before anything is written;
+``--no-tokenizer`` converts the weights alone.
 
 Both write safetensors only, under a temporary name renamed into place, and refuse an
-OUT_DIR that already holds a model rather than overwrite it.
+OUT_DIR that already holds what they would write rather than overwrite it.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 from gptspec.cli import CLIError
 
 DTYPES = ("float32", "float64", "bfloat16")
+NO_TOKENIZER_HINT = "; --no-tokenizer converts the weights alone"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,41 +44,117 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="dtype of the written weights (default float32; bfloat16 only "
                              "with --to-hf: checkpoints hold float32 or float64)")
+    parser.add_argument("--no-tokenizer", action="store_true",
+                        help="convert the weights alone, leaving any tokenizer behind")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptspec.fast.checkpoint import CheckpointError, load_model, model_file, save_model
-    from gptspec.fast.hf_interop import InteropError, load_hf_dir, save_hf_dir
+    from gptspec.fast.checkpoint import CheckpointError, load_model
 
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise CLIError("transformers is not installed: pip install 'gptspec[interop]'") \
             from None
+    from gptspec.fast.hf_interop import InteropError, TokenizerInteropError
+
     hf_logging.disable_progress_bar()  # one line of output per conversion
     out = Path(args.out)
     try:
         if args.direction == "to-hf":
             import torch
 
+            from gptspec.fast.hf_interop import save_hf_dir
+
             config, params = load_model(args.source)
-            save_hf_dir(out, config, params, dtype=getattr(torch, args.dtype))
-            print(f"wrote {out} (transformers GPT2LMHeadModel, {args.dtype})")
+            tokenizer = None if args.no_tokenizer else _checkpoint_tokenizer(args.source)
+            try:
+                save_hf_dir(out, config, params, dtype=getattr(torch, args.dtype),
+                            tokenizer=tokenizer)
+            except TokenizerInteropError as err:
+                raise CLIError(f"{err}{NO_TOKENIZER_HINT}") from None
+            with_tokenizer = " and its tokenizer" if tokenizer is not None else ""
+            print(f"wrote {out} (transformers GPT2LMHeadModel, {args.dtype}{with_tokenizer})")
+            if tokenizer is None and not args.no_tokenizer:  # after any error, not before
+                _warn(f"{_tokenizer_file(args.source)} not found: wrote the model without a "
+                      f"tokenizer")
         else:
-            if args.dtype == "bfloat16":
-                raise CLIError("--dtype bfloat16 is for --to-hf only: gptspec checkpoints "
-                               "hold float32 or float64")
-            if model_file(out).exists():
-                raise CLIError(f"{model_file(out)} already exists; choose another OUT_DIR")
-            source = Path(args.source)
-            if not source.is_dir():
-                raise CLIError(f"{source} is not a directory")
-            config, params = load_hf_dir(source)
-            save_model(out, config, _cast(params, args.dtype))
-            print(f"wrote {model_file(out)} ({args.dtype})")
+            _from_hf(args, out)
     except (CheckpointError, InteropError) as err:
         raise CLIError(str(err)) from None
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"gptspec convert: warning: {message}", file=sys.stderr)
+
+
+def _tokenizer_file(source: str) -> Path:
+    from gptspec.fast.checkpoint import TOKENIZER_FILE, model_file
+
+    return model_file(source).parent / TOKENIZER_FILE
+
+
+def _checkpoint_tokenizer(source: str) -> Any:
+    """The checkpoint's tokenizer, or None when it has none."""
+    from gptspec.fast.tokenizer import Tokenizer
+
+    file = _tokenizer_file(source)
+    if not file.is_file():
+        return None
+    try:
+        return Tokenizer.load(file)
+    except (ValueError, OSError) as err:  # TokenizerError is a ValueError
+        raise CLIError(f"cannot load the tokenizer {file}: {str(err).splitlines()[0]}"
+                       f"{NO_TOKENIZER_HINT}") from None
+
+
+def _from_hf(args: argparse.Namespace, out: Path) -> None:
+    from gptspec.fast.checkpoint import TOKENIZER_FILE, model_file, save_model
+    from gptspec.fast.hf_interop import (
+        TokenizerInteropError,
+        check_tokenizer_fits,
+        load_hf_dir,
+        load_hf_tokenizer,
+    )
+
+    if args.dtype == "bfloat16":
+        raise CLIError("--dtype bfloat16 is for --to-hf only: gptspec checkpoints "
+                       "hold float32 or float64")
+    targets = [model_file(out)] + ([] if args.no_tokenizer else [out / TOKENIZER_FILE])
+    for target in targets:  # nothing already in OUT_DIR is replaced
+        if target.exists():
+            raise CLIError(f"{target} already exists; choose another OUT_DIR")
+    source = Path(args.source)
+    if not source.is_dir():
+        raise CLIError(f"{source} is not a directory")
+    config, params = load_hf_dir(source)
+    tokenizer = None
+    if not args.no_tokenizer:
+        try:  # read and check it before anything is written
+            tokenizer = load_hf_tokenizer(source)
+            if tokenizer is not None:
+                check_tokenizer_fits(config, tokenizer)
+        except TokenizerInteropError as err:
+            raise CLIError(f"{err}{NO_TOKENIZER_HINT}") from None
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        if tokenizer is not None:
+            tokenizer.save(out / TOKENIZER_FILE)  # atomic: temporary name, then rename
+        save_model(out, config, _cast(params, args.dtype))
+    except BaseException:
+        # all or nothing: no tokenizer left without its model, no folder we made
+        if tokenizer is not None:
+            (out / TOKENIZER_FILE).unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    with_tokenizer = f" and {out / TOKENIZER_FILE}" if tokenizer is not None else ""
+    print(f"wrote {model_file(out)} ({args.dtype}){with_tokenizer}")
+    if tokenizer is None and not args.no_tokenizer:
+        _warn(f"{source} holds no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
+              f"wrote the weights only; gptspec generate needs {out / TOKENIZER_FILE}")
 
 
 def _cast(params: dict, dtype: str) -> dict:
