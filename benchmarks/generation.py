@@ -80,20 +80,20 @@ def run(report: Report, quick: bool) -> None:
                               "GB/s", note=f"{threads} threads")
     rates: dict[tuple[str, str], float] = {}
     for dtype in DTYPES:
-        rates.update(_compare_in(report, config, dtype, bandwidth, new_tokens, repeats))
+        rates.update(_compare_in(report, config, dtype, bandwidth, new_tokens, repeats,
+                                 threads))
     report.ratio(GROUP, "gptspec bfloat16 / transformers float32 tokens/s, batch 1 "
                  "(medians of separate runs)",
                  rates[("gptspec", "bfloat16")] / rates[("transformers", "float32")])
 
 
 def _compare_in(report: Report, config: GPTConfig, dtype: str, bandwidth: float,
-                new_tokens: int, repeats: int) -> dict[tuple[str, str], float]:
+                new_tokens: int, repeats: int, threads: int) -> dict[tuple[str, str], float]:
     """gptspec and transformers in one dtype, same weights (GPT-2's initialisation, rounded
     to the dtype once, then copied): batch 1 and 8, and batch 1 against the bandwidth
     limit of that dtype's weight bytes. Returns the batch-1 tokens/s of each."""
     model = GPT(config, seed=0, dtype=dtype).eval().requires_grad_(False)
     hf = hf_model(config, model)
-    threads = torch.get_num_threads()
 
     # The two must compute the same function before their speeds mean anything.
     check = torch.randint(0, config.vocab_size, (2, PROMPT_LENGTH),

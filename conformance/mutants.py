@@ -358,18 +358,18 @@ def _stale_cache_position(self: Any, T_new: int, lengths: Any = None) -> Any:
 
 
 def _prepacked_product_without_bias(self: Any, x: Tensor, bias: Tensor | None) -> Tensor:
-    # the packed kernel called as if every layer had no bias
-    return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+    return _ORIGINAL_PACKED_PRODUCT(self, x, None)  # as if every layer had no bias
 
 
-def _originals() -> tuple[Any, Any]:
+def _originals() -> tuple[Any, Any, Any]:
     from gptspec.fast import generate as gen
     from gptspec.fast.kv_cache import KVCache
+    from gptspec.fast.prepacked import PackedMatrix
 
-    return gen.sampling_distribution, KVCache.plan
+    return gen.sampling_distribution, KVCache.plan, PackedMatrix.__call__
 
 
-_ORIGINAL_SAMPLING, _ORIGINAL_PLAN = _originals()
+_ORIGINAL_SAMPLING, _ORIGINAL_PLAN, _ORIGINAL_PACKED_PRODUCT = _originals()
 
 
 # --- the tokenizer bugs ---------------------------------------------------------------------

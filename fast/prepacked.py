@@ -109,12 +109,12 @@ class PrepackedWeights:
     def __init__(self, model: GPT) -> None:
         self.table = {id(p): PackedMatrix.of(p, transposed)
                       for p, transposed in _matrices(model)}
-        self.dtype = model.wte.dtype
 
     def current_for(self, model: GPT) -> bool:
-        """Packed from exactly these parameters, none changed since."""
+        """Packed from exactly these parameters, none changed since (a dtype or device move
+        replaces every parameter's storage, so it makes them all stale)."""
         matrices = list(_matrices(model))
-        return self.dtype == model.wte.dtype and len(matrices) == len(self.table) and all(
+        return len(matrices) == len(self.table) and all(
             id(p) in self.table and self.table[id(p)].current for p, _ in matrices)
 
     @contextmanager
