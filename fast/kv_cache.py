@@ -153,6 +153,30 @@ class KVCache:
             v[step.rows, :, step.slots] = V.transpose(1, 2)
         return k[:, :, : step.n_keys], v[:, :, : step.n_keys]
 
+    # --- the common decoding step: one new token per sequence, all at one length ----------
+
+    @property
+    def uniform_length(self) -> int | None:
+        """The length every sequence has, if they all have the same one (else None)."""
+        return self._uniform
+
+    def append(self, layer: int, K: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
+        """``write`` for one new token per sequence at slot ``uniform_length`` (K, V of
+        shape (B, h, 1, d_k)), without a Step: return the layer's slots 0 … that one."""
+        t = self._uniform
+        assert t is not None and t < self.max_len and K.shape[-2] == 1
+        k, v = self._k[layer], self._v[layer]
+        k[:, :, t : t + 1] = K
+        v[:, :, t : t + 1] = V
+        return k[:, :, : t + 1], v[:, :, : t + 1]
+
+    def appended(self) -> None:
+        """``advance`` after every layer has ``append``-ed its token."""
+        assert self._uniform is not None
+        self.lengths += 1
+        self._uniform += 1
+        self._bound = min(self._bound + 1, self.max_len)
+
     def advance(self, step: Step) -> None:
         """Move every sequence's length past its real new tokens (after all layers wrote)."""
         self.lengths += step.advance

@@ -144,6 +144,8 @@ def for_model(model: GPT) -> PrepackedWeights | None:
     wte = model.wte
     if not supported(wte.device, wte.dtype):
         return None
+    if wte.is_inference():  # made under inference_mode: no version counter to tell staleness
+        return None
     packed = model.__dict__.get("_prepacked_weights")
     if packed is None or not packed.current_for(model):
         packed = PrepackedWeights(model)

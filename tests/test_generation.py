@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gptspec import reference as R
+from gptspec.fast import ops
 from gptspec.fast.generate import GREEDY, Sampling, generate, stream
 from gptspec.fast.generate import nucleus_filter as fast_nucleus
 from gptspec.fast.generate import sampling_distribution as fast_distribution
@@ -377,11 +378,14 @@ def test_fast_stops_each_sequence_on_its_own():
             assert (token is None) == (step.index > len(stopped[b]))
 
 
-def test_fast_stream_yields_each_token_before_computing_the_next():
+def test_fast_stream_yields_each_token_before_computing_the_next(monkeypatch):
     config, params = peaked("tiny")
     model = fast_model(config, params)
     calls = []
-    model.register_forward_hook(lambda *args: calls.append(1))
+    # every forward computation (the model's, or the decoding step's) starts with it
+    embed = ops.input_representation
+    monkeypatch.setattr(ops, "input_representation",
+                        lambda *args: calls.append(1) or embed(*args))
     steps = stream(model, PROMPTS[:1], 5)
     first = next(steps)
     assert first.index == 1 and len(calls) == 1  # the prompt, nothing more yet

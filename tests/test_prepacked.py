@@ -175,3 +175,13 @@ def test_untied_unembedding_packs_its_own_matrix_not_the_embedding():
     assert np.array_equal(
         sorted(packed.table), sorted(id(p) for n, p in model.named_parameters()
                                      if p.ndim == 2 and n not in ("wte", "wpe")))
+
+
+def test_a_model_made_under_inference_mode_generates_unpacked():
+    """Its parameters have no version counter, so a packed copy could go stale unseen:
+    nothing is packed, and generation still runs."""
+    with torch.inference_mode():
+        model = _model("bfloat16")
+    assert prepacked.for_model(model) is None
+    assert generate(model, [[1, 2, 3]], 4, GREEDY) == generate(_model("bfloat16"), [[1, 2, 3]],
+                                                               4, GREEDY, prepack=False)
