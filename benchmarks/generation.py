@@ -10,8 +10,10 @@ each repeat; their ratio is the median of the per-repeat ratios.
 
 Both are measured in float32 and in bfloat16 (the weights rounded once, both models
 holding the same bf16 weights). In bfloat16 on the CPU, gptspec multiplies by weights
-prepacked for oneDNN (gptspec.fast.prepacked); transformers uses PyTorch's matmul, which
-reorders the weights on every call.
+packed once (gptspec.fast.prepacked): at batch 1 for its own GEMV kernel
+(gptspec.fast.bf16_gemv) where the CPU has AVX-512 BF16, otherwise for oneDNN;
+transformers uses PyTorch's matmul, which reorders the weights on every call. Each
+result's note says which product ran.
 
 The bandwidth limit: at batch 1 every step reads every weight once (the unembedding
 reads all of W_E; the embeddings only one row each), so no implementation can exceed
@@ -32,6 +34,8 @@ import torch
 from benchmarks.forward import interleaved_seconds
 from benchmarks.machine import copy_bandwidth
 from benchmarks.report import Report
+from gptspec.fast import prepacked
+from gptspec.fast.bf16_gemv import BlockedWeight
 from gptspec.fast.generate import GREEDY, generate
 from gptspec.fast.hf_interop import to_hf_model
 from gptspec.fast.model import GPT
@@ -122,9 +126,15 @@ def _compare_in(report: Report, config: GPTConfig, dtype: str, bandwidth: float,
         }, repeats, "cpu")
         note = f"GPT-2 small shape, random weights, {new_tokens} new tokens, greedy, " \
                f"{threads} threads"
+        packed = prepacked.for_model(model, rows=batch)
+        ours_note = f"{note}; products: " + (
+            "PyTorch's matmul" if packed is None
+            else "gptspec's bf16 GEMV kernel" if packed.layout is BlockedWeight
+            else "oneDNN, prepacked")
         for name in medians:
             rate = report.metric(GROUP, f"{name} generate, batch {batch}, {dtype}",
-                                 batch * new_tokens / medians[name], "tokens/s", note=note)
+                                 batch * new_tokens / medians[name], "tokens/s",
+                                 note=ours_note if name == "gptspec" else note)
             if batch == 1:
                 batch_1[(name, dtype)] = rate
         report.ratio(GROUP, f"gptspec / transformers tokens/s, batch {batch}, {dtype}",

@@ -361,15 +361,33 @@ def _prepacked_product_without_bias(self: Any, x: Tensor, bias: Tensor | None) -
     return _ORIGINAL_PACKED_PRODUCT(self, x, None)  # as if every layer had no bias
 
 
-def _originals() -> tuple[Any, Any, Any]:
+def _decode_step_misses_own_key(self: Any, layer: int, K: Tensor, V: Tensor) -> Any:
+    k, v = _ORIGINAL_APPEND(self, layer, K, V)
+    # the slots before the new token's: it attends to everything but itself (the first
+    # token of all has nothing else, so it keeps its own slot there)
+    n = max(k.shape[-2] - 1, 1)
+    return k[:, :, :n], v[:, :, :n]
+
+
+def _gemv_without_last_column_pair(self: Any, x: Tensor, bias: Tensor | None) -> Tensor:
+    # a kernel whose loop stops one column pair short
+    x = x.clone()
+    x[..., -2:] = 0
+    return _ORIGINAL_GEMV(self, x, bias)
+
+
+def _originals() -> tuple[Any, Any, Any, Any, Any]:
     from gptspec.fast import generate as gen
+    from gptspec.fast.bf16_gemv import BlockedWeight
     from gptspec.fast.kv_cache import KVCache
     from gptspec.fast.prepacked import PackedMatrix
 
-    return gen.sampling_distribution, KVCache.plan, PackedMatrix.__call__
+    return (gen.sampling_distribution, KVCache.plan, PackedMatrix.__call__, KVCache.append,
+            BlockedWeight.__call__)
 
 
-_ORIGINAL_SAMPLING, _ORIGINAL_PLAN, _ORIGINAL_PACKED_PRODUCT = _originals()
+(_ORIGINAL_SAMPLING, _ORIGINAL_PLAN, _ORIGINAL_PACKED_PRODUCT, _ORIGINAL_APPEND,
+ _ORIGINAL_GEMV) = _originals()
 
 
 # --- the tokenizer bugs ---------------------------------------------------------------------
@@ -633,6 +651,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "Generation's prepacked 16-bit product (the bfloat16 CPU path) drops the bias b.",
            elsewhere={"gptspec.fast.prepacked.PackedMatrix.__call__":
                       _prepacked_product_without_bias}, dtype="bfloat16"),
+    _gen("decode_step_misses_its_own_key", ("kv_cache_attention", "generate"),
+         "The decoding step's new token attends to the cached tokens but not to itself.",
+         gptspec__fast__kv_cache__KVCache__append=_decode_step_misses_own_key),
+    Mutant("bf16_gemv_stops_a_column_pair_short", ("linear", "generate"), "generation",
+           "The batch-1 bfloat16 GEMV kernel skips the last two columns of x (and of A).",
+           elsewhere={"gptspec.fast.bf16_gemv.BlockedWeight.__call__":
+                      _gemv_without_last_column_pair}, dtype="bfloat16"),
     _train("tied_gradient_from_one_use", ("tied_embedding_accumulation",),
            "The tied W_E gets the gradient of its embedding use only; the unembedding's "
            "contribution H_fᵀ G_Z is dropped.",

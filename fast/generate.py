@@ -143,17 +143,24 @@ class _Contexts:
                  use_cache: bool, prepack: bool) -> None:
         self.model = model
         self.prepack = prepack
-        packed = prepacked.for_model(model) if prepack else None
-        self.decode = DecodeStep(model, packed) if DecodeStep.supports(model) else None
-        # entered around each forward call only: never across a yield to the caller
-        self.weights: Callable[[], AbstractContextManager[None]] = \
-            packed.active if packed is not None else nullcontext
+        self.sequences = prompts
+        self.decode: DecodeStep | None = None
+        self.weights: Callable[[], AbstractContextManager[None]] = nullcontext
+        self.pack_weights()
         self.n_ctx = model.config.n_ctx
         self.device = model.wte.device
-        self.sequences = prompts
         self.max_new_tokens = max_new_tokens
         self.use_cache = use_cache
         self.cache: KVCache | None = None
+
+    def pack_weights(self) -> None:
+        """Pack the current weights (where that pays) for the forward calls and the
+        decoding step; at batch 1 in the layout for one-row products."""
+        model = self.model
+        packed = prepacked.for_model(model, rows=len(self.sequences)) if self.prepack else None
+        self.decode = DecodeStep(model, packed) if DecodeStep.supports(model) else None
+        # entered around each forward call only: never across a yield to the caller
+        self.weights = packed.active if packed is not None else nullcontext
 
     def context(self, b: int) -> list[int]:
         seq = self.sequences[b]
@@ -199,8 +206,8 @@ class _Contexts:
         assert self.cache is not None
         if self.decode is not None and all(running) and DecodeStep.applies_to(self.cache):
             if not self.decode.current:  # the caller changed the weights between two steps
-                packed = prepacked.for_model(self.model) if self.prepack else None
-                self.decode = DecodeStep(self.model, packed)
+                self.pack_weights()
+                assert self.decode is not None
             return self.decode(new, self.cache)
         lens = None if all(running) else torch.tensor(running, device=self.device).long()
         with self.weights():

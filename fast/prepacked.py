@@ -1,14 +1,20 @@
-"""Weight matrices reordered once for oneDNN: faster 16-bit decoding on the CPU, same products.
+"""Weight matrices packed once: faster 16-bit decoding on the CPU, same products.
 
 Decoding one token at a time multiplies a row vector by every weight matrix, so a step
 costs about the time to read the weights once (GPT-2 small: 124 M of them). Stored in
 bfloat16 they are half the bytes of float32, yet PyTorch's 16-bit CPU matmul reorders its
 weight into oneDNN's blocked layout on every call, and that reorder costs more than the
 halved reads save. Reordering once, ahead of time, keeps the saving (the same thing
-``torch.compile`` does for CPU inference with freezing). ``benchmarks/generation.py``
-measures the effect.
+``torch.compile`` does for CPU inference with freezing). Two layouts:
 
-The products are those of ``ops.linear``: oneDNN's kernels take the 16-bit operands,
+- ``OneDNNWeight``: oneDNN's own (any number of rows, bfloat16 and float16);
+- ``BlockedWeight`` (``gptspec.fast.bf16_gemv``): the layout of a GEMV kernel that
+  streams the weights faster, for products of one row in bfloat16 (batch-1 decoding),
+  where the CPU has AVX-512 BF16.
+
+``benchmarks/generation.py`` measures the effect.
+
+The products are those of ``ops.linear``: both kernels take the 16-bit operands,
 accumulate in float32 and round the result once, as PyTorch's 16-bit matmul does, so the
 conformance budgets of the dtype apply unchanged (and conformance runs this path:
 ``gptspec conformance --dtype bfloat16 --area generation``).
@@ -35,6 +41,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gptspec.fast import bf16_gemv
+from gptspec.fast.bf16_gemv import BlockedWeight
+
 if TYPE_CHECKING:  # the model's modules import ops, which imports this module
     from gptspec.fast.model import GPT
 
@@ -56,8 +65,25 @@ def supported(device: torch.device | str, dtype: torch.dtype) -> bool:
 
 
 @dataclass(frozen=True)
+class OneDNNWeight:
+    """The (out, in) matrix A of ``y = x Aᵀ + b`` reordered into oneDNN's blocked layout."""
+
+    packed: Tensor
+
+    one_row_only = False
+
+    @classmethod
+    def of(cls, A: Tensor) -> OneDNNWeight:
+        # the second argument is a batch-size hint for the layout; decoding multiplies few rows
+        return cls(torch.ops.mkldnn._reorder_linear_weight(A, 1))
+
+    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
+@dataclass(frozen=True)
 class PackedMatrix:
-    """A parameter's matrix as the (out, in) operand of ``y = x Aᵀ + b``, in oneDNN's layout.
+    """A parameter's matrix as the (out, in) operand of ``y = x Aᵀ + b``, packed.
 
     ``transposed`` says how the parameter is used: True for ``ops.linear``'s (in, out)
     weights (A = Wᵀ), False for the tied unembedding's W_E, already (out, in)."""
@@ -66,23 +92,27 @@ class PackedMatrix:
     version: int  # the parameter's in-place version counter when packed
     data_ptr: int  # and its storage (``p.data = …`` replaces it without a version bump)
     transposed: bool
-    packed: Tensor
+    weight: OneDNNWeight | BlockedWeight
 
     @classmethod
-    def of(cls, parameter: Tensor, transposed: bool) -> PackedMatrix:
+    def of(cls, parameter: Tensor, transposed: bool,
+           layout: type[OneDNNWeight] | type[BlockedWeight] = OneDNNWeight) -> PackedMatrix:
         matrix = parameter.detach()
         matrix = matrix.t().contiguous() if transposed else matrix.contiguous()
-        # the second argument is a batch-size hint for the layout; decoding multiplies one row
-        packed = torch.ops.mkldnn._reorder_linear_weight(matrix, 1)
-        return cls(parameter, parameter._version, parameter.data_ptr(), transposed, packed)
+        return cls(parameter, parameter._version, parameter.data_ptr(), transposed,
+                   layout.of(matrix))
 
     @property
     def current(self) -> bool:
         p = self.parameter
         return p._version == self.version and p.data_ptr() == self.data_ptr
 
+    def accepts(self, x: Tensor) -> bool:
+        """Whether this layout multiplies ``x`` well (the GEMV kernel: one row only)."""
+        return not self.weight.one_row_only or x.numel() == x.shape[-1]
+
     def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        return self.weight(x, bias)
 
 
 def lookup(W: Tensor, x: Tensor, transposed: bool) -> PackedMatrix | None:
@@ -94,7 +124,8 @@ def lookup(W: Tensor, x: Tensor, transposed: bool) -> PackedMatrix | None:
     packed = table.get(id(W))
     if packed is None or packed.parameter is not W or packed.transposed != transposed:
         return None
-    if not packed.current or x.dtype != W.dtype or x.device != W.device:
+    if not packed.current or x.dtype != W.dtype or x.device != W.device \
+            or not packed.accepts(x):
         return None
     if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad):
         return None
@@ -106,8 +137,10 @@ class PrepackedWeights:
 
     ``model`` is a ``gptspec.fast.model.GPT``."""
 
-    def __init__(self, model: GPT) -> None:
-        self.table = {id(p): PackedMatrix.of(p, transposed)
+    def __init__(self, model: GPT,
+                 layout: type[OneDNNWeight] | type[BlockedWeight] = OneDNNWeight) -> None:
+        self.layout = layout
+        self.table = {id(p): PackedMatrix.of(p, transposed, layout)
                       for p, transposed in _matrices(model)}
 
     def current_for(self, model: GPT) -> bool:
@@ -138,16 +171,23 @@ def _matrices(model: GPT) -> Iterator[tuple[Tensor, bool]]:
             yield p, True
 
 
-def for_model(model: GPT) -> PrepackedWeights | None:
+def for_model(model: GPT, rows: int | None = None) -> PrepackedWeights | None:
     """The model's packed weights (kept on the model, rebuilt once stale), or None where
-    its device and dtype gain nothing from packing."""
+    its device and dtype gain nothing from packing. ``rows``: how many rows the products
+    will multiply, if known; 1 (batch-1 decoding) in bfloat16 picks the GEMV kernel's
+    layout where it is available (``gptspec.fast.bf16_gemv``), anything else oneDNN's."""
     wte = model.wte
     if not supported(wte.device, wte.dtype):
         return None
     if wte.is_inference():  # made under inference_mode: no version counter to tell staleness
         return None
+    layout: type[OneDNNWeight] | type[BlockedWeight] = OneDNNWeight
+    if rows == 1 and wte.dtype == torch.bfloat16 and bf16_gemv.available():
+        layout = BlockedWeight
     packed = model.__dict__.get("_prepacked_weights")
-    if packed is None or not packed.current_for(model):
-        packed = PrepackedWeights(model)
+    if packed is None or packed.layout is not layout or not packed.current_for(model):
+        # one packed copy at a time: the old one is dropped before the new one is built
+        model.__dict__.pop("_prepacked_weights", None)
+        packed = PrepackedWeights(model, layout)
         model.__dict__["_prepacked_weights"] = packed  # not a submodule or buffer: never saved
     return packed

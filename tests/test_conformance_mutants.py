@@ -13,7 +13,8 @@ from gptspec.spec import REGISTRY
 
 FAST_SUBSET = ("mask_shifted_by_one", "softmax_without_max_shift", "l2_instead_of_decoupled_decay",
                "heads_split_without_transpose", "positions_off_by_one",
-               "train_ties_to_largest_pair", "bpe_merges_by_frequency", "stale_kv_cache_position")
+               "train_ties_to_largest_pair", "bpe_merges_by_frequency", "stale_kv_cache_position",
+               "decode_step_misses_its_own_key", "bf16_gemv_stops_a_column_pair_short")
 
 
 def test_the_catalog_has_at_least_25_named_documented_mutants_of_existing_entries():

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from gptspec.conformance import budgets as B
-from gptspec.fast import ops, prepacked
+from gptspec.fast import bf16_gemv, ops, prepacked
+from gptspec.fast.bf16_gemv import BlockedWeight
 from gptspec.fast.generate import GREEDY, generate, stream
 from gptspec.fast.model import GPT
-from gptspec.fast.prepacked import PackedMatrix, PrepackedWeights
+from gptspec.fast.prepacked import OneDNNWeight, PackedMatrix, PrepackedWeights
 from gptspec.spec import preset
 
 HALF = ["bfloat16", "float16"]
@@ -88,20 +89,30 @@ def test_nothing_is_packed_outside_active(packed_calls):
     assert packed_calls == []
 
 
-def test_generation_multiplies_by_packed_weights_and_only_inside_its_calls(packed_calls):
-    """Every linear product of a 16-bit CPU generation goes through a packed matrix; the
-    packing is not left active in the caller between streamed tokens."""
-    model = _model("bfloat16")
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_generation_multiplies_by_packed_weights_and_only_inside_its_calls(dtype, batch,
+                                                                          packed_calls):
+    """Every linear product of a 16-bit CPU generation goes through a packed matrix, but
+    the prompt's at batch 1 in bfloat16 where the one-row GEMV kernel is available (its
+    layout is for one row; the prompt's product takes PyTorch's). The packing is not left
+    active in the caller between streamed tokens."""
+    model = _model(dtype)
+    prompts = [[1, 2, 3]] * batch
     n_products_per_forward = 4 * model.config.n_layers + 1  # qkv, out, ffn 1, ffn 2; unembed
     steps = 0
-    for _ in stream(model, [[1, 2, 3]], 5, GREEDY):
+    for _ in stream(model, prompts, 5, GREEDY):
         assert prepacked._ACTIVE.get() is None
         steps += 1
     assert steps == 5
+    one_row_layout = batch == 1 and dtype == "bfloat16" and bf16_gemv.available()
+    layout = prepacked.for_model(model, rows=batch).layout  # type: ignore[union-attr]
+    assert layout is (BlockedWeight if one_row_layout else OneDNNWeight)
     # the prompt's forward, then one per new token but the last
-    assert len(packed_calls) == 5 * n_products_per_forward
+    assert len(packed_calls) == (4 if one_row_layout else 5) * n_products_per_forward
+    assert all(shape[:-1] == (batch, 1) for shape in packed_calls[-4 * n_products_per_forward:])
     packed_calls.clear()
-    generate(model, [[1, 2, 3]], 5, GREEDY, prepack=False)
+    generate(model, prompts, 5, GREEDY, prepack=False)
     assert packed_calls == []
 
 

@@ -1,0 +1,97 @@
+"""A bandwidth-bound bfloat16 matrix–vector product for batch-1 decoding on the CPU.
+
+At batch 1 a decoding step reads every weight once, so a product's speed is the speed
+at which its weights stream from memory. oneDNN's bfloat16 product (``prepacked``)
+streams them at about 21 GB/s on this project's 2-core machine, where the machine reads
+about 30 GB/s; the kernel here (``kernels/bf16_gemv.cpp``: AVX-512 BF16, weights in
+16-row blocks read front to back) reaches about 27 GB/s, which makes a GPT-2-small step
+about 2 ms shorter (``benchmarks/generation.py`` measures it).
+
+The arithmetic is PyTorch's bfloat16 contract: bfloat16 operands, float32 accumulation,
+the bias added in float32, one rounding to nearest even.
+
+The kernel is compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler
+and ninja needed; about 10 s once, cached by PyTorch afterwards) and used only where
+the CPU has AVX-512 BF16. Anywhere else, or if the build fails (a one-line warning says
+why), ``available()`` is False and generation keeps oneDNN's product.
+``GPTSPEC_BF16_GEMV=0`` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+SOURCE = Path(__file__).parent / "kernels" / "bf16_gemv.cpp"
+BLOCK_ROWS = 16  # rows of A per block (one AVX-512 register of float32 sums)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel is built and this CPU runs it (decided once per process)."""
+    if os.environ.get("GPTSPEC_BF16_GEMV", "1") == "0":
+        return False
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        load(name="gptspec_bf16_gemv", sources=[str(SOURCE)], is_python_module=False,
+             extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    except Exception as error:  # no compiler, no ninja, …: the oneDNN product stays
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        warnings.warn(f"gptspec: the bfloat16 GEMV kernel could not be built ({first_line}); "
+                      "batch-1 generation uses oneDNN's product", RuntimeWarning, stacklevel=2)
+        return False
+    return bool(torch.ops.gptspec.bf16_gemv_supported())
+
+
+def _put_ninja_on_path() -> None:
+    """PyTorch runs ``ninja`` from PATH; the ninja wheel (a dependency) may sit in an
+    environment whose scripts folder is not on it."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def blocked(A: Tensor) -> Tensor:
+    """A (N, K) in the kernel's layout: (⌈N/16⌉, K'/2, 16, 2), K' = K rounded up to a
+    multiple of 4, zero padded; block b, pair k holds A[16b + j, 2k : 2k + 2] at [b, k, j]."""
+    N, K = A.shape
+    padded_n = -(-N // BLOCK_ROWS) * BLOCK_ROWS
+    padded_k = -(-K // 4) * 4
+    A = F.pad(A, (0, padded_k - K, 0, padded_n - N))
+    return A.reshape(padded_n // BLOCK_ROWS, BLOCK_ROWS, padded_k // 2, 2) \
+        .transpose(1, 2).contiguous()
+
+
+@dataclass(frozen=True)
+class BlockedWeight:
+    """The (out, in) matrix A of ``y = x Aᵀ + b`` in the kernel's layout."""
+
+    blocks: Tensor
+    n_out: int
+
+    one_row_only = True  # the kernel reads the weights once per row of x
+
+    @classmethod
+    def of(cls, A: Tensor) -> BlockedWeight:
+        return cls(blocked(A), A.shape[0])
+
+    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        return torch.ops.gptspec.bf16_gemv(x, self.blocks, bias, self.n_out)
