@@ -12,9 +12,11 @@ computes the same logits from one new row per step (the spec's KV-cache identity
   longer advanced in the cache (its new-token count is 0).
 - A context that reaches n_ctx is cropped to its last n_ctx tokens (spec: crop_context);
   positions then move, so the cache is refilled from the cropped contexts.
-- 16-bit weights on the CPU are multiplied in a layout prepacked once for oneDNN
-  (``gptspec.fast.prepacked``): the same products, in about 40% less time per step than
-  unpacked bfloat16 (``benchmarks/generation.py``).
+- 16-bit weights on the CPU are multiplied in a layout packed once
+  (``gptspec.fast.prepacked``; at batch 1 in bfloat16, for the GEMV kernel of
+  ``gptspec.fast.bf16_gemv``): the same products, in less time (``benchmarks/generation.py``).
+- The common step (every sequence one new token, all at one length) runs through
+  ``gptspec.fast.decode.DecodeStep``: the model's operations without its module calls.
 - Sampling follows ``sampling_distribution`` (temperature → top-k → nucleus), drawn with an
   explicitly seeded ``torch.Generator``: a fixed seed reproduces the tokens.
 """
