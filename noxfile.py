@@ -99,6 +99,11 @@ def wheel(session: nox.Session) -> None:
         "assert 'site-packages' in gptspec.spec.__file__, gptspec.spec.__file__; "
         "print('wheel imports from', gptspec.__file__)"))
     session.run("gptspec", "info", "gpt2")
+    session.run("python", "-c", (  # the kernel's source ships in the wheel and builds from it
+        "from pathlib import Path; from gptspec.fast import bf16_gemv; "
+        "flags = Path('/proc/cpuinfo').read_text() if Path('/proc/cpuinfo').exists() else ''; "
+        "assert bf16_gemv.available() == ('avx512_bf16' in flags.split()); "
+        "print('bf16 GEMV kernel available:', bf16_gemv.available())"))
     session.run("gptspec", "conformance", "--backend", "reference", "--profile", "quick")
     session.run("gptspec", "conformance", "--dtype", "float32", "--profile", "quick")
 
