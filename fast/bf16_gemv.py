@@ -44,6 +44,12 @@ def available() -> bool:
         return False
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        warnings.warn(f"gptspec: no C++ compiler ({compiler!r}) to build the bfloat16 GEMV "
+                      "kernel with; batch-1 generation uses oneDNN's product",
+                      RuntimeWarning, stacklevel=2)
+        return False
     try:
         from torch.utils.cpp_extension import load
 

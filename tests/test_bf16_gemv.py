@@ -110,3 +110,27 @@ def test_bad_operands_are_refused_with_a_one_line_reason():
         weight(torch.randn(1, 12).bfloat16(), None)
     with pytest.raises(RuntimeError, match="bias must be bfloat16"):
         weight(torch.randn(1, 8).bfloat16(), torch.randn(15).bfloat16())
+
+
+def test_without_a_compiler_a_warning_says_so_and_generation_uses_onednn(tmp_path):
+    """A fresh process with no C++ compiler and an empty build cache."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from gptspec.fast import bf16_gemv, prepacked\n"
+        "from gptspec.fast.generate import generate\n"
+        "from gptspec.fast.model import GPT\n"
+        "from gptspec.spec import preset\n"
+        "model = GPT(preset('tiny'), dtype='bfloat16').eval().requires_grad_(False)\n"
+        "print(len(generate(model, [[1, 2, 3]], 4)[0]), bf16_gemv.available(),\n"
+        "      prepacked.for_model(model, rows=1).layout.__name__)\n")
+    env = dict(os.environ, CXX=str(tmp_path / "no-compiler"),
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "build"), GPTSPEC_BF16_GEMV="1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4", "False", "OneDNNWeight"]
+    warning = [line for line in done.stderr.splitlines() if "GEMV kernel" in line]
+    assert len(warning) == 1 and "no C++ compiler" in warning[0]
