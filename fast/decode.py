@@ -122,8 +122,9 @@ class DecodeStep:
 
     def __call__(self, tokens: Tensor, cache: KVCache) -> Tensor:
         c, eps = self.config, self.config.ln_eps
+        assert self.applies_to(cache)
         t = cache.uniform_length  # every new token's position and cache slot
-        assert t is not None and t < cache.max_len
+        assert t is not None
         x = ops.input_representation(ops.token_embedding(tokens[:, None], self.wte),
                                      self.wpe[t : t + 1])
         for index, layer in enumerate(self.layers):

@@ -159,6 +159,7 @@ class _Contexts:
         """Pack the current weights (where that pays) for the forward calls and the
         decoding step; at batch 1 in the layout for one-row products."""
         model = self.model
+        self.decode, self.weights = None, nullcontext  # let a stale packed copy go first
         packed = prepacked.for_model(model, rows=len(self.sequences)) if self.prepack else None
         self.decode = DecodeStep(model, packed) if DecodeStep.supports(model) else None
         # entered around each forward call only: never across a yield to the caller
@@ -206,12 +207,13 @@ class _Contexts:
     def cached_step(self, new: Tensor, running: list[bool]) -> Tensor:
         """Logits (B, V) after feeding each running sequence its newest token."""
         assert self.cache is not None
-        if self.decode is not None and all(running) and DecodeStep.applies_to(self.cache):
+        everyone = all(running)
+        if self.decode is not None and everyone and DecodeStep.applies_to(self.cache):
             if not self.decode.current:  # the caller changed the weights between two steps
                 self.pack_weights()
                 assert self.decode is not None
             return self.decode(new, self.cache)
-        lens = None if all(running) else torch.tensor(running, device=self.device).long()
+        lens = None if everyone else torch.tensor(running, device=self.device).long()
         with self.weights():
             return self.model(new[:, None], cache=self.cache, lengths=lens)[:, 0]
 

@@ -141,17 +141,23 @@ class KVCache:
     def write(self, layer: int, K: Tensor, V: Tensor, step: Step) -> tuple[Tensor, Tensor]:
         """Store the new keys and values (B, h, T_new, d_k) of one layer; return the layer's
         keys and values of slots 0 … S−1."""
-        k, v = self._k[layer], self._v[layer]
         if step.start is not None:
-            T_new = K.shape[-2]
-            k[:, :, step.start : step.start + T_new] = K
-            v[:, :, step.start : step.start + T_new] = V
-        else:
-            assert step.rows is not None and step.slots is not None
-            # advanced indices on axes 0 and 2: the indexed shape is (B, T_new, h, d_k)
-            k[step.rows, :, step.slots] = K.transpose(1, 2)
-            v[step.rows, :, step.slots] = V.transpose(1, 2)
+            return self._write_from(layer, K, V, step.start, step.n_keys)
+        assert step.rows is not None and step.slots is not None
+        k, v = self._k[layer], self._v[layer]
+        # advanced indices on axes 0 and 2: the indexed shape is (B, T_new, h, d_k)
+        k[step.rows, :, step.slots] = K.transpose(1, 2)
+        v[step.rows, :, step.slots] = V.transpose(1, 2)
         return k[:, :, : step.n_keys], v[:, :, : step.n_keys]
+
+    def _write_from(self, layer: int, K: Tensor, V: Tensor, start: int,
+                    n_keys: int) -> tuple[Tensor, Tensor]:
+        """Every sequence's new tokens into slots start, start + 1, …; slots 0 … n_keys−1."""
+        k, v = self._k[layer], self._v[layer]
+        T_new = K.shape[-2]
+        k[:, :, start : start + T_new] = K
+        v[:, :, start : start + T_new] = V
+        return k[:, :, :n_keys], v[:, :, :n_keys]
 
     # --- the common decoding step: one new token per sequence, all at one length ----------
 
@@ -165,10 +171,7 @@ class KVCache:
         shape (B, h, 1, d_k)), without a Step: return the layer's slots 0 … that one."""
         t = self._uniform
         assert t is not None and t < self.max_len and K.shape[-2] == 1
-        k, v = self._k[layer], self._v[layer]
-        k[:, :, t : t + 1] = K
-        v[:, :, t : t + 1] = V
-        return k[:, :, : t + 1], v[:, :, : t + 1]
+        return self._write_from(layer, K, V, t, t + 1)
 
     def appended(self) -> None:
         """``advance`` after every layer has ``append``-ed its token."""

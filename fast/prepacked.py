@@ -186,8 +186,10 @@ def for_model(model: GPT, rows: int | None = None) -> PrepackedWeights | None:
         layout = BlockedWeight
     packed = model.__dict__.get("_prepacked_weights")
     if packed is None or packed.layout is not layout or not packed.current_for(model):
-        # one packed copy at a time: the old one is dropped before the new one is built
+        # one packed copy at a time: every reference to the old one is dropped before the
+        # new one is built
         model.__dict__.pop("_prepacked_weights", None)
+        del packed
         packed = PrepackedWeights(model, layout)
         model.__dict__["_prepacked_weights"] = packed  # not a submodule or buffer: never saved
     return packed

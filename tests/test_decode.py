@@ -8,6 +8,8 @@ aside wherever it does not apply.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -44,10 +46,7 @@ def _decode_alongside_the_model(model, packed, decode, batch):
         tokens = torch.randint(0, V, (batch,), generator=gen)
         assert DecodeStep.applies_to(ours)
         got = decode(tokens, ours)
-        if packed is not None:
-            with packed.active():
-                want = model(tokens[:, None], cache=theirs)[:, 0]
-        else:
+        with packed.active() if packed is not None else nullcontext():
             want = model(tokens[:, None], cache=theirs)[:, 0]
         assert got.shape == (batch, V) and got.dtype == want.dtype
         assert torch.equal(got, want)

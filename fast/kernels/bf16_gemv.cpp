@@ -68,7 +68,8 @@ bool cpu_has_avx512_bf16() {
 
 at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& blocks,
                      const c10::optional<at::Tensor>& bias, int64_t n_out) {
-  TORCH_CHECK(cpu_has_avx512_bf16(), "bf16_gemv: this CPU lacks AVX-512 BF16");
+  static const bool cpu_supported = cpu_has_avx512_bf16();  // asked once, not per product
+  TORCH_CHECK(cpu_supported, "bf16_gemv: this CPU lacks AVX-512 BF16");
   TORCH_CHECK(x.device().is_cpu() && blocks.device().is_cpu(), "bf16_gemv: CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && blocks.scalar_type() == at::kBFloat16,
               "bf16_gemv: bfloat16 tensors only");
