@@ -12,8 +12,9 @@ the bias added in float32, one rounding to nearest even.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler
 and ninja needed; about 10 s once, cached by PyTorch afterwards) and used only where
-the CPU has AVX-512 BF16. Anywhere else, or if the build fails (a one-line warning says
-why), ``available()`` is False and generation keeps oneDNN's product.
+the CPU has AVX-512 BF16 (where /proc/cpuinfo lists no such flag, nothing is built).
+Anywhere else, or if the build fails (a one-line warning says why), ``available()`` is
+False and generation keeps oneDNN's product.
 ``GPTSPEC_BF16_GEMV=0`` turns the kernel off.
 """
 
@@ -44,6 +45,8 @@ def available() -> bool:
         return False
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
+    if not _cpu_lists_avx512_bf16():  # nothing to build for (and no warning to give)
+        return False
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         warnings.warn(f"gptspec: no C++ compiler ({compiler!r}) to build the bfloat16 GEMV "
@@ -62,6 +65,17 @@ def available() -> bool:
                       "batch-1 generation uses oneDNN's product", RuntimeWarning, stacklevel=2)
         return False
     return bool(torch.ops.gptspec.bf16_gemv_supported())
+
+
+def _cpu_lists_avx512_bf16() -> bool:
+    """The kernel's own CPUID check decides after the build; this spares the build where
+    /proc/cpuinfo already says no (an unreadable one does not)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), None)
+    return flags is None or "avx512_bf16" in flags.split()
 
 
 def _put_ninja_on_path() -> None:
