@@ -43,7 +43,7 @@ def _first_kill(mutant: Mutant, profile: str, seed: int) -> tuple[str, list[str]
     return "", [], "survived", ""
 
 
-def run_mutant(name: str, profile: str = "quick", seed: int = 0) -> MutantResult:
+def run_mutant(name: str, profile: str = "default", seed: int = 0) -> MutantResult:
     mutant = BY_NAME[name]
     start = time.perf_counter()
     check_id, entries, status, detail = _first_kill(mutant, profile, seed)
@@ -56,7 +56,7 @@ def _run_one(args: tuple[str, str, int]) -> dict:
     return asdict(run_mutant(*args))
 
 
-def run_catalog(names: list[str], profile: str = "quick", seed: int = 0, jobs: int = 2,
+def run_catalog(names: list[str], profile: str = "default", seed: int = 0, jobs: int = 2,
                 on_result=None) -> list[MutantResult]:
     """Run each named mutant, ``jobs`` at a time in fresh ('spawn') processes."""
     results: dict[str, MutantResult] = {}
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gptspec.conformance.mutation",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="mutants to run (default: the whole catalog)")
-    parser.add_argument("--profile", default="quick", choices=("quick", "default", "thorough"))
+    parser.add_argument("--profile", default="default", choices=("quick", "default", "thorough"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="processes in parallel (default 2)")
     parser.add_argument("--list", action="store_true", help="list the catalog and exit")
