@@ -50,7 +50,7 @@ def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over the package."""
     install(session, "dev")
     session.run("ruff", "check", ".")
-    session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance")
+    session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance", "adapters")
 
 
 @nox.session(python=PYTHON)
