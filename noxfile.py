@@ -34,7 +34,7 @@ def install(session: nox.Session, extras: str = "") -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The project's own tests: spec ↔ reference, traceability, every component."""
-    install(session, "interop,docs")
+    install(session, "interop,docs,jax")
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -50,7 +50,7 @@ def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over the package."""
     install(session, "dev")
     session.run("ruff", "check", ".")
-    session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance")
+    session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance", "adapters")
 
 
 @nox.session(python=PYTHON)

@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, Phase, settings
 
 from gptspec.conformance import budgets
 from gptspec.conformance.budgets import Comparison, Precision
+from gptspec.conformance.protocol import NotApplicable
+from gptspec.spec.config import GPTConfig
 
 PROFILES = {"quick": 12, "default": 30, "thorough": 200}
 
@@ -140,6 +142,28 @@ class CheckContext:
     falsifying: list[str] = field(default_factory=list)
     last_arrays: tuple | None = None
     failure: FailureCapture | None = None
+    not_applicable: int = 0  # examples skipped: the backend cannot express them
+    not_applicable_reason: str = ""
+
+    def _skip_if_not_applicable(self, drawn: dict[str, Any]) -> None:
+        """Skip an example whose configuration the backend declares it cannot express
+        (``supports(config)`` returns a reason), before any work is spent on it."""
+        backend = self.backend.wrapped if isinstance(self.backend, RecordingBackend) \
+            else self.backend
+        supports = getattr(backend, "supports", None)
+        if not callable(supports):
+            return
+        for value in drawn.values():
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, GPTConfig):
+                    reason = supports(item)
+                    if reason:
+                        raise NotApplicable(reason)
+
+    def _not_applicable(self, err: NotApplicable) -> None:
+        self.not_applicable += 1
+        self.not_applicable_reason = self.not_applicable_reason or str(err)
+        hypothesis.reject()
 
     def op(self, name: str) -> Callable[..., Any]:
         """The backend's operation ``name``, or NotImplementedOp."""
@@ -183,11 +207,19 @@ class CheckContext:
 
         def run(test: Callable[..., None]) -> None:
             def counted(*a: Any, **k: Any) -> None:
+                try:
+                    self._skip_if_not_applicable(k)
+                except NotApplicable as err:
+                    self._not_applicable(err)
                 self.examples += 1
                 if isinstance(self.backend, RecordingBackend):
                     self.backend.calls.clear()
                 self.last_arrays = None
-                test(*a, **k)
+                try:
+                    test(*a, **k)
+                except NotApplicable as err:
+                    self.examples -= 1
+                    self._not_applicable(err)
 
             counted.__name__ = test.__name__
             property_ = hypothesis.given(*args, **kwargs)(counted)

@@ -11,6 +11,13 @@ Optional: any operation under the name and signature of its reference function i
 out). Each lets the suite check that operation on its own, so a failure is localised;
 a missing one is reported as not implemented.
 
+Declaring what a backend cannot express (an engine with one fixed architecture): an
+optional ``supports(config) -> str | None`` returns None for a configuration the backend
+can run and a one-line reason for one it cannot; and any call may raise
+:class:`NotApplicable` with a one-line reason for an input outside what the engine
+expresses. Either way the example is skipped and counted as not applicable, not failed;
+a check none of whose examples applies is reported as not applicable.
+
 Discovery (:mod:`gptspec.conformance.discovery`): ``--backend module:attr`` or a name
 registered in the ``gptspec.backends`` entry-point group; a class or factory is called
 with the ``device`` and ``dtype`` keyword arguments it accepts. Isolation
@@ -25,6 +32,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from gptspec.spec.config import GPTConfig
+
+
+class NotApplicable(Exception):
+    """Raised by a backend for an input its engine cannot express (e.g. a post-LN block in
+    an engine whose model is pre-LN); the message says why, in one line."""
 
 
 @runtime_checkable

@@ -1,19 +1,22 @@
 """The report of a run: a line per check for the terminal, JSON (a documented,
 versioned schema) and a Markdown summary.
 
-JSON schema, version 2 (documented for readers in docs/conformance-report.md)::
+JSON schema, version 3 (documented for readers in docs/conformance-report.md)::
 
-    {"schema": "gptspec-conformance", "version": 2,
+    {"schema": "gptspec-conformance", "version": 3,
      "runs": [{"backend": {"name", "version", "device", "dtype"},
                "settings": {"profile", "seed", "area", "examples_per_property",
                             "timeout_s", "isolated"},
-               "counts": {"pass": n, "fail": n, "not-implemented": n, "blocked": n, "error": n},
+               "counts": {"pass": n, "fail": n, "not-implemented": n, "not-applicable": n,
+                          "blocked": n, "error": n},
                "checks": [{"id", "entries", "kind", "status", "worst_fraction", "detail",
                            "examples", "comparisons", "seconds", "budget",
                            "minimal_example", "reproduce", "blocked_by",
-                           "saved", "adjudication"}]}]}
+                           "saved", "adjudication", "not_applicable"}]}]}
 
-``status`` is one of pass, fail, not-implemented, blocked, error. ``worst_fraction`` is
+``status`` is one of pass, fail, not-implemented, not-applicable, blocked, error
+(not-applicable: every example was one the backend declared it cannot express;
+``not_applicable`` counts such skipped examples in any check). ``worst_fraction`` is
 the largest |actual − reference| / budget over every comparison of the check (null when it
 made none, or when it was infinite: a NaN, a wrong infinity or a wrong shape); a check
 passes only if it is ≤ 1. ``saved`` lists the files of the failing example written by
@@ -23,7 +26,8 @@ measured ``"backend_fraction", "plain_fraction", "closer"`` ("backend" or "plain
 same call on a plain same-dtype implementation against the same reference and budget.
 
 Version history: 1 — first version; 2 — added ``settings.timeout_s``,
-``settings.isolated``, ``checks[].saved`` and ``checks[].adjudication``.
+``settings.isolated``, ``checks[].saved`` and ``checks[].adjudication``; 3 — added the
+status not-applicable, its count and ``checks[].not_applicable``.
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ from gptspec.atomic_files import write_text
 from gptspec.conformance.runner import CheckResult, SuiteResult
 
 SCHEMA = "gptspec-conformance"
-VERSION = 2
+VERSION = 3
 
-MARK = {"pass": "PASS", "fail": "FAIL", "not-implemented": "N/I ", "blocked": "BLKD",
-        "error": "ERR "}
+MARK = {"pass": "PASS", "fail": "FAIL", "not-implemented": "N/I ", "not-applicable": "N/A ",
+        "blocked": "BLKD", "error": "ERR "}
 
 
 def header(suite: SuiteResult) -> str:
@@ -78,7 +82,8 @@ def line(r: CheckResult) -> str:
 def summary(suite: SuiteResult) -> str:
     c = suite.counts
     return (f"{c['pass']} passed, {c['fail'] + c['error']} failed, {c['blocked']} blocked, "
-            f"{c['not-implemented']} not implemented")
+            f"{c['not-implemented']} not implemented"
+            + (f", {c['not-applicable']} not applicable" if c.get("not-applicable") else ""))
 
 
 def to_json(suites: list[SuiteResult]) -> dict:

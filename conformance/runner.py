@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import hypothesis.errors
+
 from gptspec.conformance.budgets import Precision
 from gptspec.conformance.context import (
     CheckContext,
@@ -27,9 +29,10 @@ from gptspec.conformance.context import (
     keeping_comparisons,
     suite_settings,
 )
+from gptspec.conformance.protocol import NotApplicable
 from gptspec.conformance.registry import Check, all_checks
 
-STATUSES = ("pass", "fail", "not-implemented", "blocked", "error")
+STATUSES = ("pass", "fail", "not-implemented", "not-applicable", "blocked", "error")
 
 
 @dataclass
@@ -49,6 +52,7 @@ class CheckResult:
     blocked_by: str = ""
     saved: list[str] = field(default_factory=list)  # the failing example's files
     adjudication: dict[str, Any] | None = None
+    not_applicable: int = 0  # examples the backend declared it cannot express (skipped)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,6 +140,11 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
             status, detail = "error", str(err)
         elif isinstance(err, NotImplementedOp):
             status, detail = "not-implemented", f"backend has no operation {err}"
+        elif isinstance(err, NotApplicable) or (
+                isinstance(err, hypothesis.errors.Unsatisfiable) and ctx.not_applicable):
+            # every example was one the backend cannot express
+            status = "not-applicable"
+            detail = str(err) if isinstance(err, NotApplicable) else ctx.not_applicable_reason
         elif isinstance(err, CheckFailure):
             status, detail = "fail", str(err)
         else:
@@ -147,11 +156,15 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
     worst: float | None = ctx.worst if ctx.comparisons else None
     if status == "pass":
         detail = ctx.worst_detail
+        if ctx.not_applicable:
+            detail += (f" ({ctx.not_applicable} examples not applicable, e.g. "
+                       f"{ctx.not_applicable_reason})")
     result = CheckResult(
         id=check.id, entries=list(check.entries), kind=check.kind, status=status,
         worst_fraction=worst, detail=detail, examples=ctx.examples,
         comparisons=ctx.comparisons, seconds=time.perf_counter() - start,
-        budget=check.budget, minimal_example="\n".join(ctx.falsifying).strip())
+        budget=check.budget, minimal_example="\n".join(ctx.falsifying).strip(),
+        not_applicable=ctx.not_applicable)
     if status == "fail" and ctx.failure is not None:
         _after_failure(result, ctx, backend, precision, save_failures, origin)
     return result

@@ -72,7 +72,7 @@ def test_cli_writes_a_versioned_json_report_and_markdown(tmp_path):
                 "--check", "layer_norm.differential", "--report", str(out), "--markdown", str(md))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
-    assert data["schema"] == "gptspec-conformance" and data["version"] == 2
+    assert data["schema"] == "gptspec-conformance" and data["version"] == 3
     (run,) = data["runs"]
     assert run["backend"]["dtype"] == "float32" and run["backend"]["name"] == "torch"
     ids = {c["id"] for c in run["checks"]}

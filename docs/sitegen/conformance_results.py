@@ -55,7 +55,8 @@ def report_paths(root: Path) -> list[Path]:
 
 
 SCHEMA = "gptspec-conformance"
-VERSIONS = (1, 2)  # 2 added settings.timeout_s, isolated, saved and adjudication
+VERSIONS = (1, 2, 3)  # 2 added settings.timeout_s, isolated, saved and adjudication;
+# 3 the status not-applicable and checks[].not_applicable
 
 
 def _describe_backend(info: Any) -> str:

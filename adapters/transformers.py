@@ -1,0 +1,185 @@
+"""transformers' ``GPT2LMHeadModel`` as a conformance backend: an engine this project did
+not write, validated as it is.
+
+Two backends, one per attention implementation: ``hf-eager`` (GPT-2's own attention in
+Python) and ``hf-sdpa`` (PyTorch's fused ``scaled_dot_product_attention``), in float32 or
+bfloat16 on the CPU. The model is built from the schema parameters by
+``gptspec.fast.hf_interop`` (the weights are handed over unchanged: GPT-2 stores them in
+the schema's layout).
+
+What it offers: ``forward`` (the model's logits), ``generate`` through the engine's own
+``generate()`` (greedy, and sampling with transformers' temperature, top-k and top-p
+processors), and ``sampling_distribution`` (the distribution those same processors define).
+It exposes no single operation: the engine has none to call on its own.
+
+What it cannot express, it declares (``supports``) and refuses with a one-line reason
+(:class:`gptspec.conformance.protocol.NotApplicable`): GPT-2 is one architecture —
+pre-LN blocks with biases, a GELU or ReLU FFN, a final LayerNorm, an output map without
+bias — and its generation cannot run past n_positions (it has no context cropping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptspec.conformance.protocol import NotApplicable
+from gptspec.fast import hf_interop
+from gptspec.spec.config import GPTConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class TransformersBackend:
+    """``GPT2LMHeadModel`` with one attention implementation, on the CPU."""
+
+    attn_implementation = "eager"
+    KEEP_MODELS = 4
+
+    def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
+        import transformers
+
+        if dtype not in DTYPES:
+            raise ValueError(f"the transformers backend runs in {', '.join(DTYPES)}, not {dtype!r}")
+        if device != "cpu":
+            raise ValueError(f"the transformers backend runs on the CPU only, not {device!r}")
+        self.name = f"hf-{self.attn_implementation}"
+        self.dtype, self.device = dtype, device
+        self.torch_dtype = DTYPES[dtype]
+        self.version = (f"transformers {transformers.__version__} "
+                        f"(attn_implementation={self.attn_implementation!r}), "
+                        f"torch {torch.__version__}")
+        self._models: dict[GPTConfig, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device!r}, dtype={self.dtype!r})"
+
+    # --- what GPT-2 can express ------------------------------------------------------------
+
+    @staticmethod
+    def supports(config: GPTConfig) -> str | None:
+        """None if GPT2LMHeadModel can hold this configuration, else why not (one line)."""
+        try:
+            hf_interop.check_expressible(config)
+        except hf_interop.InteropError as err:
+            return str(err)
+        return None
+
+    def _require(self, config: GPTConfig) -> None:
+        reason = self.supports(config)
+        if reason:
+            raise NotApplicable(reason)
+
+    def model(self, config: GPTConfig, params: Mapping[str, Any]) -> Any:
+        """A GPT2LMHeadModel of ``config`` holding ``params``; the last few are kept and
+        refilled in place."""
+        self._require(config)
+        model = self._models.pop(config, None)
+        if model is None:
+            model = hf_interop.to_hf_model(config, params, dtype=self.torch_dtype)
+            model.set_attn_implementation(self.attn_implementation)
+        else:
+            state = hf_interop.params_to_hf(config, params, dtype=self.torch_dtype)
+            model.load_state_dict(state, strict=False)
+            if config.tied_embeddings:
+                model.tie_weights()
+        self._models[config] = model
+        while len(self._models) > self.KEEP_MODELS:
+            self._models.pop(next(iter(self._models)))
+        return model
+
+    # --- the protocol ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+        ids = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        logits = self.model(config, params)(input_ids=ids).logits
+        return logits.float().numpy()
+
+    @torch.no_grad()
+    def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
+                              top_p: float | None = None) -> np.ndarray:
+        """softmax of transformers' own processors (temperature, top-k, top-p, in the order
+        ``generate`` applies them) on one row of logits; τ = 0 is the argmax's one-hot."""
+        scores = torch.as_tensor(np.asarray(z, dtype=np.float64)).to(self.torch_dtype)
+        scores = scores.float().reshape(1, -1)  # generate() processes float32 scores
+        if temperature == 0:
+            out = torch.zeros_like(scores)
+            out[0, int(torch.argmax(scores))] = 1.0
+            return out[0].numpy()
+        processed = _processors(temperature, top_k, top_p)(torch.zeros((1, 1), dtype=torch.long),
+                                                           scores)
+        return torch.softmax(processed, dim=-1)[0].numpy()
+
+    @torch.no_grad()
+    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+                 max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, eot_token: int | None = None,
+                 rng: np.random.Generator | None = None, return_logits: bool = False) -> Any:
+        """``model.generate`` on each prompt alone (no padding to reason about). Sampling
+        draws from torch's generator, seeded from ``rng``: the same seed, the same tokens.
+        A prompt and generation longer than n_ctx is not applicable: GPT-2's generate has
+        no context cropping (its position table ends at n_positions)."""
+        model = self.model(config, params)
+        too_long = [len(p) + max_new_tokens for p in prompts if len(p) + max_new_tokens - 1 >
+                    config.n_ctx]
+        if too_long:
+            raise NotApplicable(f"transformers' generate does not crop the context: this "
+                                f"generation needs {max(too_long) - 1} positions, "
+                                f"n_positions={config.n_ctx}")
+        sample = temperature > 0
+        if sample and rng is None:
+            raise ValueError("sampling (temperature > 0) needs an explicit seeded rng")
+        tokens_out, logits_out = [], []
+        for prompt in prompts:
+            ids = torch.as_tensor([list(prompt)], dtype=torch.long)
+            options: dict[str, Any] = dict(
+                max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=sample,
+                eos_token_id=eot_token, pad_token_id=eot_token if eot_token is not None else 0,
+                return_dict_in_generate=True, output_logits=True, top_k=None, top_p=None,
+                temperature=None)
+            if sample:
+                assert rng is not None
+                torch.manual_seed(int(rng.integers(0, 2**63 - 1)))
+                options.update(temperature=float(temperature), top_k=top_k, top_p=top_p)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
+            new = [int(t) for t in out.sequences[0, ids.shape[1]:]]
+            tokens_out.append(new)
+            logits_out.append(torch.cat([s.float() for s in out.logits]).numpy()[: len(new)]
+                              if new else np.zeros((0, config.vocab_size), np.float32))
+        return (tokens_out, logits_out) if return_logits else tokens_out
+
+
+def _processors(temperature: float, top_k: int | None, top_p: float | None) -> Any:
+    """transformers' logits processors for these settings, in generate()'s order."""
+    from transformers import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    chain: list[Any] = [TemperatureLogitsWarper(float(temperature))]
+    if top_k is not None:
+        chain.append(TopKLogitsWarper(int(top_k)))
+    if top_p is not None and top_p < 1:
+        chain.append(TopPLogitsWarper(float(top_p)))
+    return LogitsProcessorList(chain)
+
+
+class EagerBackend(TransformersBackend):
+    """GPT-2's eager attention (``attn_implementation="eager"``)."""
+
+    attn_implementation = "eager"
+
+
+class SdpaBackend(TransformersBackend):
+    """PyTorch's fused attention (``attn_implementation="sdpa"``)."""
+
+    attn_implementation = "sdpa"
+
+
+__all__ = ["EagerBackend", "SdpaBackend", "TransformersBackend"]
