@@ -513,8 +513,6 @@ def train_loop(config: GPTConfig, params: dict, tokens, settings: TrainLoopSetti
     stepped ``max_steps`` times with :meth:`Trainer.step` on ``tokens`` as its training
     split. Returns, step by step, the loss, the learning rate each parameter was stepped
     with (read from its optimizer group as AdamW runs) and the parameters after the step."""
-    from gptspec.fast.tokenizer import Tokenizer
-
     stream = np.asarray(tokens)
     data = TokenData(stream, stream, config.n_ctx)  # no validation: the trainer never evaluates here
     loop = settings.as_dict()
@@ -522,7 +520,7 @@ def train_loop(config: GPTConfig, params: dict, tokens, settings: TrainLoopSetti
     if unknown:
         raise ValueError(f"the trainer has no setting {', '.join(sorted(unknown))}")
     trainer = Trainer(config, TrainSettings(**loop, precision="float32", device=device),
-                      data, Tokenizer.byte_level(), params=params, dtype=dtype)
+                      data, None, params=params, dtype=dtype)  # no tokenizer: nothing is saved
     names = {p: name for name, p in trainer.model.named_parameters()}
     used: list[dict[str, float]] = []
 
