@@ -135,6 +135,14 @@ class MutantTorchBackend(TorchBackend):
         with self._mutated():
             return super().gpt_backward(*args, **kwargs)
 
+    def train_loop(self, *args: Any, **kwargs: Any) -> Any:
+        with self._mutated():
+            return super().train_loop(*args, **kwargs)
+
+    def train_losses(self, *args: Any, **kwargs: Any) -> Any:
+        with self._mutated():
+            return super().train_losses(*args, **kwargs)
+
     def _wrap(self, name: str) -> Callable[..., Any]:
         def op(*args: Any, **kwargs: Any) -> Any:
             with self._mutated():  # _wrap looks the function up inside
@@ -512,6 +520,65 @@ class _AdamMutant(TorchBackend):
                                 dtype=self.torch_dtype)
 
 
+# --- trainer-loop mutants (gptspec.fast.train: the loop gptspec train runs) -------------------
+
+
+def _lr_at_one_based_step(self: Any, step: int) -> float:
+    """The schedule read at the 1-based step count: every step takes the next step's rate
+    (the warm-up's first step is skipped)."""
+    from gptspec.reference.optim import lr_schedule
+
+    decay = self.decay_steps or self.max_steps
+    return lr_schedule(step + 1, self.lr, self.min_lr, min(self.warmup_steps, decay),
+                       max(decay, self.warmup_steps + 1))
+
+
+def _lr_cosine_over_max_steps(self: Any, step: int) -> float:
+    """The cosine's horizon taken as max_steps, ignoring decay_steps."""
+    from gptspec.reference.optim import lr_schedule
+
+    return lr_schedule(step, self.lr, self.min_lr, min(self.warmup_steps, self.max_steps),
+                       max(self.max_steps, self.warmup_steps + 1))
+
+
+def _optimizer_decaying_everything(model: Any, settings: Any) -> torch.optim.AdamW:
+    """One parameter group: biases and LayerNorm gains decayed like the matrices."""
+    return torch.optim.AdamW(model.parameters(), lr=settings.lr,
+                             betas=(settings.beta1, settings.beta2), eps=settings.eps,
+                             weight_decay=settings.weight_decay)
+
+
+def _mutant_step_on(*, sum_micro_batches: bool = False, clip_each_micro_batch: bool = False,
+                    lr_first_group_only: bool = False, clip_after_step: bool = False
+                    ) -> Callable[..., float]:
+    """Trainer.step_on (CPU, one process) with one ordering or accumulation bug."""
+
+    def step_on(self: Any, batches: list) -> float:
+        s = self.settings
+        lr = s.learning_rate(self.step_count)
+        groups = self.optimizer.param_groups[:1] if lr_first_group_only else \
+            self.optimizer.param_groups
+        for group in groups:
+            group["lr"] = lr
+        total = 0.0
+        for x, y in batches:
+            loss = self.loss(x, y) if sum_micro_batches else self.loss(x, y) / len(batches)
+            loss.backward()
+            total += float(loss.detach())
+            if clip_each_micro_batch and s.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        if s.grad_clip > 0 and not (clip_each_micro_batch or clip_after_step):
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        self.optimizer.step()
+        if clip_after_step and s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        return total
+
+    return step_on
+
+
 # --- the catalog ----------------------------------------------------------------------------
 
 
@@ -669,6 +736,33 @@ MUTANTS: tuple[Mutant, ...] = (
            "The moments used without dividing by 1 − β₁ᵗ and 1 − β₂ᵗ.",
            make_backend=lambda: _AdamMutant("no_bias_correction", decoupled=True,
                                             corrected=False)),
+    _train("accumulation_sums_micro_batches", ("train_loop",),
+           "The trainer sums the micro-batches' losses (and gradients) instead of averaging.",
+           elsewhere={"gptspec.fast.train.Trainer.step_on":
+                      _mutant_step_on(sum_micro_batches=True)}),
+    _train("clip_before_accumulation_completes", ("train_loop", "clip_grad_norm"),
+           "The trainer clips the accumulated gradient after every micro-batch, not once.",
+           elsewhere={"gptspec.fast.train.Trainer.step_on":
+                      _mutant_step_on(clip_each_micro_batch=True)}),
+    _train("clip_after_optimizer_step", ("train_loop", "clip_grad_norm"),
+           "The trainer clips the gradient after AdamW has used it (clipping has no effect).",
+           elsewhere={"gptspec.fast.train.Trainer.step_on":
+                      _mutant_step_on(clip_after_step=True)}),
+    _train("lr_set_in_first_group_only", ("train_loop", "lr_schedule"),
+           "The schedule's rate is written into the decayed group only; biases and gains "
+           "keep the initial rate.",
+           elsewhere={"gptspec.fast.train.Trainer.step_on":
+                      _mutant_step_on(lr_first_group_only=True)}),
+    _train("warmup_off_by_one", ("train_loop", "lr_schedule"),
+           "The schedule is read at the 1-based step: each step takes the next step's rate.",
+           elsewhere={"gptspec.fast.train.TrainSettings.learning_rate": _lr_at_one_based_step}),
+    _train("cosine_horizon_ignores_decay_steps", ("train_loop", "lr_schedule"),
+           "The cosine decays over max_steps whatever decay_steps says.",
+           elsewhere={"gptspec.fast.train.TrainSettings.learning_rate":
+                      _lr_cosine_over_max_steps}),
+    _train("weight_decay_on_biases_and_gains", ("train_loop",),
+           "One parameter group: biases and LayerNorm gains are decayed like the matrices.",
+           elsewhere={"gptspec.fast.train.make_optimizer": _optimizer_decaying_everything}),
     _tok("bpe_merges_by_frequency", ("bpe_chunk",),
          "Encoding merges the most frequent pair in the chunk first instead of the lowest "
          "rank.", tokenizer=_FrequencyTokenizer),

@@ -110,6 +110,18 @@ class TorchBackend:
         return train.train_losses(config, dict(params), tokens, steps, seed, resume_at,
                                   device=self.device)
 
+    def train_loop(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any,
+                   settings: Any) -> tuple[list, list, list]:
+        """The trainer's own loop (``gptspec.fast.train.Trainer``, as ``gptspec train`` runs
+        it), with parameters of this dtype. It trains float32 or float64 parameters only:
+        its 16-bit training is autocast over float32 parameters, on CUDA."""
+        from gptspec.fast import train
+
+        if self.torch_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"the trainer keeps float32 or float64 parameters, not {self.dtype}")
+        rounded = {k: self._to_torch(np.asarray(v)) for k, v in params.items()}
+        return train.train_loop(config, rounded, tokens, settings, self.device, self.torch_dtype)
+
     # --- generation (gptspec.fast.generate), under the reference functions' names ------------
 
     def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,

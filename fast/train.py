@@ -34,6 +34,10 @@ from gptspec.fast.checkpoint import load_training_checkpoint, save_training_chec
 from gptspec.fast.data import TokenData
 from gptspec.fast.model import GPT
 from gptspec.reference.optim import lr_schedule
+
+# The batches of (seed, rank, step): the rule is the spec's (train_loop), imported so that the
+# trainer and the judge draw the same batches.
+from gptspec.reference.training import TrainLoopSettings, batch_generator
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import parameter_schema
 
@@ -142,14 +146,6 @@ def load_optimizer_tensors(model: GPT, optimizer: torch.optim.Optimizer,
 # --- RNG states, as JSON (no pickle) ------------------------------------------------------------
 
 
-def batch_generator(seed: int, rank: int, step: int) -> np.random.Generator:
-    """The generator that draws the training batches of ``step`` (0-based) on process
-    ``rank``. Keyed by all three, it needs no saved state: a resumed run draws the batches
-    the unbroken run would have on every rank, whereas one generator per process would
-    need every rank's state in a checkpoint that only rank 0 writes."""
-    return np.random.default_rng([seed, rank, step])
-
-
 def rng_state() -> dict:
     """torch's and Python's RNG states. Every process seeds them alike and draws from
     them alike, so rank 0's states are every rank's."""
@@ -202,16 +198,17 @@ class Trainer:
     """One model, its optimizer and data, stepped by :meth:`step` and saved by :meth:`save`."""
 
     def __init__(self, config: GPTConfig, settings: TrainSettings, data: TokenData,
-                 tokenizer: Any, params: dict | None = None) -> None:
+                 tokenizer: Any, params: dict | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.config, self.settings, self.data, self.tokenizer = config, settings, data, tokenizer
         self.rank, self.world = distributed()
         torch.manual_seed(settings.seed)
         random.seed(settings.seed)
         if params is None:
-            self.model = GPT(config, device=settings.device, seed=settings.seed)
+            self.model = GPT(config, device=settings.device, dtype=dtype, seed=settings.seed)
         else:
             self.model = GPT.from_parameters(config, params, device=settings.device,
-                                             dtype=torch.float32)
+                                             dtype=dtype)
         self.ddp_model: torch.nn.Module = self.model
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -236,10 +233,13 @@ class Trainer:
         return torch.autocast("cuda", dtype=self.amp)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None):
-        """Mean cross-entropy per token (the cross_entropy_mean entry), in float32."""
+        """Mean cross-entropy per token (the cross_entropy_mean entry), in float32 (in
+        float64 for a float64 model)."""
         with self._autocast():
             logits = (model or self.ddp_model)(x)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        if logits.dtype != torch.float64:
+            logits = logits.float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
     def step_on(self, batches: list[Batch]) -> float:
         """One optimizer step on these micro-batches: their mean loss's gradient (averaged
@@ -503,3 +503,38 @@ def train_losses(config: GPTConfig, params: dict, tokens, steps: int, seed: int,
         for _ in range(steps - resume_at):
             losses.append(trainer.step())
     return losses
+
+
+def train_loop(config: GPTConfig, params: dict, tokens, settings: TrainLoopSettings,
+               device: str = "cpu", dtype: torch.dtype = torch.float32
+               ) -> tuple[list[float], list[dict[str, float]], list[dict[str, np.ndarray]]]:
+    """The reference's ``train_loop``, run by the trainer ``gptspec train`` uses: a
+    :class:`Trainer` with these settings (float32 throughout, or float64 parameters),
+    stepped ``max_steps`` times with :meth:`Trainer.step` on ``tokens`` as its training
+    split. Returns, step by step, the loss, the learning rate each parameter was stepped
+    with (read from its optimizer group as AdamW runs) and the parameters after the step."""
+    stream = np.asarray(tokens)
+    data = TokenData(stream, stream, config.n_ctx)  # no validation: the trainer never evaluates here
+    loop = settings.as_dict()
+    unknown = set(loop) - {f.name for f in fields(TrainSettings)}
+    if unknown:
+        raise ValueError(f"the trainer has no setting {', '.join(sorted(unknown))}")
+    trainer = Trainer(config, TrainSettings(**loop, precision="float32", device=device),
+                      data, None, params=params, dtype=dtype)  # no tokenizer: nothing is saved
+    names = {p: name for name, p in trainer.model.named_parameters()}
+    used: list[dict[str, float]] = []
+
+    def record_lr(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        used.append({names[p]: float(group["lr"]) for group in optimizer.param_groups
+                     for p in group["params"]})
+
+    hook = trainer.optimizer.register_step_pre_hook(record_lr)
+    losses, trajectory = [], []
+    try:
+        for _ in range(settings.max_steps):
+            losses.append(trainer.step())
+            trajectory.append({name: p.detach().to("cpu", torch.float64).numpy().copy()
+                               for name, p in trainer.model.named_parameters()})
+    finally:
+        hook.remove()
+    return losses, used, trajectory

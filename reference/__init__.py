@@ -5,7 +5,7 @@ The functions are re-exported flat (as in JAX's lax_reference) so that a spec en
 lists its spec functions in ``__all__``; helpers that are not spec entries stay out.
 """
 
-from gptspec.reference import backward, costs, forward, loss, optim, sampling, tokenizer
+from gptspec.reference import backward, costs, forward, loss, optim, sampling, tokenizer, training
 from gptspec.reference.backward import *  # noqa: F401,F403
 from gptspec.reference.costs import *  # noqa: F401,F403
 from gptspec.reference.forward import *  # noqa: F401,F403
@@ -13,6 +13,7 @@ from gptspec.reference.loss import *  # noqa: F401,F403
 from gptspec.reference.optim import *  # noqa: F401,F403
 from gptspec.reference.sampling import *  # noqa: F401,F403
 from gptspec.reference.tokenizer import *  # noqa: F401,F403
+from gptspec.reference.training import *  # noqa: F401,F403
 
-MODULES = (forward, tokenizer, loss, backward, optim, sampling, costs)
+MODULES = (forward, tokenizer, loss, backward, optim, sampling, costs, training)
 __all__ = [name for module in MODULES for name in module.__all__]

@@ -10,6 +10,7 @@ from gptspec.spec.sources import BLUEPRINT, KINGMA_2015, LOSHCHILOV_2019, Source
 # Defaults of the sympy forms (exact rationals; the trainer's settings override them).
 LR, BETA1, BETA2, EPS = sp.Rational(1, 1000), sp.Rational(9, 10), sp.Rational(95, 100), sp.Rational(1, 10**8)
 CLIP_EPS = sp.Rational(1, 10**6)  # PyTorch's, so backends agree
+DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
 
 
 @equation(
@@ -121,3 +122,103 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
                                                       / (decay_steps - warmup_steps))) / 2
     return sp.Piecewise((max_lr * (s + 1) / warmup_steps, s < warmup_steps),
                         (cosine, s < decay_steps), (min_lr, True))
+
+
+@equation(
+    id="train_loop",
+    title="The training loop: batches, accumulation, clipping, schedule and decay, in order",
+    group="optimizer",
+    latex=r"\begin{aligned} (x^{(j)}, y^{(j)}) &= \operatorname{batches}(\text{seed}, "
+          r"\text{rank}, s)_j, \quad j = 1, \dots, k, \\ "
+          r"\bar L_s &= \frac1k \sum_{j=1}^{k} \bar L(x^{(j)}, y^{(j)}; \theta_s), \quad "
+          r"g_s = \nabla_\theta \bar L_s, \\ "
+          r"\hat g_s &= g_s \cdot \min\!\left(1, \frac{c}{\|g_s\| + \epsilon_c}\right), \quad "
+          r"\eta_s = \eta\!\left(s;\ W' = \min(W, S'),\ S'' = \max(S', W + 1)\right), \\ "
+          r"\theta_{s+1, p} &= \operatorname{AdamW}\!\left(\theta_{s,p}, \hat g_{s,p};\ "
+          r"t = s + 1,\ \eta_s,\ \lambda\,[\theta_p \text{ is a matrix}]\right) \end{aligned}",
+    symbols=(
+        Symbol(r"\theta_s", "every parameter", "the parameters before step s (from 0)"),
+        Symbol("k", "()", "micro-batches per step (gradient accumulation)"),
+        Symbol(r"x^{(j)}, y^{(j)}", "(B, T)", "micro-batch j's sequences and targets"),
+        Symbol(r"\bar L", "()", "the mean cross-entropy per token (cross_entropy_mean)"),
+        Symbol("c", "()", "the clipping norm; 0 turns clipping off"),
+        Symbol(r"\epsilon_c", "()", "10⁻⁶ (clip_grad_norm)"),
+        Symbol("S'", "()", "the decay horizon: decay_steps, or the number of steps when 0"),
+        Symbol("W", "()", "warm-up steps"),
+        Symbol(r"\lambda", "()", "weight decay, applied to matrices only"),
+    ),
+    sources=(Source(BLUEPRINT, "sec. 3.2"), Source(LOSHCHILOV_2019, "Algorithm 2"),
+             Source(KINGMA_2015, "Algorithm 1")),
+    reference="train_loop",
+    tolerance=Tolerance(r"\eta_s \cdot \max_{\text{box}} \left|\frac{\hat m'}{\sqrt{\hat v'} "
+                        r"+ \epsilon} - \frac{\hat m}{\sqrt{\hat v} + \epsilon}\right| "
+                        r"+ \lambda \sqrt{10}\, u\, |\theta|", reduction="1",
+                        note="per step, at the backend's own state; the box is the moments' "
+                             "error propagated from the gradient budget"),
+    decisions=(
+        Decision(
+            question="Which batches does step s train on?",
+            readings=(Reading(Source(BLUEPRINT, "sec. 3.2"),
+                              "minibatches of sequences from the corpus; no sampling rule"),
+                      Reading(Source(KINGMA_2015, "Algorithm 1"),
+                              "a stochastic objective f_t at each step; no sampling rule")),
+            decision="Step s on process r draws its k micro-batches in order from one NumPy "
+                     "generator, default_rng([seed, r, s]): each micro-batch is B offsets "
+                     "o ~ integers(0, N − T) of the N training tokens, sequence "
+                     "tokens[o : o + T], targets tokens[o + 1 : o + T + 1].",
+            why="A rule of (seed, rank, step) alone needs no sampler state in a checkpoint, "
+                "so resuming is exact on any number of processes; stated exactly, a judge can "
+                "replay a backend's loop batch for batch.",
+        ),
+        Decision(
+            question="How are micro-batches accumulated, and where is the gradient clipped?",
+            readings=(Reading(Source(BLUEPRINT, "sec. 3.2"), "one gradient per step; "
+                              "no accumulation, no clipping"),
+                      Reading(Source(LOSHCHILOV_2019, "Algorithm 2"),
+                              "one batch gradient per step")),
+            decision="The step's loss and gradient are the mean over its k micro-batches of "
+                     "each micro-batch's mean cross-entropy (and its gradient), so k "
+                     "micro-batches of B equal one batch of kB; the averaged gradient is "
+                     "clipped once, after the last micro-batch and before AdamW.",
+            why="Averaging keeps the learning rate's meaning independent of k; clipping the "
+                "whole step's gradient is what the global norm is about.",
+        ),
+        Decision(
+            question="What is the schedule's horizon when warm-up and decay overlap?",
+            readings=(Reading(Source(LOSHCHILOV_2019, "sec. 3"), "a schedule multiplier "
+                              "η_t, e.g. cosine annealing; no warm-up"),
+                      Reading(Source(BLUEPRINT, "sec. 3.2"), "no schedule")),
+            decision="S' = decay_steps, or the number of steps when it is 0; the warm-up is "
+                     "cut to W' = min(W, S') and the cosine ends at S'' = max(S', W + 1), "
+                     "then lr_schedule(s, η_max, η_min, W', S'').",
+            why="Any settings give a defined schedule (no division by zero when W ≥ S'), and "
+                "a run with fewer steps than its warm-up still reaches no more than η_max.",
+        ),
+        Decision(
+            question="Which parameters does the loop decay?",
+            readings=(Reading(Source(LOSHCHILOV_2019, "Algorithm 2"), "every weight"),
+                      Reading(Source(BLUEPRINT, "sec. 3.2"), "AdamW; which weights not said")),
+            decision="Those with two or more axes: wte, wpe, w_qkv, w_o, w_1, w_2, w_u. "
+                     "Biases and LayerNorm gains and shifts (one axis) get λ = 0.",
+            why="As on adamw_step: decaying a gain or a bias towards 0 is no prior anyone "
+                "wants; the rule by shape needs no list of names that could fall out of step "
+                "with the schema.",
+        ),
+    ),
+    sympy_inputs=(("theta", "(1, n)"), ("G", "[k](1, n)"), ("m", "(1, n)"), ("v", "(1, n)")),
+)
+def train_loop(theta, G, m, v, step=0, matrix=True, max_lr=LR, min_lr=LR / 10, warmup_steps=2,
+               decay_steps=10, max_steps=10, max_norm=1, weight_decay=DECAY,
+               beta1=BETA1, beta2=BETA2, eps=EPS):
+    # One iteration of the loop for one parameter θ (the loop repeats it for s = 0, 1, …),
+    # given its micro-batches' gradients G_j; the clipping norm is taken over θ alone here,
+    # over every parameter together in the loop. The batches (a sampling rule, not an
+    # equation) are the first Decision.
+    g = sum(G, sp.zeros(*G[0].shape)) / len(G)
+    if max_norm:
+        g, _ = clip_grad_norm.sympy(g, max_norm=max_norm)
+    horizon = decay_steps or max_steps
+    lr = lr_schedule.sympy(step, max_lr, min_lr, min(warmup_steps, horizon),
+                           max(horizon, warmup_steps + 1))
+    return adamw_step.sympy(theta, g, m, v, t=step + 1, lr=lr, beta1=beta1, beta2=beta2,
+                            eps=eps, weight_decay=weight_decay if matrix else 0)
