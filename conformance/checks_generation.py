@@ -13,6 +13,8 @@ differ and are not compared further. A divergence anywhere else fails.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -20,7 +22,14 @@ from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.budgets import Precision
 from gptspec.conformance.registry import check
-from gptspec.conformance.strategies import arrays, configs, parameter_recipes
+from gptspec.conformance.strategies import (
+    ParameterRecipe,
+    arrays,
+    configs,
+    parameter_recipes,
+    ragged_prompts,
+)
+from gptspec.spec.config import FFNS, NORMS
 
 AREA = "generation"
 MODEL = "the model's logits budget (budgets.gpt_forward_bound) at each step's context"
@@ -157,6 +166,114 @@ def batch_invariance(backend, ctx):
             _compare_greedy(ctx, f"sequence {b} in a batch of {len(prompts)} vs alone",
                             prompt, together[b], together_logits[b], alone, alone_logits,
                             params, config, factor=2.0)
+
+
+# --- every variant through the decoding step; ragged batches ------------------------------
+
+VARIANT_ENTRIES = ("generate", "kv_cache_attention", "block_pre_ln", "block_post_ln",
+                   "block_guide", "ffn_relu", "ffn_gelu", "ffn_gelu_tanh", "ffn_guide_product")
+
+
+def variants(shift: int) -> list[tuple[str, str]]:
+    """Every block form once, each with a different FFN: (NORMS[j], FFNS[(j + shift) % 4]).
+    The four shifts together give all 12 combinations; any one gives every block form and
+    three of the four FFNs, at a quarter of the cost of all 12."""
+    return [(norm, FFNS[(j + shift) % len(FFNS)]) for j, norm in enumerate(NORMS)]
+
+
+@st.composite
+def decoding_cases(draw, dtype: str):
+    """A base configuration (n_ctx 5–7) and its parameters' seed and scale, which
+    variants to run, 1–2 prompts of one length L (n_ctx − 4 ≤ L ≤ n_ctx − 3), and
+    n_ctx − L + 1 new tokens (4 or 5): at least two steps in which every sequence adds
+    one token at one position (the uniform decoding step), then one past n_ctx
+    (cropping). No end-of-text: every sequence runs to the length."""
+    base = draw(configs(max_layers=2, max_ctx=7, max_vocab=16, ffns=("relu",), norms=("pre",))
+                .filter(lambda c: c.n_ctx >= 5))
+    recipe = draw(parameter_recipes(base, dtype))
+    shift = draw(st.integers(0, len(FFNS) - 1), label="variants shift")
+    length = draw(st.integers(max(1, base.n_ctx - 4), base.n_ctx - 3), label="prompt length")
+    n_prompts = draw(st.integers(1, 2), label="prompts")
+    prompts = [draw(st.lists(st.integers(0, base.vocab_size - 1), min_size=length,
+                             max_size=length), label=f"prompt {b}") for b in range(n_prompts)]
+    return base, recipe, variants(shift), prompts, base.n_ctx - length + 1
+
+
+def _variant(base, norm: str, ffn: str):
+    d_ff = base.d_model if ffn == "guide_product" else base.d_ff
+    return dataclasses.replace(base, norm=norm, ffn=ffn, d_ff=d_ff)
+
+
+@check("generate.every_variant", entries=VARIANT_ENTRIES, ops=("generate",),
+       depends_on=DEPENDS, area=AREA, budget=MODEL)
+def every_variant(backend, ctx):
+    """Generation through the uniform decoding step, for every block (pre-LN, post-LN,
+    the Guide's) and every FFN (ReLU, GELU, tanh-GELU, the Guide's product) the
+    configuration allows.
+
+    Precondition: 1–2 prompts of one length L ≤ n_ctx − 3 and n_ctx − L + 1 new tokens,
+    no end-of-text, so that a backend with a KV cache takes at least two steps in which
+    every sequence adds one token at one position (where step implementations
+    specialise) before the context is cropped. Each example runs one drawn base
+    configuration in three variants: every block form, each with another FFN (the
+    drawn shift picks which; over the examples, all 12 combinations). For each, greedy
+    generation equals the reference's token for token (up to a near tie), and each
+    step's logits are within the model's budget of the reference's."""
+    @ctx.given(case=decoding_cases(ctx.precision.dtype))
+    def _(case):
+        base, recipe, chosen, prompts, max_new = case
+        for norm, ffn in chosen:
+            config = _variant(base, norm, ffn)
+            params = {k: B.round_to(v, ctx.precision.dtype)
+                      for k, v in ParameterRecipe(config, recipe.scale, recipe.seed).make().items()}
+            got, got_logits = _generate(ctx, params, config, prompts, max_new,
+                                        temperature=0.0, return_logits=True)
+            want, want_logits = ref.generate(params, config, prompts, max_new,
+                                             temperature=0.0, return_logits=True)
+            for b, prompt in enumerate(prompts):
+                _compare_greedy(ctx, f"{norm}-LN block, {ffn} FFN: sequence {b}", prompt,
+                                got[b], got_logits[b], want[b], want_logits[b], params,
+                                config, factor=1.0)
+
+
+@st.composite
+def ragged_cases(draw, dtype: str):
+    """A small model (n_ctx 4–8), 2–3 prompts of at least two different lengths, all
+    shorter than n_ctx, new tokens up to past n_ctx, and maybe an end-of-text id."""
+    config = draw(configs(max_layers=2, max_ctx=8, max_vocab=16).filter(lambda c: c.n_ctx >= 4))
+    recipe = draw(parameter_recipes(config, dtype))
+    params = {k: B.round_to(v, dtype) for k, v in recipe.make().items()}
+    prompts = draw(ragged_prompts(config, max_prompts=3), label="prompts")
+    max_new = draw(st.integers(2, config.n_ctx + 1), label="max_new_tokens")
+    eot = draw(st.one_of(st.none(), st.integers(0, config.vocab_size - 1)), label="eot")
+    return config, params, prompts, max_new, eot
+
+
+@check("generate.ragged_batch", entries=("generate", "kv_cache_attention", "crop_context",
+                                         "stop_condition"),
+       ops=("generate",), depends_on=DEPENDS, area=AREA, budget=MODEL)
+def ragged_batch(backend, ctx):
+    """A batch of prompts of different lengths is generated as if each were alone (the
+    spec's decision on generate): each position counted from the sequence's own start,
+    no attention to another sequence's padding, each stopping and cropped on its own.
+
+    Precondition: 2–3 prompts with at least two distinct lengths, all shorter than
+    n_ctx (so the batch's first steps extend cached contexts of different lengths), and
+    up to n_ctx + 1 new tokens; an end-of-text id stops some sequences early while the
+    others go on. Every sequence's greedy tokens equal the reference's (which generates
+    each prompt alone) up to a near tie, and each step's logits are within the model's
+    budget of the reference's."""
+    @ctx.given(case=ragged_cases(ctx.precision.dtype))
+    def _(case):
+        config, params, prompts, max_new, eot = case
+        got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
+                                    eot_token=eot, return_logits=True)
+        want, want_logits = ref.generate(params, config, prompts, max_new, temperature=0.0,
+                                         eot_token=eot, return_logits=True)
+        for b, prompt in enumerate(prompts):
+            _compare_greedy(ctx, f"sequence {b} (length {len(prompt)}) of lengths "
+                            f"{[len(p) for p in prompts]}", prompt, got[b], got_logits[b],
+                            want[b], want_logits[b], params, config, factor=1.0)
 
 
 # --- the sampling distribution -----------------------------------------------------------------

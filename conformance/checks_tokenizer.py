@@ -23,6 +23,12 @@ from typing import Any, Protocol
 from hypothesis import strategies as st
 
 from gptspec.conformance.registry import check
+from gptspec.conformance.text_strategies import (
+    LINES_PATTERN,
+    invalid_utf8,
+    pretokenization_texts,
+    spanning_merges,
+)
 from gptspec.reference import tokenizer as ref
 
 __all__ = ["TokenizerBackend", "ALPHABETS", "CORPUS", "PATTERNS", "texts"]
@@ -114,20 +120,37 @@ def train_matches_reference(backend, ctx):
 def encode_matches_reference(backend, ctx):
     """Encoding gives the reference's tokens.
 
-    With merges learned by the reference from one text, every other text over the same
-    kind of alphabet encodes to exactly the reference's token ids, for both patterns.
+    For both patterns, two sets of merges and every text drawn below, encoding (the
+    end-of-text token configured and allowed) gives exactly the reference's token ids.
+    Merges: learned by the reference from a drawn text, and from whole lines of the fixed
+    corpus of ``text_strategies``; learned from whole lines (always for the corpus, for
+    a drawn text when so drawn), they span the chunk boundaries the pattern draws, so a
+    backend that draws a boundary elsewhere gets other tokens. Texts: from the
+    pre-tokenization grammar (runs of spaces, contractions in any case, digit runs, the
+    newline family, tabs, Unicode white space, letters, numbers and punctuation of other
+    scripts, combining marks, emoji, <|endoftext|>) and over the small alphabets.
     """
     tb = _tokenizer_backend(ctx)
+    grammar = pretokenization_texts(special=True)
 
-    @ctx.given(train_text=texts(max_size=60), samples=st.lists(texts(), min_size=1, max_size=4),
-               vocab_size=st.integers(256, 320), pattern=st.sampled_from(PATTERNS))
-    def _(train_text, samples, vocab_size, pattern):
-        merges = ref.train(train_text, vocab_size, pattern)
-        tok = tb.build(merges, pattern, {})
+    def matches(merges: list[tuple[int, int]], pattern: str, samples: list[str]) -> None:
+        special = {ENDOFTEXT: 256 + len(merges)}
+        tok = tb.build(merges, pattern, special)
         for s in samples:
-            expected = ref.encode(s, merges, pattern)
-            got = tok.encode(s)
-            ctx.require(got == expected, f"encode({s!r}) = {got}, reference {expected}")
+            expected = ref.encode(s, merges, pattern, special, allowed_special={ENDOFTEXT})
+            got = tok.encode(s, allowed_special={ENDOFTEXT})
+            ctx.require(got == expected, f"encode({s!r}) = {got}, reference {expected} "
+                                         f"(reference chunks {ref.pretokenize(s, pattern)})")
+
+    @ctx.given(train_text=texts(max_size=60) | pretokenization_texts(max_pieces=30),
+               whole_lines=st.booleans(), vocab_size=st.integers(256, 320),
+               samples=st.tuples(st.lists(grammar, min_size=1, max_size=3),
+                                 st.lists(texts(), max_size=2)).map(lambda t: t[0] + t[1]))
+    def _(train_text, whole_lines, vocab_size, samples):
+        for pattern in PATTERNS:
+            matches(list(spanning_merges()), pattern, samples)
+            merges = ref.train(train_text, vocab_size, LINES_PATTERN if whole_lines else pattern)
+            matches(merges, pattern, samples)
 
 
 @check("bpe_chunk.rank_order", entries=("bpe_chunk",), ops=OPS, area="tokenizer",
@@ -207,6 +230,44 @@ def decode_out_of_range(backend, ctx):
         else:
             raised = False
         ctx.require(raised, f"decode([65, {bad}]) did not raise ValueError")
+
+
+@check("decode.invalid_utf8", entries=("decode",), ops=OPS, area="tokenizer", budget=EXACT)
+def decode_invalid_utf8(backend, ctx):
+    """Token sequences whose bytes are not UTF-8 decode to the reference's text.
+
+    The spec (entry ``decode``) replaces each maximal subpart of an ill-formed byte
+    sequence by one U+FFFD and keeps every well-formed character. For every byte string
+    b of valid characters around at least one ill-formed sequence (a character cut
+    short, also at the very end; an overlong form; an encoded surrogate; a code point
+    above U+10FFFF; lone continuation bytes; C0, C1, F5–FF): the byte tokens of b decode,
+    with the bare 256-byte tokenizer, to exactly the reference's text; and with a trained
+    tokenizer (whose tokens include parts of characters), the same byte tokens with
+    drawn tokens of its vocabulary (<|endoftext|> included) spliced in decode to exactly
+    the reference's text of the same ids.
+    """
+    tb = _tokenizer_backend(ctx)
+    bare = tb.build([], ref.GPT2_PATTERN, {})
+    merges = tb.train(CORPUS, 400, ref.GPT2_PATTERN)
+    eot = 256 + len(merges)
+    special = {ENDOFTEXT: eot}
+    trained = tb.build(merges, ref.GPT2_PATTERN, special)
+
+    @ctx.given(data=invalid_utf8(),
+               spliced=st.lists(st.tuples(st.integers(0, 64), st.integers(0, eot)),
+                                max_size=4))
+    def _(data, spliced):
+        ids = list(data)
+        got = bare.decode(ids)
+        expected = ref.decode(ids, [])
+        ctx.require(got == expected, f"decode of the bytes {data!r} = {got!r}, reference "
+                                     f"{expected!r}")
+        for at, token in spliced:
+            ids.insert(min(at, len(ids)), token)
+        got = trained.decode(ids)
+        expected = ref.decode(ids, merges, special)
+        ctx.require(got == expected, f"trained tokenizer: decode({ids}) = {got!r}, "
+                                     f"reference {expected!r}")
 
 
 @check("token_bytes.concatenation", entries=("byte_tokens", "token_bytes"), ops=OPS,

@@ -19,6 +19,7 @@ that fails ("killed by") and whether that check names one of the entries the mut
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import math
 from collections import Counter
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import regex
 import torch
 import torch.nn.functional as F
 
@@ -46,7 +48,7 @@ class Mutant:
     patches: Mapping[str, Callable[..., Any]] = field(default_factory=dict)  # ops.<name>
     make_backend: Callable[[], Any] | None = None
     # other functions replaced, by dotted path ("gptspec.fast.generate.top_k_filter")
-    elsewhere: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    elsewhere: Mapping[str, Any] = field(default_factory=dict)  # functions, or data
     dtype: str | None = None  # a bug only one dtype's code path has is run in that dtype
 
     def backend(self, device: str = "cpu", dtype: str = "float32") -> Any:
@@ -73,7 +75,7 @@ def _owner(path: str) -> tuple[Any, str]:
 
 
 @contextlib.contextmanager
-def patched_paths(patches: Mapping[str, Callable[..., Any]]) -> Iterator[None]:
+def patched_paths(patches: Mapping[str, Any]) -> Iterator[None]:
     """Replace attributes named by dotted paths while the block runs."""
     saved = []
     try:
@@ -108,7 +110,7 @@ class MutantTorchBackend(TorchBackend):
 
     def __init__(self, mutant: str, patches: Mapping[str, Callable[..., Any]],
                  device: str = "cpu", dtype: str = "float32",
-                 elsewhere: Mapping[str, Callable[..., Any]] | None = None) -> None:
+                 elsewhere: Mapping[str, Any] | None = None) -> None:
         super().__init__(device=device, dtype=dtype)
         self.name = f"torch+{mutant}"
         self.patches = dict(patches)
@@ -384,6 +386,53 @@ def _gemv_without_last_column_pair(self: Any, x: Tensor, bias: Tensor | None) ->
     return _ORIGINAL_GEMV(self, x, bias)
 
 
+def _decode_step_post_ln_as_pre_ln(self: Any, model: Any, packed: Any = None) -> None:
+    _ORIGINAL_DECODE_INIT(self, model, packed)
+    if model.config.norm == "post":  # the step's own residual table: "post" → pre-LN's form
+        self.residual = ops.residual_pre_ln
+
+
+def _plan_positions_from_padded_length(self: Any, T_new: int, lengths: Any = None) -> Any:
+    import dataclasses
+
+    step = _ORIGINAL_PLAN(self, T_new, lengths)
+    if step.start is not None:
+        return step
+    # every row's new tokens placed after the longest row (as if counted from the start of
+    # a batch padded to one length): a shorter row's tokens get later positions
+    offsets = torch.arange(T_new, device=self.device)
+    positions = (self.lengths.max() + offsets).expand_as(step.positions)
+    return dataclasses.replace(step, positions=positions.clamp(max=self.config.n_ctx - 1))
+
+
+def _plan_attends_padding(self: Any, T_new: int, lengths: Any = None) -> Any:
+    import dataclasses
+
+    step = _ORIGINAL_PLAN(self, T_new, lengths)
+    if step.start is not None or T_new != 1:
+        return step
+    # a one-token step sees every slot written so far: a shorter row also attends to the
+    # padding its prompt was filled up with
+    return dataclasses.replace(step, mask=torch.ones_like(step.mask))
+
+
+def _uniform_or_longest(self: Any) -> int:
+    # the batch's longest length stands in for every row's once the rows differ
+    return self._uniform if self._uniform is not None else self._bound
+
+
+def _append_at_longest(self: Any, layer: int, K: Tensor, V: Tensor) -> Any:
+    t = _uniform_or_longest(self)
+    return self._write_from(layer, K, V, t, t + 1)
+
+
+def _appended_at_longest(self: Any) -> None:
+    self.lengths += 1
+    if self._uniform is not None:
+        self._uniform += 1
+    self._bound = min(self._bound + 1, self.max_len)
+
+
 def _originals() -> tuple[Any, Any, Any, Any, Any]:
     from gptspec.fast import generate as gen
     from gptspec.fast.bf16_gemv import BlockedWeight
@@ -396,6 +445,15 @@ def _originals() -> tuple[Any, Any, Any, Any, Any]:
 
 (_ORIGINAL_SAMPLING, _ORIGINAL_PLAN, _ORIGINAL_PACKED_PRODUCT, _ORIGINAL_APPEND,
  _ORIGINAL_GEMV) = _originals()
+
+
+def _decode_originals() -> Any:
+    from gptspec.fast.decode import DecodeStep
+
+    return DecodeStep.__init__
+
+
+_ORIGINAL_DECODE_INIT = _decode_originals()
 
 
 # --- the tokenizer bugs ---------------------------------------------------------------------
@@ -445,6 +503,77 @@ class _DecodeWraps(Tokenizer):
     def decode(self, ids: Any) -> str:
         return super().decode([i % self._n_bpe if i >= self.vocab_size or i < 0 else i
                                for i in ids])
+
+
+# GPT-2's pattern with one alternative changed, as a backend author might write it
+_GPT2_CASE_INSENSITIVE = ref_tok.GPT2_PATTERN.replace("'s|'t|'re|'ve|'m|'ll|'d",
+                                                      "(?i:'s|'t|'re|'ve|'m|'ll|'d)", 1)
+_GPT2_DIGITS_BY_THREE = ref_tok.GPT2_PATTERN.replace(r" ?\p{N}+", r" ?\p{N}{1,3}", 1)
+
+
+class _PatternSlip(Tokenizer):
+    """Encodes with ``SLIP`` where GPT-2's pattern is configured (chunk by chunk, no
+    tiktoken)."""
+
+    SLIP = ref_tok.GPT2_PATTERN
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.pattern == ref_tok.GPT2_PATTERN:
+            self._encoding = None
+            self._compiled = regex.compile(self.SLIP)
+
+
+class _ContractionsAnyCase(_PatternSlip):
+    SLIP = _GPT2_CASE_INSENSITIVE
+
+
+class _DigitsByThree(_PatternSlip):
+    SLIP = _GPT2_DIGITS_BY_THREE
+
+
+class _WhitespaceCutAsciiOnly(Tokenizer):
+    """GPT-2's lookahead-free form, with the whitespace runs cut where only ASCII white
+    space counts as white space (Unicode's other spaces are never cut before)."""
+
+    def _encode_tiktoken(self, text: str) -> list[int]:
+        if not self._cut_runs:
+            return super()._encode_tiktoken(text)
+        assert self._encoding is not None
+        space = [c in " \t\n\r\x0b\x0c" for c in text]
+        cuts = [i for i in range(1, len(text) - 1)
+                if space[i - 1] and space[i] and not space[i + 1]]
+        ids: list[int] = []
+        for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+            ids += self._encoding.encode_ordinary(text[a:b])
+        return ids
+
+
+class _LookaheadDropped(Tokenizer):
+    """GPT-2's pattern run in its lookahead-free form (\\s+ for \\s+(?!\\S)) without
+    cutting the whitespace runs first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cut_runs = False
+
+
+class _DecodeIgnoresInvalid(Tokenizer):
+    def decode(self, ids: Any) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="ignore")
+
+
+def _one_replacement_per_byte(err: UnicodeError) -> tuple[str, int]:
+    assert isinstance(err, UnicodeDecodeError)
+    return "\ufffd" * (err.end - err.start), err.end
+
+
+codecs.register_error("gptspec-mutant-per-byte", _one_replacement_per_byte)
+
+
+class _DecodeReplacesEachByte(Tokenizer):
+    def decode(self, ids: Any) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="gptspec-mutant-per-byte")
 
 
 class _TokenizerMutant(FastTokenizerBackend):
@@ -725,6 +854,31 @@ MUTANTS: tuple[Mutant, ...] = (
            "The batch-1 bfloat16 GEMV kernel skips the last two columns of x (and of A).",
            elsewhere={"gptspec.fast.bf16_gemv.BlockedWeight.__call__":
                       _gemv_without_last_column_pair}, dtype="bfloat16"),
+    Mutant("decode_step_guide_product_as_two_layer_ffn", ("ffn_guide_product", "generate"),
+           "generation", "The decoding step takes the Guide's product FFN for a two-layer "
+           "ReLU FFN (relu(x W_1 + b_1) W_2 + b_2) instead of leaving it to the model.",
+           elsewhere={"gptspec.fast.decode._ACTIVATION": {
+               "relu": ops.relu, "gelu": ops.gelu, "gelu_tanh": ops.gelu_tanh,
+               "guide_product": ops.relu}}),
+    Mutant("decode_step_post_ln_as_pre_ln", ("block_post_ln", "generate"), "generation",
+           "The decoding step's residual form for a post-LN block is the pre-LN one.",
+           elsewhere={"gptspec.fast.decode.DecodeStep.__init__":
+                      _decode_step_post_ln_as_pre_ln}),
+    _gen("ragged_positions_from_padded_length", ("kv_cache_attention", "generate"),
+         "Once a batch's sequences differ in length, every new token takes the position "
+         "after the longest one (counted from the padded start).",
+         gptspec__fast__kv_cache__KVCache__plan=_plan_positions_from_padded_length),
+    _gen("ragged_cache_attends_padding", ("kv_cache_attention", "generate"),
+         "A one-token step of a ragged batch attends to every cached slot, the padding "
+         "of the shorter prompts included.",
+         gptspec__fast__kv_cache__KVCache__plan=_plan_attends_padding),
+    Mutant("ragged_decode_step_at_longest_length", ("kv_cache_attention", "generate"),
+           "generation", "The cache reports the longest length as everyone's: the decoding "
+           "step writes and places every row's token there.",
+           elsewhere={"gptspec.fast.kv_cache.KVCache.uniform_length":
+                      property(_uniform_or_longest),
+                      "gptspec.fast.kv_cache.KVCache.append": _append_at_longest,
+                      "gptspec.fast.kv_cache.KVCache.appended": _appended_at_longest}),
     _train("tied_gradient_from_one_use", ("tied_embedding_accumulation",),
            "The tied W_E gets the gradient of its embedding use only; the unembedding's "
            "contribution H_fᵀ G_Z is dropped.",
@@ -775,6 +929,25 @@ MUTANTS: tuple[Mutant, ...] = (
     _tok("special_tokens_always_allowed", ("split_special",),
          "A special token's text is encoded as its id even where it is not allowed.",
          tokenizer=_SpecialAlwaysAllowed),
+    _tok("contractions_case_insensitive", ("pretokenize",),
+         "GPT-2's pattern matches its contractions in any case ('S, 'LL as one chunk).",
+         tokenizer=_ContractionsAnyCase),
+    _tok("digits_grouped_by_three", ("pretokenize",),
+         "GPT-2's pattern cuts digit runs into groups of three (the cl100k-style rule).",
+         tokenizer=_DigitsByThree),
+    _tok("whitespace_cut_ascii_only", ("pretokenize",),
+         "The lookahead-free GPT-2 pattern's cut before a whitespace run's last character "
+         "knows only ASCII white space (U+3000, U+00A0, … runs stay whole).",
+         tokenizer=_WhitespaceCutAsciiOnly),
+    _tok("whitespace_lookahead_dropped", ("pretokenize",),
+         "GPT-2's \\s+(?!\\S) run as \\s+ without the cut: a space run keeps its last "
+         "space from the word after it.", tokenizer=_LookaheadDropped),
+    _tok("decode_ignores_invalid_bytes", ("decode",),
+         "decode drops ill-formed UTF-8 (errors='ignore') instead of replacing it.",
+         tokenizer=_DecodeIgnoresInvalid),
+    _tok("decode_replaces_each_invalid_byte", ("decode",),
+         "decode puts one U+FFFD per ill-formed byte, not per maximal subpart.",
+         tokenizer=_DecodeReplacesEachByte),
     _tok("decode_wraps_out_of_range", ("decode",),
          "decode maps an id outside the vocabulary modulo its size instead of refusing it.",
          tokenizer=_DecodeWraps),

@@ -149,3 +149,13 @@ def model_cases(draw, dtype: str = "float64", **config_kwargs
     """A configuration, its parameters and a batch of tokens."""
     config = draw(configs(**config_kwargs))
     return config, draw(parameter_recipes(config, dtype)), draw(token_arrays(config))
+
+
+@st.composite
+def ragged_prompts(draw, config: GPTConfig, max_prompts: int = 4) -> list[list[int]]:
+    """2 … max_prompts prompts, all shorter than n_ctx, of at least two different
+    lengths (a ragged batch: padding, or per-sequence lengths, are needed to batch them)."""
+    lengths = draw(st.lists(st.integers(1, config.n_ctx - 1), min_size=2, max_size=max_prompts)
+                   .filter(lambda ls: len(set(ls)) > 1), label="lengths")
+    token = st.integers(0, config.vocab_size - 1)
+    return [draw(st.lists(token, min_size=n, max_size=n)) for n in lengths]

@@ -222,8 +222,9 @@ def decode(ids: Iterable[int], merges: Sequence[Pair],
            special_tokens: Mapping[str, int] | None = None,
            base: Sequence[int] = IDENTITY_BASE) -> str:
     """Tokens → text: concatenate the tokens' bytes (a special token's bytes are its text
-    in UTF-8) and decode as UTF-8, each invalid byte sequence becoming U+FFFD (a token
-    sequence cut in the middle of a character is not an error)."""
+    in UTF-8) and decode as UTF-8, each maximal subpart of an ill-formed sequence becoming
+    one U+FFFD (the spec's decision; Python's errors="replace" implements exactly that
+    practice). A token sequence cut in the middle of a character is not an error."""
     vocab = token_bytes(merges, base)
     special_bytes = {i: s.encode("utf-8") for s, i in (special_tokens or {}).items()}
     out = bytearray()

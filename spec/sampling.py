@@ -318,7 +318,11 @@ def sample_token(q, u=sp.S.Half):
           "on tokens at or before it (causality of every layer). So a generation step may keep "
           "each layer's K and V from earlier steps and compute only the new row: the logits "
           "equal those of the full forward on the whole context. The identity holds while "
-          "positions do not move, i.e. until the context is cropped (crop_context).",
+          "positions do not move, i.e. until the context is cropped (crop_context). In a "
+          "batch of sequences of different lengths t_b, the identity holds per sequence: "
+          "the new token of sequence b sits at position t_b (its own length, not the "
+          "batch's longest) and attends to exactly its own cached positions 0…t_b; slots "
+          "that padding fills are never attended (see generate).",
     sympy_inputs=(("q", "(1, m)"), ("K", "(n, m)"), ("V", "(n, m)")),
 )
 def kv_cache_attention(q, K, V):
@@ -401,6 +405,24 @@ def stop_condition(token, n, max_new_tokens, eot_token=None):
     ),
     sources=(Source(BLUEPRINT, "sec. 4, steps 1–5 and eq 1"),),
     reference="generate",
+    decisions=(
+        Decision(
+            question="What does generating a batch of prompts of different lengths mean?",
+            readings=(Reading(Source(BLUEPRINT, "sec. 4, steps 1–5"),
+                              "the loop for one sequence; batches are not discussed"),),
+            decision="Each sequence as if generated alone: the tokens (and logits) of "
+                     "prompt b in a batch are those of generate on prompt b by itself. "
+                     "Positions count from each sequence's own first token, each stops on "
+                     "its own condition, and each is cropped on its own. Padding (left or "
+                     "right), row order, the cache's layout and which steps share a forward "
+                     "call are implementation details. With sampling, how the draws of "
+                     "one seeded generator are shared among the sequences is the "
+                     "backend's (the same seed reproduces its tokens); each draw still "
+                     "comes from that sequence's own distribution.",
+            why="A batch is a way to use the hardware, not a different model: a prompt "
+                "must not get other text for having neighbours.",
+        ),
+    ),
     notes="This is the definition: the full forward pass recomputed on the (cropped) context "
           "at every step, no cache. A cached implementation must give the same logits within "
           "rounding (kv_cache_attention) and, for greedy decoding, the same tokens.",

@@ -22,7 +22,7 @@ import regex
 import sympy as sp
 
 from gptspec.spec.equation import Decision, Reading, Symbol, equation
-from gptspec.spec.sources import NOTES, POST, RADFORD_2019, SENNRICH_2016, Source
+from gptspec.spec.sources import NOTES, POST, RADFORD_2019, SENNRICH_2016, UNICODE_15, Source
 
 GPT2_PATTERN = (
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -331,9 +331,39 @@ def encode(s, merges, P=GPT2_PATTERN, special_tokens=None, allowed=()):
     symbols=(Symbol("x_t", "()", "token ids"),),
     sources=(Source(NOTES, "sec. 1.2"), Source(RADFORD_2019, "sec. 2.2")),
     reference="decode",
-    notes="decode(encode(s)) = s for every string s. Byte sequences that are not UTF-8 "
-          "(a sequence cut inside a character) decode with U+FFFD in their place; an id "
-          "outside the vocabulary is an error.",
+    decisions=(Decision(
+        question="What text do token ids give whose bytes are not UTF-8?",
+        readings=(
+            Reading(Source(NOTES, "sec. 1.2"),
+                    "decoding is the inverse of encoding: defined on what encode produces, "
+                    "silent on other token sequences"),
+            Reading(Source(RADFORD_2019, "sec. 2.2"),
+                    "byte-level BPE: any byte sequence is a token sequence, so some token "
+                    "sequences (a character cut between two tokens) spell no text"),
+            Reading(Source(UNICODE_15, "sec. 3.9, U+FFFD Substitution of Maximal Subparts"),
+                    "a decoder may replace ill-formed subsequences by U+FFFD; the recommended "
+                    "practice replaces each maximal subpart by one U+FFFD"),
+        ),
+        decision="Every well-formed character is kept, and each maximal subpart of an "
+                 "ill-formed subsequence becomes one U+FFFD: scanning left to right, where "
+                 "no well-formed sequence (Table 3-7) continues, the longest prefix of one "
+                 "that was read is replaced, or the single byte where none can start "
+                 "(80–BF alone, C0, C1, F5–FF). Python's bytes.decode('utf-8', "
+                 "errors='replace') is exactly this. So E4 B8 (a character cut short, "
+                 "also at the end) gives one U+FFFD; C0 80 (overlong) two; ED A0 80 (an "
+                 "encoded surrogate) three; F4 90 80 80 (above U+10FFFF) four. Not one "
+                 "U+FFFD per byte, not dropping the bytes, not an error, not surrogate "
+                 "escapes.",
+        why="Generation stops wherever the token limit falls, often inside a character: "
+            "decoding must not fail. Replacing rather than dropping keeps the damage "
+            "visible; the maximal-subpart count is the Unicode Standard's recommended "
+            "practice and what Python's and the WHATWG Encoding Standard's UTF-8 decoders "
+            "do, so the text is the same whichever decoder a user reaches for.",
+    ),),
+    notes="decode(encode(s)) = s for every string s. An id outside the vocabulary is an "
+          "error. Byte sequences that are not UTF-8 decode as the decision says; "
+          "tokens are concatenated before decoding, so a character split across two "
+          "tokens decodes whole.",
 )
 def decode(x, merges, special_tokens=None):
     vocab = dict(enumerate(token_bytes.sympy(merges)))

@@ -214,7 +214,7 @@ def run_tokenizer_checks(backend, *ids, profile="quick"):
 
 
 def test_tokenizer_checks_are_registered_for_the_entries():
-    assert len(TOKENIZER_CHECKS) == 8
+    assert len(TOKENIZER_CHECKS) == 9
     covered = {e for c in all_checks("tokenizer") for e in c.entries}
     assert {"train", "encode", "decode", "bpe_chunk", "split_special", "byte_tokens",
             "token_bytes", "bytes_to_unicode"} <= covered
