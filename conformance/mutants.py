@@ -532,7 +532,7 @@ class _TorchWithTokenizer(TorchBackend):
 # path, so toy shapes (≤ 64 keys, d_k ≤ 64, vocabularies < 2¹⁶) never reach it.
 
 KEY_TILE = 64
-SOFTMAX_BLOCK = 128
+SOFTMAX_BLOCK = 64
 WIDEST_TUNED_HEAD = 64
 _ORIGINAL_UNEMBED_TIED = ops.unembed_tied
 
@@ -569,7 +569,7 @@ def _sdpa_scale_capped_at_64(Q: Tensor, K: Tensor, V: Tensor, M: Tensor | None =
 
 
 def _softmax_online_max_not_rescaled(z: Tensor, axis: int = -1) -> Tensor:
-    # online softmax over blocks of 128: the running sum is not rescaled when a later
+    # online softmax over blocks of 64: the running sum is not rescaled when a later
     # block raises the running maximum
     acc = ops.accumulation_dtype(z.dtype)
     x = z.to(acc).movedim(axis, -1)
@@ -761,7 +761,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "Attention scaled by 1/√64 for every head wider than 64 (a kernel tuned up to "
          "d_k = 64).", scaled_dot_product_attention=_sdpa_scale_capped_at_64),
     _fwd("online_softmax_max_not_rescaled", "softmax",
-         "Online softmax over blocks of 128: the running sum is not rescaled when a later "
+         "Online softmax over blocks of 64: the running sum is not rescaled when a later "
          "block raises the maximum.", softmax=_softmax_online_max_not_rescaled),
     _fwd("token_ids_wrap_at_65536", "token_embedding",
          "Token ids held in 16 bits: id 65536 + k embeds as k.",

@@ -135,8 +135,9 @@ KERNEL_BLOCKS = (64, 128, 256, 1024)
 BOUNDARY_LENGTHS = tuple(b + k for b in KERNEL_BLOCKS for k in (-1, 0, 1))
 # GPT-2's 64, the 80/96/128 of larger models, and two no kernel is tuned for
 HEAD_WIDTHS = (64, 80, 96, 128, 72, 17)
-# past 1024, GPT-2's 50257, and around 2¹⁶ (ids that no longer fit 16 bits)
-VOCAB_SIZES = (1025, 50257, 65535, 65536, 65537)
+# past 1024, GPT-2's 50257, around 2¹⁶ (ids that no longer fit 16 bits), and the 100277
+# and 128256 of later tokenizers
+VOCAB_SIZES = (1025, 50257, 65535, 65536, 65537, 100277, 128256)
 # the probability of a size from a boundary set rather than a small one: with the default
 # profile's 30 examples a check draws about 10 boundary sizes, each of the 4 block sizes
 # two or three times; big shapes stay the minority, and thorough draws ~65
@@ -144,14 +145,23 @@ BIG_SHARE = 1 / 3
 
 
 def big(share: float | None = None) -> st.SearchStrategy[bool]:
-    """True with probability ``share`` (None: BIG_SHARE, read when drawn, so that a test
-    can set it to 0 for toy sizes only); shrinks to False."""
+    """True with probability ``share`` (None: BIG_SHARE); shrinks to False. BIG_SHARE is
+    read when drawn, and 0 turns every boundary size off (toy sizes only, for tests)."""
     slots = 60
 
     def is_big(i: int) -> bool:
+        if BIG_SHARE == 0:
+            return False
         return i >= round(slots * (1 - (BIG_SHARE if share is None else share)))
 
     return st.integers(0, slots - 1).map(is_big)
+
+
+def _spread_index(n: int) -> st.SearchStrategy[int]:
+    """An index below n, spread evenly: a wide integer reduced mod n (Hypothesis draws
+    small ranges, as sampled_from does, with a strong pull toward their first values and
+    repeats them; the boundary values must each come up); shrinks to 0."""
+    return st.integers(0, 2**16 - 1).map(lambda i: i % n)
 
 
 @st.composite
@@ -159,7 +169,7 @@ def sized(draw, small: st.SearchStrategy[int], boundary: tuple[int, ...],
           share: float | None = None, label: str = "size") -> int:
     """A small size, or with probability ``share`` one of ``boundary``."""
     if draw(big(share), label=f"{label} at a boundary"):
-        return draw(st.sampled_from(boundary), label=label)
+        return boundary[draw(_spread_index(len(boundary)), label=label)]
     return draw(small, label=label)
 
 
@@ -190,7 +200,8 @@ def shapes(draw, small: tuple[int, ...], boundary: tuple[tuple[int, ...], ...],
     times one big size (for products whose every axis may be big)."""
     lows = min_sizes or (1,) * len(small)
     axis = draw(sized(st.just(-1), tuple(range(len(small))), share, "big axis"))
-    return tuple(draw(st.sampled_from(boundary[i]), label=f"axis {i}") if i == axis
+    return tuple(boundary[i][draw(_spread_index(len(boundary[i])), label=f"axis {i}")]
+                 if i == axis
                  else draw(st.integers(lows[i], small[i]), label=f"axis {i}")
                  for i in range(len(small)))
 
