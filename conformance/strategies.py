@@ -140,7 +140,7 @@ HEAD_WIDTHS = (64, 80, 96, 128, 72, 17)
 VOCAB_SIZES = (1025, 50257, 65535, 65536, 65537, 100277, 128256)
 # the probability of a size from a boundary set rather than a small one: with the default
 # profile's 30 examples a check draws about 10 boundary sizes, each of the 4 block sizes
-# two or three times; big shapes stay the minority, and thorough draws ~65
+# two or three times; big shapes stay the minority, and thorough draws 70 to 90
 BIG_SHARE = 1 / 3
 
 
