@@ -96,8 +96,9 @@ def one_hot(backend, ctx):
        budget=EXACT)
 def token_embedding(backend, ctx):
     """token_embedding(x, W_E) selects rows of W_E exactly."""
-    @ctx.given(V=vocab_sizes(30), d=lengths(16), data=st.data())
-    def _(V, d, data):
+    @ctx.given(dims=shapes((30, 16), (VOCAB_SIZES, BOUNDARY_LENGTHS)), data=st.data())
+    def _(dims, data):
+        V, d = dims
         W = _draw(data, (V, d), ctx)
         tokens = data.draw(token_ids(V))
         _check_exact(ctx, "token_embedding", (tokens, W), ref.token_embedding(tokens, W))
