@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,15 +225,54 @@ def _zero(x) -> Array:
     return np.zeros(np.shape(x))
 
 
+class _ScaleFactor:
+    """The right factor B ≥ 0 of products A @ B that only set error scales, prepared once
+    for many left factors. A large product (a GPT-2 unembedding's) runs in float32: its
+    relative rounding, at most n·2⁻²⁴ for non-negative terms, is immaterial to a scale
+    that sets a budget of λ = 6 of it, and it runs at twice float64's speed. Each row of
+    A and column of B is divided by its largest entry first, so that nothing overflows
+    and no row's terms underflow for the size of another's (a term below 10⁻³⁸ of its
+    row's largest is negligible beside it)."""
+
+    SMALL = 2**27  # multiply-adds: smaller products stay in float64
+
+    def __init__(self, B: Array) -> None:
+        self.B = np.asarray(B, dtype=np.float64)
+        self._scaled: tuple[Array, Array] | None = None
+
+    def product(self, A: Array) -> Array:
+        A = np.asarray(A, dtype=np.float64)
+        if A.size * self.B.shape[-1] < self.SMALL:
+            return A @ self.B
+        if self._scaled is None:
+            cb = np.max(self.B, axis=-2, keepdims=True)
+            cb = np.where(cb > 0, cb, 1.0)
+            self._scaled = ((self.B / cb).astype(np.float32), cb)
+        B32, cb = self._scaled
+        ra = np.max(A, axis=-1, keepdims=True)
+        ra = np.where(ra > 0, ra, 1.0)
+        return ((A / ra).astype(np.float32) @ B32).astype(np.float64) * ra * cb
+
+
+def _linear_scales(W, b) -> tuple[_ScaleFactor, _ScaleFactor, Array | float, int]:
+    """What linear_bound needs of W and b: |W| and W² as scale factors, |b|, n."""
+    W = np.asarray(W, dtype=np.float64)
+    absb = 0.0 if b is None else np.abs(b)
+    return (_ScaleFactor(np.abs(W)), _ScaleFactor(np.square(W)), absb,
+            W.shape[0] + (0 if b is None else 1))
+
+
+def _linear_error(x, ex, scales, y, p: Precision) -> Array:
+    abs_w, square_w, absb, n = scales
+    inherited = np.sqrt(square_w.product(np.square(ex)))
+    local = p.sum_scale(n) * (abs_w.product(np.abs(x)) + absb)
+    return _q(inherited, local, p.store(y))
+
+
 def linear_bound(x, ex, W, b, p: Precision) -> tuple[Array, Array]:
     """y = xW + b: inherited √(ex² W²), the inner product's √n·u(|x||W| + |b|), storage."""
     y = ref.linear(x, W, b)
-    W = np.asarray(W, dtype=np.float64)
-    absb = 0.0 if b is None else np.abs(b)
-    n = W.shape[0] + (0 if b is None else 1)
-    inherited = np.sqrt(np.square(ex) @ np.square(W))
-    local = p.sum_scale(n) * (np.abs(x) @ np.abs(W) + absb)
-    return y, _q(inherited, local, p.store(y))
+    return y, _linear_error(x, ex, _linear_scales(W, b), y, p)
 
 
 def _slope(name: str, x: Array) -> Array:
@@ -398,11 +438,32 @@ def hidden_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> tuple
     return H, eH
 
 
-def gpt_forward_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> Array:
-    """The error scale of every logit of the whole model."""
-    H, eH = hidden_bound(tokens, params, config, p)
+def output_bound(H, eH, params: dict, config: GPTConfig, p: Precision) -> Array:
+    """The logits' error scale from the last hidden state's (any subset of positions)."""
     if config.tied_embeddings:
         _, e = linear_bound(H, eH, np.asarray(params["wte"]).T, None, p)
     else:
         _, e = linear_bound(H, eH, params["w_u"], params.get("b_u"), p)
     return e
+
+
+def output_bound_blocks(H, eH, params: dict, config: GPTConfig, p: Precision, rows: int
+                        ) -> Iterator[tuple[slice, Array, Array]]:
+    """output_bound ``rows`` positions at a time, for a vocabulary too large to hold every
+    float64 logit and its error scale at once (|W| and W² prepared once): yields the
+    positions, their logits (the unembedding of H, by ref.linear) and error scales."""
+    if config.tied_embeddings:
+        W, b = np.asarray(params["wte"]).T, None
+    else:
+        W, b = params["w_u"], params.get("b_u")
+    scales = _linear_scales(W, b)
+    for start in range(0, np.shape(H)[-2], rows):
+        at = slice(start, start + rows)
+        y = ref.linear(H[..., at, :], W, b)
+        yield at, y, _linear_error(H[..., at, :], eH[..., at, :], scales, y, p)
+
+
+def gpt_forward_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> Array:
+    """The error scale of every logit of the whole model."""
+    H, eH = hidden_bound(tokens, params, config, p)
+    return output_bound(H, eH, params, config, p)

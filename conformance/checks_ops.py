@@ -4,6 +4,14 @@ Every check draws inputs (adversarial flavours included, see strategies), rounds
 the backend's dtype, calls the backend's operation of the same name as the reference
 function, and compares with the reference on the same rounded inputs: exactly for the
 maps that do no arithmetic, within the derived budget (budgets.py) for the rest.
+
+Sizes: besides small shapes, every check draws (a third of the time) sizes at real
+kernels' boundaries: lengths, key counts and row lengths around 64, 128, 256 and 1024,
+head widths of 64 to 128 and odd ones, vocabularies of 1025 to 65537 (strategies'
+``lengths``, ``head_widths``, ``vocab_sizes``, ``shapes``). Where the product of the
+sizes would make the reference slow, one axis at a time is big (``shapes``). The
+softmax-like operations and LayerNorm also draw magnitudes at the edges of the dtype's
+range (``EDGE_FLAVOURS``), as their spec entries ask.
 """
 
 from __future__ import annotations
@@ -15,20 +23,48 @@ from hypothesis import strategies as st
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.registry import check
-from gptspec.conformance.strategies import FLAVOURS, arrays
+from gptspec.conformance.strategies import (
+    BOUNDARY_LENGTHS,
+    EDGE_FLAVOURS,
+    FLAVOURS,
+    HEAD_WIDTHS,
+    VOCAB_SIZES,
+    arrays,
+    edge_scale,
+    head_widths,
+    lengths,
+    shapes,
+    token_ids,
+    vocab_sizes,
+)
 
 EXACT = "exact: the map does no arithmetic, so any rounding is a bug"
 LINEAR = "λ·(√n·u·(|x||W| + |b|) ⊕ u|y|), n = d_in (+1 for the bias)"
 SOFTMAX = "λ·y·((4 + √n)·u ⊕ u|z − max z|), n = row length"
 
 
-def _dims(max_t: int = 8, max_d: int = 24):
-    return st.tuples(st.integers(1, max_t), st.integers(1, max_d))
+# Row-wise maps are cheap at any size: they draw a boundary shape half the time.
+ROW_WISE_SHARE = 1 / 2
 
 
-def _draw(data, shape, ctx, flavours=FLAVOURS, scale=1.0) -> np.ndarray:
-    """An array of ``shape`` rounded to the backend's dtype."""
-    x = data.draw(arrays(tuple(shape), ctx.precision.dtype, flavours, scale), label="array")
+def _rows(max_n: int = 40, boundary=BOUNDARY_LENGTHS):
+    """(rows, n) for a map over rows of length n: 1–8 rows (independent of each other),
+    n small or, half the time, at a boundary (where blocked and online kernels split a
+    row)."""
+    return st.tuples(st.integers(1, 8), lengths(max_n, ROW_WISE_SHARE, boundary=boundary))
+
+
+def _dims(max_t: int = 8, max_d: int = 24, rows=BOUNDARY_LENGTHS, cols=BOUNDARY_LENGTHS,
+          share=None):
+    """(T, d): each small, or one of them at a boundary."""
+    return shapes((max_t, max_d), (rows, cols), share)
+
+
+def _draw(data, shape, ctx, flavours=FLAVOURS, scale=1.0, n=None, edge=None) -> np.ndarray:
+    """An array of ``shape`` rounded to the backend's dtype (``n``: the inner length the
+    "large" flavour leaves room for; ``edge``: the "overflow_edge" flavour's magnitude)."""
+    x = data.draw(arrays(tuple(shape), ctx.precision.dtype, flavours, scale, n, edge),
+                  label="array")
     return B.round_to(x, ctx.precision.dtype)
 
 
@@ -50,9 +86,9 @@ def _check_exact(ctx, name: str, args: tuple, expected) -> None:
 @check("one_hot.differential", entries="one_hot", ops=("one_hot",), budget=EXACT)
 def one_hot(backend, ctx):
     """one_hot(x, V) equals the reference exactly: row t is the indicator of x_t."""
-    @ctx.given(V=st.integers(1, 30), data=st.data())
+    @ctx.given(V=vocab_sizes(30), data=st.data())
     def _(V, data):
-        tokens = np.array(data.draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=12)))
+        tokens = data.draw(token_ids(V))
         _check_exact(ctx, "one_hot", (tokens, V), ref.one_hot(tokens, V))
 
 
@@ -60,10 +96,13 @@ def one_hot(backend, ctx):
        budget=EXACT)
 def token_embedding(backend, ctx):
     """token_embedding(x, W_E) selects rows of W_E exactly."""
-    @ctx.given(V=st.integers(1, 30), d=st.integers(1, 16), data=st.data())
-    def _(V, d, data):
+    # a lookup is cheap at any size: a boundary shape half the time, like the row-wise maps
+    @ctx.given(dims=shapes((30, 16), (VOCAB_SIZES, BOUNDARY_LENGTHS), ROW_WISE_SHARE),
+               data=st.data())
+    def _(dims, data):
+        V, d = dims
         W = _draw(data, (V, d), ctx)
-        tokens = np.array(data.draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=12)))
+        tokens = data.draw(token_ids(V))
         _check_exact(ctx, "token_embedding", (tokens, W), ref.token_embedding(tokens, W))
 
 
@@ -71,10 +110,11 @@ def token_embedding(backend, ctx):
        ops=("token_embedding_one_hot",), budget=EXACT + " (a one-hot product adds only zeros)")
 def token_embedding_one_hot(backend, ctx):
     """X W_E with one-hot rows X equals the reference exactly."""
-    @ctx.given(V=st.integers(1, 30), d=st.integers(1, 16), data=st.data())
-    def _(V, d, data):
+    @ctx.given(dims=shapes((30, 16), (VOCAB_SIZES, BOUNDARY_LENGTHS)), data=st.data())
+    def _(dims, data):
+        V, d = dims
         W = _draw(data, (V, d), ctx)
-        tokens = np.array(data.draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=12)))
+        tokens = data.draw(token_ids(V))
         X = ref.one_hot(tokens, V)
         _check_exact(ctx, "token_embedding_one_hot", (X, W), ref.token_embedding_one_hot(X, W))
 
@@ -83,10 +123,12 @@ def token_embedding_one_hot(backend, ctx):
        ops=("positional_embedding",), budget=EXACT)
 def positional_embedding(backend, ctx):
     """positional_embedding(T, W_P) is the first T rows of W_P, exactly."""
-    @ctx.given(n_ctx=st.integers(1, 16), d=st.integers(1, 16), data=st.data())
+    @ctx.given(n_ctx=lengths(16), d=lengths(16), data=st.data())
     def _(n_ctx, d, data):
         W = _draw(data, (n_ctx, d), ctx)
-        T = data.draw(st.integers(1, n_ctx), label="T")
+        T = data.draw(lengths(min(n_ctx, 16), 1 / 2,
+                              boundary=tuple(b for b in BOUNDARY_LENGTHS if b <= n_ctx)
+                              or (n_ctx,)), label="T")
         _check_exact(ctx, "positional_embedding", (T, W), ref.positional_embedding(T, W))
 
 
@@ -96,7 +138,7 @@ def input_representation(backend, ctx):
     """e + p within one rounding of the sum."""
     @ctx.given(dims=_dims(), data=st.data())
     def _(dims, data):
-        E, P = _draw(data, dims, ctx), _draw(data, dims, ctx)
+        E, P = _draw(data, dims, ctx, n=1), _draw(data, dims, ctx, n=1)
         y, e = B.add_bound(E, 0 * E, P, 0 * P, ctx.precision)
         _check_against(ctx, "input_representation", (E, P), y, e)
 
@@ -107,11 +149,13 @@ def input_representation(backend, ctx):
 @check("linear.differential", entries="linear", ops=("linear",), budget=LINEAR)
 def linear(backend, ctx):
     """x W + b within √n·u of the inner products' absolute values."""
-    @ctx.given(dims=_dims(), d_out=st.integers(1, 24), with_bias=st.booleans(), data=st.data())
-    def _(dims, d_out, with_bias, data):
-        x = _draw(data, dims, ctx)
-        W = _draw(data, (dims[1], d_out), ctx, scale=0.3)
-        b = _draw(data, (d_out,), ctx) if with_bias else None
+    @ctx.given(dims=shapes((8, 24, 24), (BOUNDARY_LENGTHS,) * 3), with_bias=st.booleans(),
+               data=st.data())
+    def _(dims, with_bias, data):
+        T, d_in, d_out = dims
+        x = _draw(data, (T, d_in), ctx, n=d_in + 1)
+        W = _draw(data, (d_in, d_out), ctx, scale=0.3, n=d_in + 1)
+        b = _draw(data, (d_out,), ctx, n=d_in + 1) if with_bias else None
         y, e = B.linear_bound(x, 0 * x, W, b, ctx.precision)
         _check_against(ctx, "linear", (x, W, b), y, e)
 
@@ -123,9 +167,9 @@ def qkv_projection(backend, ctx):
     @ctx.given(dims=_dims(), data=st.data())
     def _(dims, data):
         T, d = dims
-        H = _draw(data, (T, d), ctx)
-        W = _draw(data, (d, 3 * d), ctx, scale=0.3)
-        b = _draw(data, (3 * d,), ctx)
+        H = _draw(data, (T, d), ctx, n=d + 1)
+        W = _draw(data, (d, 3 * d), ctx, scale=0.3, n=d + 1)
+        b = _draw(data, (3 * d,), ctx, n=d + 1)
         y, e = B.linear_bound(H, 0 * H, W, b, ctx.precision)
         got = ctx.op("qkv_projection")(H, W, b)
         ctx.require(isinstance(got, (tuple, list)) and len(got) == 3,
@@ -140,7 +184,7 @@ def qkv_projection(backend, ctx):
        ops=("split_heads", "merge_heads"), budget=EXACT)
 def split_merge_heads(backend, ctx):
     """split_heads moves column block i to head i; merge_heads is its exact inverse."""
-    @ctx.given(T=st.integers(1, 8), h=st.integers(1, 4), dk=st.integers(1, 6), data=st.data())
+    @ctx.given(T=lengths(8), h=st.integers(1, 4), dk=head_widths(6), data=st.data())
     def _(T, h, dk, data):
         X = _draw(data, (T, h * dk), ctx)
         split = ctx.op("split_heads")(X, h)
@@ -151,17 +195,18 @@ def split_merge_heads(backend, ctx):
 @check("causal_mask.differential", entries="causal_mask", ops=("causal_mask",), budget=EXACT)
 def causal_mask(backend, ctx):
     """M[i, j] = 0 for j ≤ i and −∞ above the diagonal, exactly."""
-    @ctx.given(T=st.integers(1, 24))
+    @ctx.given(T=lengths(24))
     def _(T):
         _check_exact(ctx, "causal_mask", (T,), ref.causal_mask(T))
 
 
 @check("softmax.differential", entries="softmax", ops=("softmax",), budget=SOFTMAX)
 def softmax(backend, ctx):
-    """softmax over the last axis, near-ties and large magnitudes included."""
-    @ctx.given(dims=_dims(max_d=40), data=st.data())
+    """softmax over the last axis, near-ties and large magnitudes included, up to the
+    dtype's overflow edge (float16: 65504) and down to its subnormals."""
+    @ctx.given(dims=_rows(boundary=BOUNDARY_LENGTHS + VOCAB_SIZES), data=st.data())
     def _(dims, data):
-        z = _draw(data, dims, ctx)
+        z = _draw(data, dims, ctx, FLAVOURS + EDGE_FLAVOURS)
         y, e = B.softmax_bound(z, 0 * z, ctx.precision)
         _check_against(ctx, "softmax", (z,), y, e)
 
@@ -170,9 +215,9 @@ def softmax(backend, ctx):
        budget=SOFTMAX + ", with z − c in place of z − max z")
 def softmax_shifted(backend, ctx):
     """exp(z − c)/Σ exp(z − c) for a shift c with z − c ≤ 0 (no overflow)."""
-    @ctx.given(dims=_dims(max_d=40), data=st.data())
+    @ctx.given(dims=_rows(), data=st.data())
     def _(dims, data):
-        z = _draw(data, dims, ctx)
+        z = _draw(data, dims, ctx, FLAVOURS + EDGE_FLAVOURS)
         c = z.max(axis=-1, keepdims=True) + B.round_to(
             data.draw(st.floats(0, 5), label="extra shift"), ctx.precision.dtype)
         y = ref.softmax_shifted(z, c)
@@ -182,14 +227,15 @@ def softmax_shifted(backend, ctx):
 
 def _qkv(data, ctx, T, dk, Tk=None):
     Tk = T if Tk is None else Tk
-    return (_draw(data, (T, dk), ctx), _draw(data, (Tk, dk), ctx), _draw(data, (Tk, dk), ctx))
+    return (_draw(data, (T, dk), ctx, n=dk), _draw(data, (Tk, dk), ctx, n=dk),
+            _draw(data, (Tk, dk), ctx, n=Tk))
 
 
 @check("attention_scores.differential", entries="attention_scores", ops=("attention_scores",),
        budget="λ·(√d_k·u·|Q||K|ᵀ/√d_k ⊕ u|S|); masked entries exactly −∞")
 def attention_scores(backend, ctx):
     """Q Kᵀ/√d_k + M; masked entries must be exactly −∞."""
-    @ctx.given(T=st.integers(1, 8), dk=st.integers(1, 16), data=st.data())
+    @ctx.given(T=lengths(8), dk=head_widths(16), data=st.data())
     def _(T, dk, data):
         Q, K, _ = _qkv(data, ctx, T, dk)
         M = ref.causal_mask(T)
@@ -203,7 +249,7 @@ def attention_scores(backend, ctx):
        budget="the scores' error propagated through softmax (budgets.attention_bound)")
 def attention_weights(backend, ctx):
     """softmax(Q Kᵀ/√d_k + M) row by row."""
-    @ctx.given(T=st.integers(1, 8), dk=st.integers(1, 16), data=st.data())
+    @ctx.given(T=lengths(8), dk=head_widths(16), data=st.data())
     def _(T, dk, data):
         Q, K, V = _qkv(data, ctx, T, dk)
         M = ref.causal_mask(T)
@@ -216,12 +262,17 @@ def attention_weights(backend, ctx):
        budget="scores → softmax → A V, propagated (budgets.attention_bound)")
 def scaled_dot_product_attention(backend, ctx):
     """softmax(Q Kᵀ/√d_k + M) V, per head, heads as a leading axis."""
-    @ctx.given(h=st.integers(1, 3), T=st.integers(1, 8), dk=st.integers(1, 12), data=st.data())
+    @ctx.given(h=st.integers(1, 3), T=lengths(8), dk=head_widths(12), data=st.data())
     def _(h, T, dk, data):
-        Q, K, V = (_draw(data, (h, T, dk), ctx) for _ in range(3))
+        Q, K, V = (_draw(data, (h, T, dk), ctx, n=n) for n in (dk, dk, T))
         M = ref.causal_mask(T)
         _, _, O, eO = B.attention_bound(Q, 0 * Q, K, 0 * K, V, 0 * V, M, ctx.precision)
         _check_against(ctx, "scaled_dot_product_attention", (Q, K, V, M), O, eO)
+
+
+def _mha_sizes():
+    """(T, h, d_k): T at a boundary, or one or two heads of a real width (not both)."""
+    return shapes((8, 4, 6), (BOUNDARY_LENGTHS, (1, 2), HEAD_WIDTHS))
 
 
 def _mha_inputs(data, ctx, T, h, dk, with_bias):
@@ -241,9 +292,9 @@ def _mha_inputs(data, ctx, T, h, dk, with_bias):
        budget="projection → attention per head → W_O, propagated")
 def multi_head_attention(backend, ctx):
     """Concat(head_1 … head_h) W_O + b_O with the causal mask."""
-    @ctx.given(T=st.integers(1, 8), h=st.integers(1, 4), dk=st.integers(1, 6),
-               with_bias=st.booleans(), data=st.data())
-    def _(T, h, dk, with_bias, data):
+    @ctx.given(sizes=_mha_sizes(), with_bias=st.booleans(), data=st.data())
+    def _(sizes, with_bias, data):
+        T, h, dk = sizes
         args = _mha_inputs(data, ctx, T, h, dk, with_bias)
         y, e = B.multi_head_attention_bound(args[0], 0 * args[0], *args[1:], h, ctx.precision)
         _check_against(ctx, "multi_head_attention", (*args, h), y, e)
@@ -254,9 +305,9 @@ def multi_head_attention(backend, ctx):
        budget="as multi_head_attention (the per-head sum has the same inner lengths)")
 def multi_head_attention_head_sum(backend, ctx):
     """Σ_i head_i W_O⁽ⁱ⁾ + b_O, the residual-stream form."""
-    @ctx.given(T=st.integers(1, 8), h=st.integers(1, 4), dk=st.integers(1, 6),
-               with_bias=st.booleans(), data=st.data())
-    def _(T, h, dk, with_bias, data):
+    @ctx.given(sizes=_mha_sizes(), with_bias=st.booleans(), data=st.data())
+    def _(sizes, with_bias, data):
+        T, h, dk = sizes
         args = _mha_inputs(data, ctx, T, h, dk, with_bias)
         y = ref.multi_head_attention_head_sum(*args, h)
         _, e = B.multi_head_attention_bound(args[0], 0 * args[0], *args[1:], h, ctx.precision)
@@ -269,10 +320,14 @@ def multi_head_attention_head_sum(backend, ctx):
 @check("layer_norm.differential", entries="layer_norm", ops=("layer_norm",),
        budget="λ·(δx̂ from μ's, σ²'s and the root's roundings, √n·u each) (budgets.layer_norm_bound)")
 def layer_norm(backend, ctx):
-    """γ ⊙ (x − μ)/√(σ² + ε) + β, tiny variances included."""
-    @ctx.given(dims=_dims(max_d=32), eps=st.sampled_from((1e-5, 1e-6, 1e-3)), data=st.data())
+    """γ ⊙ (x − μ)/√(σ² + ε) + β, tiny variances included, rows longer than 1024, and
+    magnitudes up to the edge of the dtype's range (float16: 65504) and down to its
+    subnormals."""
+    @ctx.given(dims=_dims(max_d=32, share=ROW_WISE_SHARE),
+               eps=st.sampled_from((1e-5, 1e-6, 1e-3)), data=st.data())
     def _(dims, eps, data):
-        x = _draw(data, dims, ctx)
+        x = _draw(data, dims, ctx, FLAVOURS + EDGE_FLAVOURS,
+                  edge=edge_scale(ctx.precision.dtype, 4 * dims[-1], 2))
         g = _draw(data, dims[-1:], ctx, flavours=("normal",))
         b = _draw(data, dims[-1:], ctx, flavours=("normal",))
         y, e = B.layer_norm_bound(x, 0 * x, g, b, eps, ctx.precision)
@@ -318,9 +373,10 @@ def _ffn_check(variant: str):
            depends_on=("linear.differential", f"{act}.differential"),
            budget="W_1 → activation → W_2 (or the product), propagated (budgets.ffn_bound)")
     def ffn(backend, ctx):
-        @ctx.given(T=st.integers(1, 6), d=st.integers(1, 16), f=st.integers(1, 32),
-                   data=st.data())
-        def _(T, d, f, data):
+        @ctx.given(dims=shapes((6, 16, 32), (BOUNDARY_LENGTHS, HEAD_WIDTHS + (768, 1025),
+                                             BOUNDARY_LENGTHS)), data=st.data())
+        def _(dims, data):
+            T, d, f = dims
             f = d if variant == "guide_product" else f
             x = _draw(data, (T, d), ctx)
             W1, W2 = _draw(data, (d, f), ctx, scale=0.3), _draw(data, (f, d), ctx, scale=0.3)
@@ -345,8 +401,10 @@ ffn_guide_product = _ffn_check("guide_product")
        depends_on=("linear.differential",), budget=LINEAR + ", W = W_Eᵀ")
 def unembed_tied(backend, ctx):
     """H W_Eᵀ: the output map is the embedding, transposed."""
-    @ctx.given(dims=_dims(max_d=16), V=st.integers(1, 30), data=st.data())
-    def _(dims, V, data):
+    @ctx.given(sizes=shapes((8, 16, 30), (BOUNDARY_LENGTHS, BOUNDARY_LENGTHS, VOCAB_SIZES)),
+               data=st.data())
+    def _(sizes, data):
+        *dims, V = sizes
         H = _draw(data, dims, ctx)
         W_E = _draw(data, (V, dims[1]), ctx, scale=0.3)
         y, e = B.linear_bound(H, 0 * H, W_E.T, None, ctx.precision)
@@ -357,9 +415,10 @@ def unembed_tied(backend, ctx):
        depends_on=("linear.differential",), budget=LINEAR)
 def unembed_untied(backend, ctx):
     """H W_U + b_U."""
-    @ctx.given(dims=_dims(max_d=16), V=st.integers(1, 30), with_bias=st.booleans(),
-               data=st.data())
-    def _(dims, V, with_bias, data):
+    @ctx.given(sizes=shapes((8, 16, 30), (BOUNDARY_LENGTHS, BOUNDARY_LENGTHS, VOCAB_SIZES)),
+               with_bias=st.booleans(), data=st.data())
+    def _(sizes, with_bias, data):
+        *dims, V = sizes
         H = _draw(data, dims, ctx)
         W_U = _draw(data, (dims[1], V), ctx, scale=0.3)
         b_U = _draw(data, (V,), ctx) if with_bias else None
@@ -370,10 +429,11 @@ def unembed_untied(backend, ctx):
 @check("next_token_distribution.differential", entries="next_token_distribution",
        ops=("next_token_distribution",), depends_on=("softmax.differential",), budget=SOFTMAX)
 def next_token_distribution(backend, ctx):
-    """softmax of each row of logits."""
-    @ctx.given(dims=_dims(max_d=40), data=st.data())
+    """softmax of each row of logits, vocabularies up to 65537 and logits up to the edge
+    of the dtype's range included."""
+    @ctx.given(dims=_rows(boundary=VOCAB_SIZES), data=st.data())
     def _(dims, data):
-        z = _draw(data, dims, ctx)
+        z = _draw(data, dims, ctx, FLAVOURS + EDGE_FLAVOURS)
         y, e = B.softmax_bound(z, 0 * z, ctx.precision)
         _check_against(ctx, "next_token_distribution", (z,), y, e)
 
@@ -383,10 +443,12 @@ def next_token_distribution(backend, ctx):
        budget="λ·(√Σ_t (u(|z_t − max| + lse + 4) + √V·u)² + √T·u·Σ|log p|)")
 def sequence_log_probability(backend, ctx):
     """Σ_{t≥2} log softmax(z_{t−1})[x_t], conditioned on the first token."""
-    @ctx.given(T=st.integers(1, 8), V=st.integers(2, 20), data=st.data())
-    def _(T, V, data):
+    @ctx.given(dims=shapes((8, 20), (BOUNDARY_LENGTHS, VOCAB_SIZES), min_sizes=(1, 2)),
+               data=st.data())
+    def _(dims, data):
+        T, V = dims
         z = _draw(data, (T, V), ctx, scale=3.0)
-        tokens = np.array(data.draw(st.lists(st.integers(0, V - 1), min_size=T, max_size=T)))
+        tokens = data.draw(token_ids(V, T, T))
         y = ref.sequence_log_probability(tokens, z)
         p = ctx.precision
         zs = z[:-1] - z[:-1].max(axis=-1, keepdims=True)

@@ -723,6 +723,76 @@ class _TorchWithTokenizer(TorchBackend):
         return self._tokenizer_backend
 
 
+# --- bugs that only real sizes show ------------------------------------------------------
+# Kernels take other paths past their tile and block sizes; each bug below lives on such a
+# path, so toy shapes (≤ 64 keys, d_k ≤ 64, vocabularies < 2¹⁶) never reach it.
+
+KEY_TILE = 64
+SOFTMAX_BLOCK = 64
+WIDEST_TUNED_HEAD = 64
+_ORIGINAL_UNEMBED_TIED = ops.unembed_tied
+
+
+def _attention_mask_for(Q: Tensor, K: Tensor, M: Tensor | None, is_causal: bool) -> Tensor:
+    """The additive float mask SDPA applies (M, or the causal one, or none)."""
+    Tq, Tk = Q.shape[-2], K.shape[-2]
+    if M is not None:
+        if M.dtype == torch.bool:
+            return torch.zeros(M.shape, dtype=Q.dtype, device=Q.device).masked_fill(~M, -math.inf)
+        return M.to(Q.dtype)
+    if is_causal:
+        return torch.full((Tq, Tk), -math.inf, dtype=Q.dtype, device=Q.device).triu(1)
+    return torch.zeros((Tq, Tk), dtype=Q.dtype, device=Q.device)
+
+
+def _sdpa_drops_partial_key_tile(Q: Tensor, K: Tensor, V: Tensor, M: Tensor | None = None, *,
+                                 is_causal: bool = False) -> Tensor:
+    # keys in tiles of 64; past the first tile, the last partial tile is never loaded
+    Tk = K.shape[-2]
+    if Tk <= KEY_TILE or Tk % KEY_TILE == 0:
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=M, is_causal=is_causal)
+    mask = _attention_mask_for(Q, K, M, is_causal).clone()
+    mask[..., Tk // KEY_TILE * KEY_TILE:] = -math.inf
+    return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
+
+
+def _sdpa_scale_capped_at_64(Q: Tensor, K: Tensor, V: Tensor, M: Tensor | None = None, *,
+                             is_causal: bool = False) -> Tensor:
+    # a kernel tuned for d_k ≤ 64 keeps its 1/√64 for wider heads
+    scale = 1 / math.sqrt(min(Q.shape[-1], WIDEST_TUNED_HEAD))
+    return F.scaled_dot_product_attention(Q, K, V, attn_mask=M, is_causal=is_causal,
+                                          scale=scale)
+
+
+def _softmax_online_max_not_rescaled(z: Tensor, axis: int = -1) -> Tensor:
+    # online softmax over blocks of 64: the running sum is not rescaled when a later
+    # block raises the running maximum
+    acc = ops.accumulation_dtype(z.dtype)
+    x = z.to(acc).movedim(axis, -1)
+    if x.shape[-1] <= SOFTMAX_BLOCK:
+        return torch.softmax(z, dim=axis, dtype=acc).to(z.dtype)
+    running_max = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
+    total = torch.zeros_like(running_max)
+    for block in x.split(SOFTMAX_BLOCK, dim=-1):
+        running_max = torch.maximum(running_max, block.max(dim=-1, keepdim=True).values)
+        total = total + torch.exp(block - running_max).sum(dim=-1, keepdim=True)
+    return (torch.exp(x - running_max) / total).movedim(-1, axis).to(z.dtype)
+
+
+def _token_embedding_ids_as_uint16(tokens: Tensor, W_E: Tensor) -> Tensor:
+    return F.embedding(tokens % 2**16, W_E)  # ids stored in 16 bits wrap past 65535
+
+
+def _unembed_tied_drops_partial_vocab_tile(H: Tensor, W_E: Tensor) -> Tensor:
+    # the vocabulary in tiles of 64 columns; the last partial tile is never written
+    logits = _ORIGINAL_UNEMBED_TIED(H, W_E)
+    V = W_E.shape[0]
+    if V > KEY_TILE and V % KEY_TILE:
+        logits = logits.clone()
+        logits[..., V // KEY_TILE * KEY_TILE:] = 0
+    return logits
+
+
 def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable[..., Any]
          ) -> Mutant:
     return Mutant(name, (breaks,) if isinstance(breaks, str) else breaks, "forward", doc,
@@ -951,6 +1021,22 @@ MUTANTS: tuple[Mutant, ...] = (
     _tok("decode_wraps_out_of_range", ("decode",),
          "decode maps an id outside the vocabulary modulo its size instead of refusing it.",
          tokenizer=_DecodeWraps),
+    _fwd("sdpa_drops_partial_key_tile", "scaled_dot_product_attention",
+         "Attention over keys in tiles of 64 never loads the last partial tile (only "
+         "past 64 keys).", scaled_dot_product_attention=_sdpa_drops_partial_key_tile),
+    _fwd("sdpa_scale_capped_at_64", "scaled_dot_product_attention",
+         "Attention scaled by 1/√64 for every head wider than 64 (a kernel tuned up to "
+         "d_k = 64).", scaled_dot_product_attention=_sdpa_scale_capped_at_64),
+    _fwd("online_softmax_max_not_rescaled", "softmax",
+         "Online softmax over blocks of 64: the running sum is not rescaled when a later "
+         "block raises the maximum.", softmax=_softmax_online_max_not_rescaled),
+    _fwd("token_ids_wrap_at_65536", "token_embedding",
+         "Token ids held in 16 bits: id 65536 + k embeds as k.",
+         token_embedding=_token_embedding_ids_as_uint16),
+    _fwd("unembed_drops_partial_vocab_tile", "unembed_tied",
+         "The tied unembedding in tiles of 64 vocabulary columns never writes the last "
+         "partial tile (vocabularies past 64).",
+         unembed_tied=_unembed_tied_drops_partial_vocab_tile),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

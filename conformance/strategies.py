@@ -11,19 +11,38 @@ Flavours (the adversarial ones are what a careless kernel gets wrong):
 * ``near_ties``: a few distinct values repeated, each copy nudged by a few ulps;
 * ``tiny_variance``: a common offset plus noise 10⁻³ of it, row by row (LayerNorm's
   hard case: the mean dominates the spread).
+
+Two more flavours reach the edges of a dtype's range, drawn only by the checks whose spec
+entry says what must happen there (:data:`EDGE_FLAVOURS`):
+
+* ``overflow_edge``: magnitudes in [½, 1] of a given edge (e.g. float16's 65504), signs
+  random;
+* ``underflow_edge``: magnitudes from 2⁻¹⁰ to 4 times a dtype's smallest normal number
+  (float16's whole subnormal range), signs random.
+
+Sizes. Real kernels change behaviour at their tile and block sizes (attention tiles of 64
+or 128 keys, head widths above 64, online softmax over blocks of 1024, vocabularies past
+2¹⁶ ids), exactly where toy shapes never reach. :func:`sized` draws, besides a small
+size, with probability :data:`BIG_SHARE` a size from a boundary set: one below, at and
+one above each block size (:data:`BOUNDARY_LENGTHS`), real and odd head widths
+(:data:`HEAD_WIDTHS`), real vocabularies (:data:`VOCAB_SIZES`). The choice shrinks to the
+small size, so a failing example still shrinks to a toy shape where one fails too.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
 
+from gptspec.conformance import budgets
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import parameter_schema
 
 FLAVOURS = ("normal", "large", "near_ties", "tiny_variance")
+EDGE_FLAVOURS = ("overflow_edge", "underflow_edge")
 
 
 @dataclass(frozen=True)
@@ -48,45 +67,196 @@ class ArrayRecipe:
         if self.flavour == "tiny_variance":
             offset = rng.normal(0.0, self.scale, self.shape[:-1] + (1,))
             return offset + 1e-3 * np.abs(offset) * rng.normal(0.0, 1.0, self.shape)
+        sign = rng.choice((-1.0, 1.0), self.shape)
+        if self.flavour == "overflow_edge":
+            return sign * rng.uniform(0.5, 1.0, self.shape) * self.scale
+        if self.flavour == "underflow_edge":
+            return sign * np.exp2(rng.uniform(-10.0, 2.0, self.shape)) * self.scale
         raise ValueError(f"unknown flavour {self.flavour!r}")
 
 
-def large_scale(dtype: str) -> float:
-    """A magnitude that is large for the dtype yet leaves headroom for the sums of a few
-    dozen products (float16 overflows at 65504: attention scores are products of two
-    such sums)."""
-    return {"float16": 8.0, "bfloat16": 1e3, "float32": 1e3, "float64": 1e3}.get(dtype, 1e3)
+def large_scale(dtype: str, n: int | None = None) -> float:
+    """A magnitude that is large for the dtype yet leaves the results of the check
+    representable. Given n, the length of the check's inner products of two such entries
+    (n = 1 for an elementwise sum): float16 (largest value 65504) gets √(65504 / 2n), so
+    that n products and a bias of the same size stay finite, since the contract makes a
+    16-bit backend accumulate in float32 and round once; the other dtypes have range to
+    spare and get 10³. Without n, for inputs that pass through a model's stacked products
+    (H W_Q, H W_K, then Q Kᵀ), float16 keeps 8."""
+    if dtype != "float16":
+        return 1e3
+    if n is None:
+        return 8.0
+    return math.sqrt(budgets.LARGEST["float16"] / (2 * n))
+
+
+def edge_scale(dtype: str, n: int = 2, power: int = 1) -> float:
+    """The largest magnitude M the spec's contract asks an operation to handle without
+    overflow (the softmax entry's range decision): every representable input, as long as
+    the operation's internals (float32 for a 16-bit dtype, else the dtype itself) hold n
+    terms of M^power. Softmax forms z − max z (n = 2, power = 1): float16 gets its largest
+    value 65504, the others half of theirs. LayerNorm sums n squares of (x − μ), up to
+    (2M)² each (n = 4·row length, power = 2)."""
+    internals = "float32" if dtype in ("float16", "bfloat16") else dtype
+    return min(budgets.LARGEST[dtype], (budgets.LARGEST[internals] / n) ** (1 / power))
 
 
 @st.composite
 def array_recipes(draw, shape: tuple[int, ...], dtype: str = "float64",
-                  flavours: tuple[str, ...] = FLAVOURS, scale: float = 1.0) -> ArrayRecipe:
+                  flavours: tuple[str, ...] = FLAVOURS, scale: float = 1.0,
+                  n: int | None = None, edge: float | None = None) -> ArrayRecipe:
+    """A recipe of ``shape``: ``n`` sets the "large" flavour's magnitude (large_scale),
+    ``edge`` the "overflow_edge" flavour's (default edge_scale(dtype))."""
     flavour = draw(st.sampled_from(flavours))
     seed = draw(st.integers(0, 2**32 - 1))
-    s = large_scale(dtype) if flavour == "large" else scale * draw(st.sampled_from((1.0, 0.1, 3.0)))
+    if flavour == "large":
+        s = large_scale(dtype, n)
+    elif flavour == "overflow_edge":
+        s = edge_scale(dtype) if edge is None else edge
+    elif flavour == "underflow_edge":
+        s = budgets.TINY[dtype]
+    else:
+        s = scale * draw(st.sampled_from((1.0, 0.1, 3.0)))
     return ArrayRecipe(tuple(shape), flavour, float(s), seed)
 
 
 def arrays(shape: tuple[int, ...], dtype: str = "float64", flavours: tuple[str, ...] = FLAVOURS,
-           scale: float = 1.0) -> st.SearchStrategy[np.ndarray]:
-    return array_recipes(shape, dtype, flavours, scale).map(lambda r: r.make())
+           scale: float = 1.0, n: int | None = None,
+           edge: float | None = None) -> st.SearchStrategy[np.ndarray]:
+    return array_recipes(shape, dtype, flavours, scale, n, edge).map(lambda r: r.make())
+
+
+# --- sizes that cross kernels' boundaries ------------------------------------------------
+
+# Block and tile sizes of real kernels: attention tiles of 64 and 128 keys, 256-wide GEMM
+# panels, online softmax over blocks of 1024.
+KERNEL_BLOCKS = (64, 128, 256, 1024)
+# one below, at, one above each
+BOUNDARY_LENGTHS = tuple(b + k for b in KERNEL_BLOCKS for k in (-1, 0, 1))
+# GPT-2's 64, the 80/96/128 of larger models, and two no kernel is tuned for
+HEAD_WIDTHS = (64, 80, 96, 128, 72, 17)
+# past 1024, GPT-2's 50257, around 2¹⁶ (ids that no longer fit 16 bits), and the 100277
+# and 128256 of later tokenizers
+VOCAB_SIZES = (1025, 50257, 65535, 65536, 65537, 100277, 128256)
+# the probability of a size from a boundary set rather than a small one: with the default
+# profile's 30 examples a check draws about 10 boundary sizes, each of the 4 block sizes
+# two or three times; big shapes stay the minority, and thorough draws 70 to 90
+BIG_SHARE = 1 / 3
+
+
+def big(share: float | None = None) -> st.SearchStrategy[bool]:
+    """True with probability ``share`` (None: BIG_SHARE); shrinks to False. BIG_SHARE is
+    read when drawn, and 0 turns every boundary size off (toy sizes only, for tests)."""
+    slots = 60
+
+    def is_big(i: int) -> bool:
+        if BIG_SHARE == 0:
+            return False
+        return i >= round(slots * (1 - (BIG_SHARE if share is None else share)))
+
+    return st.integers(0, slots - 1).map(is_big)
+
+
+def _spread_index(n: int) -> st.SearchStrategy[int]:
+    """An index below n, spread evenly: a wide integer reduced mod n (Hypothesis draws
+    small ranges, as sampled_from does, with a strong pull toward their first values and
+    repeats them; the boundary values must each come up); shrinks to 0."""
+    return st.integers(0, 2**16 - 1).map(lambda i: i % n)
+
+
+@st.composite
+def sized(draw, small: st.SearchStrategy[int], boundary: tuple[int, ...],
+          share: float | None = None, label: str = "size") -> int:
+    """A small size, or with probability ``share`` one of ``boundary``."""
+    if draw(big(share), label=f"{label} at a boundary"):
+        return boundary[draw(_spread_index(len(boundary)), label=label)]
+    return draw(small, label=label)
+
+
+def lengths(max_small: int = 8, share: float | None = None, min_size: int = 1,
+            boundary: tuple[int, ...] = BOUNDARY_LENGTHS) -> st.SearchStrategy[int]:
+    """A sequence length, key count or row length: 1 … max_small, or one of
+    BOUNDARY_LENGTHS."""
+    return sized(st.integers(min_size, max_small), boundary, share, "length")
+
+
+def head_widths(max_small: int = 6, share: float | None = None) -> st.SearchStrategy[int]:
+    """d_k: 1 … max_small, or one of HEAD_WIDTHS."""
+    return sized(st.integers(1, max_small), HEAD_WIDTHS, share, "d_k")
+
+
+def vocab_sizes(max_small: int = 30, share: float | None = None,
+                min_size: int = 1) -> st.SearchStrategy[int]:
+    """A vocabulary size: min_size … max_small, or one of VOCAB_SIZES."""
+    return sized(st.integers(min_size, max_small), VOCAB_SIZES, share, "V")
+
+
+@st.composite
+def shapes(draw, small: tuple[int, ...], boundary: tuple[tuple[int, ...], ...],
+           share: float | None = None, min_sizes: tuple[int, ...] | None = None
+           ) -> tuple[int, ...]:
+    """A shape whose axis i is min_sizes[i] … small[i], except, with probability
+    ``share``, one axis drawn from ``boundary[i]``: the cost stays that of a small shape
+    times one big size (for products whose every axis may be big)."""
+    lows = min_sizes or (1,) * len(small)
+    axis = draw(sized(st.just(-1), tuple(range(len(small))), share, "big axis"))
+    return tuple(boundary[i][draw(_spread_index(len(boundary[i])), label=f"axis {i}")]
+                 if i == axis
+                 else draw(st.integers(lows[i], small[i]), label=f"axis {i}")
+                 for i in range(len(small)))
+
+
+@st.composite
+def token_ids(draw, V: int, min_size: int = 1, max_size: int = 12) -> np.ndarray:
+    """Token ids below V. In a large vocabulary, the top ids and those past 2¹⁶ (where a
+    16-bit id wraps) are drawn as often as the rest."""
+    n = draw(st.integers(min_size, max_size), label="number of ids")
+    special = sorted(i for i in {V - 1, V - 2, 2**16 - 1, 2**16, 2**16 + 1, V // 2} if 0 <= i < V)
+    ids = st.one_of(st.integers(0, V - 1), st.sampled_from(special))
+    return np.array(draw(st.lists(ids, min_size=n, max_size=n), label="ids"), dtype=np.int64)
+
+
+# What a big model case makes big, one concern at a time (so that its reference stays
+# affordable): a context around a block size, heads of real widths, a real vocabulary.
+MODEL_CONCERNS = ("context", "head_width", "vocabulary")
 
 
 @st.composite
 def configs(draw, max_layers: int = 2, max_heads: int = 3, max_d_head: int = 6,
             max_ctx: int = 8, max_vocab: int = 24, norms=("pre", "post", "guide"),
-            ffns=("relu", "gelu", "gelu_tanh", "guide_product")) -> GPTConfig:
-    """Small configurations of every variant."""
-    n_heads = draw(st.integers(1, max_heads))
-    d_model = n_heads * draw(st.integers(1, max_d_head))
+            ffns=("relu", "gelu", "gelu_tanh", "guide_product"),
+            share: float | None = 0.0, concerns: tuple[str, ...] = MODEL_CONCERNS
+            ) -> GPTConfig:
+    """Configurations of every variant: small ones, and with probability ``share`` (None:
+    BIG_SHARE) one that is big in one of MODEL_CONCERNS: n_ctx one of BOUNDARY_LENGTHS; or one or two
+    heads of a width in HEAD_WIDTHS with n_ctx up to 129; or a vocabulary in VOCAB_SIZES."""
+    concern = None
+    if share != 0 and draw(big(share), label="a big configuration"):
+        concern = draw(st.sampled_from(concerns), label="big in")
+    if concern == "head_width":
+        n_heads = draw(st.integers(1, 2))
+        d_model = n_heads * draw(st.sampled_from(HEAD_WIDTHS), label="d_k")
+    else:
+        n_heads = draw(st.integers(1, max_heads))
+        d_model = n_heads * draw(st.integers(1, max_d_head))
+    if concern == "context":
+        n_ctx = draw(st.sampled_from(BOUNDARY_LENGTHS), label="n_ctx")
+    elif concern == "head_width":
+        n_ctx = draw(lengths(max_ctx, 1 / 2, boundary=BOUNDARY_LENGTHS[:6]), label="n_ctx")
+    else:
+        n_ctx = draw(st.integers(1, max_ctx))
+    if concern == "vocabulary":
+        vocab = draw(st.sampled_from(VOCAB_SIZES), label="vocab_size")
+    else:
+        vocab = draw(st.integers(2, max_vocab))
     ffn = draw(st.sampled_from(ffns))
     norm = draw(st.sampled_from(norms))
     tied = draw(st.booleans())
     return GPTConfig(
-        vocab_size=draw(st.integers(2, max_vocab)),
-        n_ctx=draw(st.integers(1, max_ctx)),
+        vocab_size=vocab,
+        n_ctx=n_ctx,
         d_model=d_model,
-        n_layers=draw(st.integers(1, max_layers)),
+        n_layers=draw(st.integers(1, max_layers if concern is None else 1)),
         n_heads=n_heads,
         d_ff=d_model if ffn == "guide_product" else draw(st.integers(1, 4 * d_model)),
         norm=norm,
@@ -134,19 +304,41 @@ def parameter_recipes(draw, config: GPTConfig, dtype: str = "float64") -> Parame
     return ParameterRecipe(config, scale, draw(st.integers(0, 2**32 - 1)))
 
 
+def sequence_lengths(n_ctx: int) -> st.SearchStrategy[int]:
+    """T ≤ n_ctx: 1 … n_ctx for a small context; for one past 8, half the time a boundary
+    length it reaches (n_ctx itself if none)."""
+    if n_ctx <= 8:
+        return st.integers(1, n_ctx)
+    reached = tuple(b for b in BOUNDARY_LENGTHS if b <= n_ctx) or (n_ctx,)
+    return lengths(8, 1 / 2, boundary=reached)
+
+
+# Up to this many ids are drawn one by one (so that they shrink); more come from a seed.
+DRAWN_IDS = 64
+
+
 @st.composite
 def token_arrays(draw, config: GPTConfig, batch: int | None = None,
                  length: int | None = None) -> np.ndarray:
+    """Tokens (B, T): B of 1–3, T ≤ n_ctx (at a block boundary where n_ctx reaches one).
+    A long array is made from a seed, with the vocabulary's top ids and those past 2¹⁶
+    planted in it."""
     B = batch if batch is not None else draw(st.integers(1, 3))
-    T = length if length is not None else draw(st.integers(1, config.n_ctx))
-    ids = draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=B * T, max_size=B * T))
-    return np.array(ids, dtype=np.int64).reshape(B, T)
+    T = length if length is not None else draw(sequence_lengths(config.n_ctx))
+    if B * T <= DRAWN_IDS:
+        return draw(token_ids(config.vocab_size, B * T, B * T)).reshape(B, T)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="token seed"))
+    ids = rng.integers(0, config.vocab_size, B * T)
+    special = draw(token_ids(config.vocab_size, 1, 8), label="planted ids")
+    ids[rng.choice(B * T, special.size, replace=False)] = special
+    return ids.reshape(B, T)
 
 
 @st.composite
 def model_cases(draw, dtype: str = "float64", **config_kwargs
                 ) -> tuple[GPTConfig, ParameterRecipe, np.ndarray]:
-    """A configuration, its parameters and a batch of tokens."""
+    """A configuration, its parameters and a batch of tokens (``share`` passed to
+    :func:`configs` makes some of them big)."""
     config = draw(configs(**config_kwargs))
     return config, draw(parameter_recipes(config, dtype)), draw(token_arrays(config))
 

@@ -14,6 +14,7 @@ from gptspec.spec.sources import (
     BLUEPRINT,
     BROWN_2020,
     GUIDE,
+    HIGHAM_MARY_2019,
     NOTES,
     RADFORD_2019,
     VASWANI_2017,
@@ -192,6 +193,33 @@ def causal_mask(T: int) -> sp.Matrix:
     return sp.Matrix(T, T, lambda i, j: 0 if j <= i else -sp.oo)
 
 
+SOFTMAX_RANGE = Decision(
+    question="What must softmax do at the edges of a floating-point format's range?",
+    readings=(
+        Reading(Source(BLUEPRINT, "eqs 3, 9"),
+                "exact arithmetic: exponentials of every score, normalised; nothing about "
+                "range"),
+        Reading(Source(VASWANI_2017, "sec. 3.2.1"),
+                r"scores are scaled by $1/\sqrt{d_k}$ because large dot products push "
+                "softmax into regions of tiny gradients: large scores are expected"),
+        Reading(Source(HIGHAM_MARY_2019, "sec. 1"),
+                "floating-point results are the exact ones rounded, with a unit roundoff "
+                "and a finite range"),
+    ),
+    decision="Inputs are finite values of the backend's dtype, up to its largest "
+             "(float16: 65504), down to its subnormals. For every such row, every output "
+             "is finite, in [0, 1], and within the budget of the exact softmax of the "
+             "rounded inputs: a conforming backend computes exp(z − max z), or the "
+             "equivalent online form over blocks, never exp(z) alone; a 16-bit backend "
+             "computes it in float32 and rounds once. Only a result whose exact value "
+             "exceeds the dtype's largest value may be ±∞, and a softmax has none.",
+    why="The mathematics is defined for every real row and its values lie in [0, 1], so "
+        "an overflow inside the computation is the implementation's, not the model's. "
+        "16-bit exp overflows at 11.1 (float16), and exp(z) alone at 88.7 in float32; "
+        "attention scores and logits pass both in real models.",
+)
+
+
 @equation(
     id="softmax",
     title="Softmax",
@@ -206,6 +234,7 @@ def causal_mask(T: int) -> sp.Matrix:
                         note="relative per entry: the sum of n exponentials, plus the rounding "
                              "of the argument z_i − max z amplified by exp"),
     notes=r"Entries equal to $-\infty$ contribute $e^{-\infty} = 0$; a row needs one finite entry.",
+    decisions=(SOFTMAX_RANGE,),
     sympy_inputs=(("z", "(m, n)"),),
 )
 def softmax(z: sp.Matrix) -> sp.Matrix:

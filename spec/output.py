@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from gptspec.spec.attention import linear, softmax
+from gptspec.spec.attention import SOFTMAX_RANGE, linear, softmax
 from gptspec.spec.block import BLOCK, DEFAULT_EPS, layer_norm
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.embedding import (
@@ -177,6 +177,7 @@ def unembed_untied(H: sp.Matrix, W_U: sp.Matrix, b_U: sp.Matrix | None = None) -
                         reduction="V"),
     decisions=(
         GUIDE_OUTPUT,
+        SOFTMAX_RANGE,
         Decision(
             question="Which row predicts which token?",
             readings=(

@@ -23,6 +23,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
+from sitegen import drawn
 from sitegen.checks import CheckInfo
 from sitegen.conformance_results import BackendReport
 from sitegen.markup import code, display_math, esc, inline_math, link, markdown_math, table
@@ -322,6 +323,7 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
                  percent(r.budget_fraction)] for r in report.results]
         parts.append(table(["Check", "Spec entry", "Status", "Worst error / budget"], rows,
                            "gs-results"))
+    parts.append(drawn.section())
     return "\n".join(parts) + "\n"
 
 
