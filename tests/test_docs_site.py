@@ -22,6 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cdp_browser import (  # noqa: E402
+    CLIPPED_JS,
     MATH_STATS_JS,
     RAW_MATH_JS,
     Browser,
@@ -32,7 +33,7 @@ from cdp_browser import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "out" / "docs-site"
 GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "conformance-report/",
-          "figures/")
+          "figures/", "sources/")
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -149,15 +150,57 @@ def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entr
     assert fonts, "KaTeX's fonts did not load"
 
 
+DESKTOP_WIDTHS = (1280, 1400, 1920)
+
+
+def _typeset(browser: Browser, page: str) -> None:
+    browser.wait_for(f"(() => {{ const s = {MATH_STATS_JS}; "
+                     "return s.katex + s.errors === s.arithmatex; })()",
+                     f"KaTeX to typeset {page}", seconds=20)
+
+
+def test_nothing_is_clipped_at_desktop_widths(served: tuple[SiteServer, Browser], entries: list
+                                              ) -> None:
+    """At 1280, 1400 and 1920 px no display equation or code block is wider than its box,
+    and no table runs past the page without a visible scroll bar, on any page."""
+    server, browser = served
+    pages = sorted(f"spec/{e.id}/" for e in entries) + ["spec/", "spec/traceability/",
+                                                         "spec/conformance/", *GUIDES]
+    clipped, measured = [], {"equation": 0, "code": 0, "table": 0}
+    try:
+        for page in pages:
+            browser.navigate(server.url + page)
+            _typeset(browser, page)
+            for kind, selector in (("equation", "div.arithmatex"), ("code", "pre > code"),
+                                   ("table", "table")):
+                measured[kind] += browser.evaluate(
+                    f"document.querySelector('article').querySelectorAll('{selector}').length")
+            for width in DESKTOP_WIDTHS:
+                browser.set_width(width)
+                clipped += [f"{page} at {width} px: {c}" for c in browser.evaluate(CLIPPED_JS)]
+    finally:
+        browser.set_width(1280)
+    print(f"\n{len(pages)} pages at {DESKTOP_WIDTHS} px; measured per width: {measured}; "
+          f"clipped: {len(clipped)}")
+    assert measured["equation"] > len(entries) and measured["code"] > len(entries)
+    assert not clipped, f"{len(clipped)} clipped:\n" + "\n".join(clipped[:40])
+
+
 def test_screenshot_of_an_equation_page(served: tuple[SiteServer, Browser], entries: list
                                         ) -> None:
+    """Multi-head attention's page at 1400 px: its equation is the longest of the forward
+    pass; the screenshot is kept for a person to look at."""
     server, browser = served
-    entry = next((e for e in entries if e.id == "softmax"), entries[0])
-    browser.navigate(server.url + f"spec/{entry.id}/")
-    browser.wait_for("document.querySelectorAll('.arithmatex .katex').length > 0",
-                     "math to render")
-    path = browser.screenshot(ARTIFACTS / f"spec-{entry.id}.png")
-    print(f"\nscreenshot of {entry.id}'s page: {path}")
+    entry = next((e for e in entries if e.id == "multi_head_attention"), entries[0])
+    browser.set_width(1400)
+    try:
+        browser.navigate(server.url + f"spec/{entry.id}/")
+        _typeset(browser, entry.id)
+        browser.evaluate("document.fonts.ready.then(() => true)")
+        path = browser.screenshot(ARTIFACTS / f"spec-{entry.id}-1400px.png")
+    finally:
+        browser.set_width(1280)
+    print(f"\nscreenshot of {entry.id}'s page at 1400 px: {path}")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
 
@@ -244,7 +287,11 @@ def test_the_checks_catch_a_broken_page(tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text(
         "<!doctype html><html><head><title>broken</title>"
         '<link rel="stylesheet" href="http://cdn.gptspec-test.invalid/katex.css"></head>'
-        '<body><p class="arithmatex">\\(x^2\\)</p>'
+        '<body><article style="width: 400px"><p class="arithmatex">\\(x^2\\)</p>'
+        '<div class="arithmatex" style="overflow: hidden; white-space: nowrap">' + "x + " * 200 + "</div>"
+        '<pre style="overflow: hidden"><code>' + "y = 1; " * 200 + "</code></pre>"
+        '<div><table><tr><td style="white-space: nowrap">' + "wide " * 200
+        + "</td></tr></table></div></article>"
         '<img src="http://cdn.gptspec-test.invalid/x.png"></body></html>', encoding="utf-8")
     with SiteServer(tmp_path) as server, tempfile.TemporaryDirectory() as profile:
         browser = Browser(Path(profile), server.netloc)
@@ -255,6 +302,8 @@ def test_the_checks_catch_a_broken_page(tmp_path: Path) -> None:
             stats = browser.evaluate(MATH_STATS_JS)
             assert stats["katex"] < stats["arithmatex"]
             leaked = off_machine(browser.requested_urls(), server.netloc)
+            assert [c["kind"] for c in browser.evaluate(CLIPPED_JS)] == ["equation", "code",
+                                                                         "table"]
             assert any("cdn.gptspec-test.invalid" in u for u in leaked), leaked
             assert any("cdn.gptspec-test.invalid" in u for u in server.log.refused)
         finally:

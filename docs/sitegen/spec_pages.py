@@ -233,21 +233,21 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport],
     """The page of one entry; ``ids`` are the entries its prose may link to."""
     e = view.entry
     ref = view.reference
-    left = (
-        "<div><p><strong>Equation</strong></p>\n" + display_math(e.latex)
-        + "\n<p><strong>Symbols</strong></p>\n" + _symbols_table(e) + "</div>"
-    )
     if ref is not None:
-        right = (f"<div><p><strong>Reference</strong> {code('gptspec.reference.' + ref.name)} "
-                 f"<small>({esc(ref.path)}, line {ref.line})</small></p>\n"
-                 + _python_html(ref.source) + "</div>")
+        reference = (f"<p><strong>Reference</strong> {code('gptspec.reference.' + ref.name)} "
+                     f"<small>({esc(ref.path)}, line {ref.line})</small></p>\n"
+                     + _python_html(ref.source))
     else:
-        right = '<div><p class="gs-missing">No reference function.</p></div>'
+        reference = '<p class="gs-missing">No reference function.</p>\n'
+    # One column: the equation full width, its symbols, then the code (side by side, each
+    # had half the width and long equations and code lines were cut off).
     parts = [
         f"# {e.title}\n",
         f'<p class="gs-meta">Entry {code(e.id)} · group '
         f'<a href="../#{esc(e.group)}">{esc(group_title(e.group))}</a></p>\n',
-        f'<div class="gs-beside">\n{left}\n{right}\n</div>\n',
+        '<div class="gs-equation">\n' + display_math(e.latex) + "\n</div>\n",
+        "<p><strong>Symbols</strong></p>\n" + _symbols_table(e),
+        reference,
         "## Sources\n",
         "\n".join(f"- {esc(str(s))}" for s in e.sources) + "\n",
         _decisions(e, ids),
@@ -336,6 +336,31 @@ def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]
               inline_math("L"), inline_math("h"), inline_math(r"d_{\text{ff}}"), "block", "FFN",
               "output", "parameters"]
     return table(header, rows)
+
+
+def crosswalk(entries: Iterable[Any], spec_dir: str) -> str:
+    """For each cited document, each place cited in it and the entries that cite it, the
+    four source documents first (in the order of gptspec.spec.sources), then the papers."""
+    from gptspec.spec import sources
+
+    cited: dict[str, dict[str, list[Any]]] = {}
+    for e in entries:
+        for s in e.sources:
+            cited.setdefault(s.document, {}).setdefault(s.where or "(whole)", []).append(e)
+    first = [sources.NOTES, sources.GUIDE, sources.BLUEPRINT, sources.POST]
+    order = [d for d in first if d in cited] + sorted(d for d in cited if d not in first)
+    parts = []
+    for document in order:
+        parts.append(f"### {esc(document)}\n")
+        rows = [[esc(where), ", ".join(link(f"{spec_dir}/{e.id}/", e.title) for e in es)]
+                for where, es in sorted(cited[document].items(), key=lambda kv: _natural(kv[0]))]
+        parts.append(table(["Where", "Specified by"], rows, "gs-crosswalk"))
+    return "\n".join(parts) + "\n"
+
+
+def _natural(text: str) -> list[Any]:
+    """'eq 10' after 'eq 9'."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
 # --- writing -------------------------------------------------------------------------------
