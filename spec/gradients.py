@@ -99,9 +99,11 @@ def token_embedding_backward(G, X):
     id="positional_embedding_backward",
     title="Backward of the learned positional embedding",
     group="gradients",
-    latex=r"P = W_P[0{:}T]:\quad \frac{\partial L}{\partial W_P}[t] = G_t \ (t < T),"
-          r"\quad 0 \ (t \ge T)",
-    symbols=(G_SYMBOL, Symbol("W_P", "(n_ctx, d_model)", "positional embedding")),
+    latex=r"P = (W_P)_{1:T,:}:\quad \frac{\partial L}{\partial (W_P)_{t,:}} = G_{t,:} \ (t \le T),"
+          r"\quad 0 \ (t > T)",
+    symbols=(G_SYMBOL, Symbol("W_P", "(n_ctx, d_model)", "positional embedding; row t is "
+                              "position t"),
+             Symbol("P", "(T, d_model)", "the positional rows of a sequence of length T")),
     sources=(Source(BLUEPRINT, "sec. 2.1"),),
     reference="positional_embedding_backward",
     tolerance=Tolerance("0", reduction="B", note="a sum over the batch"),
@@ -657,12 +659,17 @@ FFN_BACKWARD = {"relu": ffn_relu_backward, "gelu": ffn_gelu_backward,
     id="gpt_backward",
     title="Backpropagation through the whole model",
     group="gradients",
-    latex=r"\frac{\partial \bar{\mathcal{L}}}{\partial \theta} \text{ for every parameter } "
-          r"\theta: \text{ the backward entries above, applied in reverse order of the "
-          r"forward pass, from } \frac{\partial \bar{\mathcal{L}}}{\partial Z} = "
-          r"\frac{1}{N}(\operatorname{softmax}(Z) - Y)",
-    symbols=(Symbol("x", "(T,)", "input tokens"), Symbol("y", "(T,)", "target tokens"),
-             Symbol(r"\theta", "parameters", "every parameter of the schema")),
+    latex=r"\frac{\partial \bar{\mathcal{L}}}{\partial Z} = \frac{1}{N}\left("
+          r"\operatorname{softmax}(Z) - Y\right) \;\longrightarrow\; "
+          r"\frac{\partial \bar{\mathcal{L}}}{\partial \theta} \text{ for every parameter } "
+          r"\theta",
+    symbols=(Symbol("Z", "(T, V)", "the logits of gpt_forward on the input tokens x"),
+             Symbol("Y", "(T, V)", "the one-hot target tokens y"),
+             Symbol("N", "()", "the number of predicted positions"),
+             Symbol(r"\bar{\mathcal{L}}", "()", "the mean cross-entropy"),
+             Symbol(r"\theta", "parameters", "every parameter of the schema; the backward "
+                    "entries above carry the gradient from Z to each, in reverse order of "
+                    "the forward pass")),
     sources=(Source(BLUEPRINT, "eq 10"), Source(BLUEPRINT, "sec. 3.2")),
     reference="gpt_backward",
     tolerance=Tolerance(r"\lambda \sqrt{D n}\,u_{acc} \max|g|", reduction="T * V",

@@ -301,12 +301,13 @@ def sample_token(q, u=sp.S.Half):
     id="kv_cache_attention",
     title="KV-cache identity",
     group="sampling",
-    latex=(r"\operatorname{softmax}\!\Big(\frac{q_t K_{0:t}^\top}{\sqrt{d_k}}\Big) V_{0:t} "
+    latex=(r"\operatorname{softmax}\!\Big(\frac{q_t K_{1:t}^\top}{\sqrt{d_k}}\Big) V_{1:t} "
            r"= \Big[\operatorname{softmax}\!\Big(\frac{Q K^\top}{\sqrt{d_k}} + M\Big) V\Big]_t"),
     symbols=(
         Symbol("q_t", "(1, d_k)", "the query of the new token at position t"),
-        Symbol("K_{0:t}", "(t+1, d_k)", "the cached keys of positions 0…t (t's own appended)"),
-        Symbol("V_{0:t}", "(t+1, d_v)", "the cached values of positions 0…t"),
+        Symbol("K_{1:t}", "(t, d_k)", "the cached keys of positions 1…t (t's own appended)"),
+        Symbol("V_{1:t}", "(t, d_k)", "the cached values of positions 1…t"),
+        Symbol("Q, K, V", "(T, d_k)", "the queries, keys and values of the whole sequence"),
         Symbol("M", "(T, T)", "the causal mask, M_{ij} = −∞ for j > i"),
     ),
     sources=(Source(BLUEPRINT, "eq 3 and sec. 4, step 4"), Source(VASWANI_2017, "sec. 3.2.1")),
@@ -331,7 +332,7 @@ def kv_cache_attention(q, K, V):
     id="crop_context",
     title="Cropping the context at n_ctx",
     group="sampling",
-    latex=r"\operatorname{crop}(x_{0:T}) = x_{\max(0,\, T - n_{ctx}):T}",
+    latex=r"\operatorname{crop}(x_{1:T}) = x_{\max(1,\, T - n_{ctx} + 1):T}",
     symbols=(
         Symbol("x", "(T,)", "the token sequence so far (prompt and generated tokens)"),
         Symbol("n_{ctx}", "()", "the context length: the number of learned positions"),
@@ -392,10 +393,10 @@ def stop_condition(token, n, max_new_tokens, eot_token=None):
     id="generate",
     title="The generation loop",
     group="sampling",
-    latex=(r"x_{T+n} \sim q\big(f_\theta(\operatorname{crop}(x_{0:T+n-1}))_{-1}\big), "
+    latex=(r"x_{T+n} \sim q\big(f_\theta(\operatorname{crop}(x_{1:T+n-1}))_{\text{last}}\big), "
            r"\quad n = 1, 2, \dots \text{ until stop}"),
     symbols=(
-        Symbol("x_{0:T}", "(T,)", "the prompt"),
+        Symbol("x_{1:T}", "(T,)", "the prompt; x_{T+n} is the n-th generated token"),
         Symbol(r"f_\theta", "(T,) → (T, V)", "the model's forward pass (gpt_forward)"),
         Symbol("q", "(V,) → (V,)", "sampling_distribution with the chosen τ, k, p"),
     ),
