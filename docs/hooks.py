@@ -39,6 +39,7 @@ KATEX_FILES = ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js")
 DIAGRAM_MARKER = "<!-- gptspec:dataflow -->"
 PRESETS_MARKER = "<!-- gptspec:presets -->"
 FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
+CROSSWALK_MARKER = "<!-- gptspec:crosswalk -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
 _state: dict[str, Any] = {}
@@ -102,6 +103,12 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
 
         markdown = markdown.replace(PRESETS_MARKER,
                                     spec_pages.presets_table(PRESETS, parameter_count))
+    if CROSSWALK_MARKER in markdown:
+        from gptspec.spec import REGISTRY
+
+        # the page's URL is one folder deep (sources/), the spec pages' are spec/<id>/
+        markdown = markdown.replace(CROSSWALK_MARKER, spec_pages.crosswalk(
+            REGISTRY, "../" + spec_pages.SPEC_DIR))
     if FIGURE_NOTE_MARKER in markdown:
         s = _state["figure_stats"]
         note = (f"The model below was trained with {s['model']} for {s['steps']} steps "
