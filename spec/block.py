@@ -63,6 +63,8 @@ LAYER_NORM_FORM = Decision(
         Symbol(r"\beta", "(d_model,)", "bias (ln.bias)"),
         Symbol(r"\epsilon", "()", "config.ln_eps > 0"),
         Symbol(r"\operatorname{LN}(x)", "(T, d_model)", "normalised rows"),
+        Symbol(r"\mu", "(T,)", "each row's mean"),
+        Symbol(r"\sigma^2", "(T,)", "each row's (biased) variance"),
     ),
     sources=(Source(BA_2016, "sec. 3"), Source(BLUEPRINT, "eqs 7–8"),
              Source(GUIDE, "sec. 5"), Source(NOTES, "sec. 4.1"),
@@ -155,7 +157,8 @@ def relu(x: sp.Matrix) -> sp.Matrix:
     group="block",
     latex=r"\operatorname{GELU}(x) = x\,\Phi(x) = \frac{x}{2}\left(1 + "
           r"\operatorname{erf}\!\left(\frac{x}{\sqrt{2}}\right)\right)",
-    symbols=(Symbol("x", "(m, n)", "any array, elementwise"),),
+    symbols=(Symbol("x", "(m, n)", "any array, elementwise"),
+             Symbol(r"\Phi", "()", "the standard normal distribution function, elementwise")),
     sources=(Source(HENDRYCKS_2016, "sec. 2"), Source(GUIDE, "sec. 4")),
     reference="gelu",
     tolerance=Tolerance(r"\lambda\,u\,(1 + |x|)\,|x|", reduction="1",

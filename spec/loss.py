@@ -79,10 +79,14 @@ def cross_entropy_sum(Z, Y):
     id="cross_entropy_mean",
     title="Cross-entropy per token",
     group="loss",
-    latex=r"\bar{\mathcal{L}} = \frac{1}{N} \mathcal{L}, \quad N = \text{number of predicted positions}",
+    latex=r"\bar{\mathcal{L}} = \frac{1}{N}\, \mathcal{L}(Z, Y), \quad N = T \text{ rows of } Z "
+          r"\text{ (} B\,T \text{ in a batch)}",
     symbols=(
         Symbol("Z", "(T, V)", "logits"),
         Symbol("Y", "(T, V)", "one-hot targets"),
+        Symbol(r"\mathcal{L}", "()", "the summed loss (cross_entropy_sum)"),
+        Symbol("N", "()", "the number of predicted positions"),
+        Symbol(r"\bar{\mathcal{L}}", "()", "the loss per predicted position"),
     ),
     sources=(Source(BLUEPRINT, "eq 10"),),
     reference="cross_entropy_mean",
@@ -108,12 +112,14 @@ def cross_entropy_mean(Z, Y):
     id="cross_entropy_gradient",
     title="Gradient of the cross-entropy with respect to the logits",
     group="loss",
-    latex=r"\frac{\partial \mathcal{L}}{\partial z_t} = \operatorname{softmax}(z_t) - "
-          r"\operatorname{onehot}(y_t) \quad \left(\text{divided by } N \text{ for } "
-          r"\bar{\mathcal{L}}\right)",
+    latex=r"\frac{\partial \mathcal{L}}{\partial Z_{t,:}} = \operatorname{softmax}(Z_{t,:}) - "
+          r"Y_{t,:} \quad \left(\text{divided by } N \text{ for } \bar{\mathcal{L}}\right)",
     symbols=(
         Symbol("Z", "(T, V)", "logits"),
         Symbol("Y", "(T, V)", "one-hot targets"),
+        Symbol(r"\mathcal{L}", "()", "the summed loss (cross_entropy_sum)"),
+        Symbol("N", "()", "the number of predicted positions, T (B T in a batch)"),
+        Symbol(r"\bar{\mathcal{L}}", "()", "the loss per predicted position, L / N"),
     ),
     sources=(Source(BLUEPRINT, "eq 10"), Source(BLUEPRINT, "eq 9")),
     reference="cross_entropy_gradient",

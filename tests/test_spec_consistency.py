@@ -208,7 +208,9 @@ def _shape(text: str) -> tuple[str, ...] | None:
     if not m:
         return None
     dims = [re.sub(r"\s*\*\s*|\s+", " ", d).strip() for d in m.group(1).split(",")]
-    dims = [SIZE_WORDS.get(d, d) for d in dims if d]
+    # the sympy form abbreviates the sizes: (d, 3 * d) is (d_model, 3 d_model)
+    dims = [re.sub(r"[A-Za-z_]+", lambda w: SIZE_WORDS.get(w.group(0), w.group(0)), d)
+            for d in dims if d]
     return tuple(["1", *dims] if len(dims) == 1 else dims)
 
 
@@ -229,46 +231,10 @@ def shape_problems(entry) -> list[str]:
     return out
 
 
-# Entries whose page still disagrees with itself (found by this test, not yet corrected).
-# Strict: an entry that is corrected fails here until it is taken off the list, and any
-# entry not on it (every new one) must agree from the start.
-NOT_YET_CONSISTENT = frozenset({
-    "byte_tokens", "pretokenize", "pair_counts", "best_pair", "merge_pair", "train",
-    "token_bytes", "bpe_chunk", "split_special", "encode", "bytes_to_unicode",
-    "token_embedding_one_hot", "token_embedding", "input_representation", "layer_norm",
-    "gelu", "final_layer_norm", "next_token_distribution", "sequence_log_probability",
-    "gpt_forward", "cross_entropy_mean", "cross_entropy_gradient", "linear_backward",
-    "token_embedding_backward", "positional_embedding_backward",
-    "input_representation_backward", "tied_embedding_accumulation", "unembed_tied_backward",
-    "unembed_untied_backward", "layer_norm_backward", "softmax_backward",
-    "scaled_dot_product_attention_backward", "multi_head_attention_backward",
-    "gelu_backward", "gelu_tanh_backward", "ffn_relu_backward", "ffn_gelu_backward",
-    "ffn_gelu_tanh_backward", "ffn_guide_product_backward", "residual_backward",
-    "block_pre_ln_backward", "block_post_ln_backward", "block_guide_backward",
-    "lr_schedule", "temperature_softmax", "greedy_token", "nucleus_filter",
-    "sampling_distribution", "sample_token", "stop_condition", "generate",
-    "param_count_token_embedding", "param_count_positional_embedding",
-    "param_count_attention", "param_count_ffn", "param_count_block_norms",
-    "param_count_block", "param_count_final_norm", "param_count_unembedding",
-    "param_count_total", "matmul_weights_per_token", "forward_flops_per_token",
-    "training_flops_per_token", "kv_cache_bytes", "activation_memory_bytes",
-})
-
-
-def _entries() -> list:
-    return [pytest.param(e, id=e.id, marks=pytest.mark.xfail(
-        strict=True, reason="on the NOT_YET_CONSISTENT list")) if e.id in NOT_YET_CONSISTENT
-        else pytest.param(e, id=e.id) for e in REGISTRY]
-
-
-@pytest.mark.parametrize("entry", _entries())
+@pytest.mark.parametrize("entry", list(REGISTRY), ids=lambda e: e.id)
 def test_symbols_table_latex_and_shapes_agree(entry) -> None:
     found = problems(entry) + shape_problems(entry)
     assert not found, f"{entry.id}: " + "; ".join(found)
-
-
-def test_the_backlog_names_only_entries_that_exist() -> None:
-    assert NOT_YET_CONSISTENT <= {e.id for e in REGISTRY}
 
 
 def _fake(latex: str, symbols: tuple, inputs: tuple = ()) -> object:
