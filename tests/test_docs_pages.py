@@ -98,6 +98,28 @@ def test_reports_are_shown_on_the_page_of_the_entry_they_check(tmp_path: Path) -
     assert "other.thing" not in page and "Not yet run" not in page
 
 
+def test_results_say_which_commit_date_machine_profile_device_and_dtype_produced_them(
+        tmp_path: Path) -> None:
+    run = {"backend": {"name": "torch", "version": "2.13.0", "device": "cpu",
+                       "dtype": "bfloat16"},
+           "settings": {"profile": "quick", "seed": 0},
+           "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",
+                       "worst_fraction": 0.5}]}
+    report = tmp_path / "torch.json"
+    report.write_text(json.dumps({
+        "schema": "gptspec-conformance", "version": 3, "runs": [run],
+        "provenance": {"commit": "0123456789abcdef", "modified": True,
+                       "date": "2025-01-31 14:05 UTC", "machine": "Linux-x86_64",
+                       "cpu": "Some CPU", "python": "3.11.7"}}))
+    page = spec_pages.entry_page(views(made_up_entry())[0], load_report(report))
+    assert ("commit 0123456789 with local changes; 2025-01-31 14:05 UTC; Linux-x86_64, "
+            "Some CPU; profile quick; device cpu; dtype bfloat16") in page
+    old = tmp_path / "old.json"  # a version 2 report has no provenance: said, not invented
+    old.write_text(json.dumps({"schema": "gptspec-conformance", "version": 2, "runs": [run]}))
+    page = spec_pages.conformance_page(load_report(old))
+    assert "commit not recorded; date not recorded; machine not recorded" in page
+
+
 HEAD = '{"schema": "gptspec-conformance", "version": 1, '
 
 

@@ -215,6 +215,9 @@ def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
         out.append(f"**{esc(report.backend)}**" +
                    (f" <small>({esc(report.settings)})</small>" if report.settings else "")
                    + "\n")
+        if report.provenance:
+            out.append(f'<p class="gs-provenance"><small>Produced by: '
+                       f"{esc(report.provenance)}.</small></p>\n")
         if not results:
             out.append('<p class="gs-not-run">Not yet run: this report has no check of this '
                        "entry.</p>\n")
@@ -317,6 +320,8 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
         parts.append(f"## {esc(report.backend)}\n")
         if report.settings:
             parts.append(f"Settings: {esc(report.settings)}.\n")
+        if report.provenance:
+            parts.append(f"Produced by: {esc(report.provenance)}.\n")
         rows = [[code(r.check_id), esc(", ".join(r.entries)),
                  f'<span class="gs-status gs-{esc(r.status)}">{esc(r.status)}</span>',
                  percent(r.budget_fraction)] for r in report.results]
