@@ -118,7 +118,7 @@ def provenance() -> dict:
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
     return {"commit": commit or None,
             "modified": None if status is None else bool(status),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.platform(), "cpu": _cpu(),
             "python": platform.python_version()}
 

@@ -29,7 +29,7 @@ DOCS = Path(__file__).resolve().parent
 if str(DOCS) not in sys.path:
     sys.path.insert(0, str(DOCS))
 
-from sitegen import dataflow, figures, katex, spec_pages  # noqa: E402
+from sitegen import dataflow, figures, katex, spec_pages, verification  # noqa: E402
 from sitegen.checks import load_checks_for  # noqa: E402
 from sitegen.conformance_results import ReportError, load_reports  # noqa: E402
 
@@ -42,7 +42,23 @@ FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
 CROSSWALK_MARKER = "<!-- gptspec:crosswalk -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
+VERIFICATION_PAGE = f"{spec_pages.SPEC_DIR}/verification.md"
+
 _state: dict[str, Any] = {}
+
+
+def _verification_page(views: list[Any], root: Path) -> str:
+    """What is verified and how: the budgets, every check, the mutation catalog (with the
+    killing checks of a saved catalog run, docs/mutation-results.json, where there is one)."""
+    from gptspec.conformance import budgets
+    from gptspec.conformance.mutants import MUTANTS
+    from gptspec.conformance.registry import all_checks
+
+    try:
+        run = verification.load_mutation_results(root / verification.MUTATION_RESULTS)
+    except verification.MutationResultsError as err:
+        raise PluginError(str(err)) from None
+    return verification.verification_page(views, all_checks(), MUTANTS, run, budgets)
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
@@ -61,6 +77,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     except ReportError as err:
         raise PluginError(str(err)) from None
     pages = spec_pages.render_pages(views, GROUPS, reports)
+    pages[VERIFICATION_PAGE] = _verification_page(views, root)
     for path, text in pages.items():
         spec_pages.write_if_changed(GENERATED / path, text)
     for stale in (GENERATED / spec_pages.SPEC_DIR).glob("*.md"):  # entries renamed or removed
@@ -77,7 +94,8 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
     _state.update(package=package, entry_ids={v.entry.id for v in views}, figure_stats=stats)
     nav = list(config.nav or [])
-    nav.append({"Specification": spec_pages.spec_nav(views, GROUPS)})
+    nav.append({"Specification": spec_pages.spec_nav(views, GROUPS)
+                + [{"Verification": VERIFICATION_PAGE}]})
     config.nav = nav
     return config
 

@@ -206,3 +206,82 @@ def test_the_diagram_is_valid_svg_linking_only_existing_pages() -> None:
     assert links == ["../spec/one_hot/", "../spec/softmax/"]  # the others have no page here
     labels = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
     assert {"text", "tokenizer", "causal multi-head attention", "next-token distribution"} <= labels
+
+
+# --- worked examples and the Verification page (generated from the real project) ---------
+
+
+def test_every_entry_has_a_worked_example_that_a_reader_can_run() -> None:
+    import gptspec.reference
+    from gptspec.spec import REGISTRY
+    from sitegen.examples import worked_example
+
+    examples = {e.id: worked_example(e, gptspec.reference) for e in REGISTRY}
+    assert [i for i, ex in examples.items() if ex is None] == []
+    # the code as shown, run by a fresh interpreter, prints what the page says it printed
+    for entry_id in ("softmax", "train", "cross_entropy_mean"):
+        example = examples[entry_id]
+        assert example is not None
+        run = subprocess.run([sys.executable, "-c", example.code], capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == example.output and example.output.strip()
+    page = spec_pages.entry_page(views(made_up_entry())[0], [])
+    assert "Worked example" not in page  # a function the examples cannot call: none shown
+
+
+def _verification(run=None) -> str:
+    import gptspec.reference
+    from gptspec.conformance import budgets
+    from gptspec.conformance.mutants import MUTANTS
+    from gptspec.conformance.registry import all_checks
+    from gptspec.spec import REGISTRY
+    from sitegen.checks import load_checks_for
+    from sitegen.verification import verification_page
+
+    lookup, _ = load_checks_for()
+    entries = spec_pages.build_views(REGISTRY, gptspec.reference, lookup, ROOT)
+    return verification_page(entries, all_checks(), MUTANTS, run, budgets)
+
+
+def test_the_verification_page_shows_budgets_every_check_and_every_mutant(tmp_path) -> None:
+    from gptspec.conformance.mutants import MUTANTS
+    from gptspec.conformance.registry import all_checks
+    from sitegen.verification import load_mutation_results
+
+    page = _verification()
+    assert "λ = 6" in page and "Higham" in page and "2<sup>-24</sup>" in page
+    checks = all_checks()
+    assert all(f"<code>{c.id}</code>" in page for c in checks)
+    # a precondition, from the check's own docstring
+    assert "W_O = 0, b_O = 0" in page
+    assert f"{len(checks)} checks cover" in page
+    assert f"through {sum(len(c.entries) for c in checks)} entry–check links" in page
+    assert all(f"<code>{m.name}</code>" in page for m in MUTANTS)
+    assert "nox -s mutants" in page  # no saved run: says how to get one, shows no kill
+    saved = tmp_path / "mutation-results.json"
+    first, second = MUTANTS[0], MUTANTS[1]
+    saved.write_text(json.dumps({"schema": "gptspec-mutation", "version": 1, "profile": "quick",
+                                 "seed": 0, "provenance": {"commit": "abcdef1234567"},
+                                 "results": [{"name": first.name, "killed_by": "x.differential",
+                                              "on_target": True},
+                                             {"name": second.name, "killed_by": "",
+                                              "on_target": False}]}))
+    page = _verification(load_mutation_results(saved))
+    assert "<code>x.differential</code>" in page and "survived" in page
+    assert "commit abcdef1234" in page and "not in the saved run" in page
+
+
+def test_the_traceability_matrix_counts_checks_and_links_apart() -> None:
+    import gptspec.reference
+    from gptspec.conformance.registry import all_checks
+    from gptspec.spec import GROUPS, REGISTRY
+    from sitegen.checks import load_checks_for
+
+    lookup, _ = load_checks_for()
+    entries = spec_pages.build_views(REGISTRY, gptspec.reference, lookup, ROOT)
+    page = spec_pages.render_pages(entries, GROUPS, [])["spec/traceability.md"]
+    checks = all_checks()
+    assert f"{len(checks)} checks, linked to entries {sum(len(c.entries) for c in checks)} " \
+           "times" in page
+    assert "(indirect)" in page

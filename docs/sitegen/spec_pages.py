@@ -23,8 +23,9 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
-from sitegen.checks import CheckInfo
+from sitegen.checks import CheckInfo, is_direct
 from sitegen.conformance_results import BackendReport
+from sitegen.examples import Example, worked_example
 from sitegen.markup import code, display_math, esc, inline_math, link, markdown_math, table
 
 SPEC_DIR = "spec"
@@ -67,6 +68,7 @@ class EntryView:
     entry: Any  # gptspec.spec.Equation
     reference: ReferenceCode | None
     checks: tuple[CheckInfo, ...]
+    example: Example | None = None  # run when the site was built
 
     @property
     def page(self) -> str:
@@ -107,9 +109,19 @@ def build_views(
     root: Path,
 ) -> list[EntryView]:
     return [
-        EntryView(e, reference_code(reference_module, e.reference, root), tuple(checks_for(e.id)))
+        EntryView(e, reference_code(reference_module, e.reference, root), tuple(checks_for(e.id)),
+                  worked_example(e, reference_module))
         for e in entries
     ]
+
+
+def _example(example: Example | None) -> str:
+    if example is None:
+        return ""
+    return ("## Worked example\n\n"
+            "Small inputs through the reference function; the output below is what this code "
+            "printed when the site was built (copy it and run it with gptspec installed).\n\n"
+            f"```python\n{example.code}```\n\nOutput:\n\n```text\n{example.output}```\n")
 
 
 # --- traceability ------------------------------------------------------------------------
@@ -139,15 +151,20 @@ def traceability_page(views: Sequence[EntryView], pages: set[str]) -> str:
     for v in views:
         ref = code(f"{v.reference.name}") + f"<br><small>{esc(v.reference.path)}:" \
             f"{v.reference.line}</small>" if v.reference else missing
-        checks = "<br>".join(code(c.id) for c in v.checks) or missing
+        checks = "<br>".join(code(c.id) + ("" if is_direct(v.entry.id, c) else
+                                          " <small>(indirect)</small>")
+                             for c in v.checks) or missing
         page = link(f"../{v.entry.id}/", v.entry.title) if v.page in pages else missing
         rows.append([code(v.entry.id), ref, checks, page])
     return (
         "# Traceability\n\n"
         "Every spec entry, the float64 reference function that transcribes it, the "
         "conformance checks that cover it, and its page. The site is not built if any "
-        "cell is empty.\n\n"
-        f"{len(views)} entries, {sum(len(v.checks) for v in views)} checks.\n\n"
+        "cell is empty. A check marked *indirect* exercises the entry only inside a larger "
+        "computation (see [Verification](verification.md)).\n\n"
+        f"{len(views)} entries; {len({c.id for v in views for c in v.checks})} checks, "
+        f"linked to entries {sum(len(v.checks) for v in views)} times (a check may cover "
+        "several entries).\n\n"
         + table(["Equation", "Reference", "Checks", "Page"], rows, "gs-trace")
     )
 
@@ -251,6 +268,7 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport],
         '<div class="gs-equation">\n' + display_math(e.latex) + "\n</div>\n",
         "<p><strong>Symbols</strong></p>\n" + _symbols_table(e),
         reference,
+        _example(view.example),
         "## Sources\n",
         "\n".join(f"- {esc(str(s))}" for s in e.sources) + "\n",
         _decisions(e, ids),
