@@ -285,3 +285,16 @@ def test_the_traceability_matrix_counts_checks_and_links_apart() -> None:
     assert f"{len(checks)} checks, linked to entries {sum(len(c.entries) for c in checks)} " \
            "times" in page
     assert "(indirect)" in page
+
+
+def test_the_sources_page_maps_the_notes_next_checks_to_checks_that_exist() -> None:
+    import re
+
+    from gptspec.conformance.registry import all_checks
+
+    text = (ROOT / "docs" / "sources.md").read_text(encoding="utf-8")
+    section = text.split('three "next checks"', 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\| [123]\. ", line)]
+    named = [re.findall(r"`([a-z_]+\.[a-z_]+)`", row) for row in rows]
+    assert len(rows) == 3 and all(len(ids) == 1 for ids in named)
+    assert {ids[0] for ids in named} <= {c.id for c in all_checks()}
