@@ -8,7 +8,8 @@ Registered in mkdocs.yml (``hooks: [docs/hooks.py]``). At each build:
   it also makes the figures (a tiny model trained for a few seconds) and installs KaTeX;
 - ``on_files`` adds the generated files and KaTeX's ``dist`` to the site (``docs/generated``
   is excluded from the ordinary file scan so its pages get URLs like ``/spec/softmax/``);
-- ``on_page_markdown`` inlines the data-flow diagram where a page asks for it.
+- ``on_page_markdown`` inlines the data-flow diagram where a page asks for it;
+- ``on_post_build`` turns the TeX in the search index into plain text (readable snippets).
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ DOCS = Path(__file__).resolve().parent
 if str(DOCS) not in sys.path:
     sys.path.insert(0, str(DOCS))
 
-from sitegen import dataflow, figures, katex, spec_pages, verification  # noqa: E402
+from sitegen import (  # noqa: E402
+    dataflow,
+    figures,
+    katex,
+    search_text,
+    spec_pages,
+    verification,
+)
 from sitegen.checks import load_checks_for  # noqa: E402
 from sitegen.conformance_results import ReportError, load_reports  # noqa: E402
 
@@ -112,6 +120,14 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         files.append(File.generated(config, "assets/katex/" + path.relative_to(dist).as_posix(),
                                     abs_src_path=str(path)))
     return files
+
+
+def on_post_build(config: MkDocsConfig) -> None:
+    """Search snippets in plain text: the index's TeX becomes a reading of it (the search
+    plugin, which runs before the hooks, has written the index by now)."""
+    index = Path(config.site_dir) / "search" / "search_index.json"
+    if index.exists():
+        search_text.rewrite_index(index)
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:

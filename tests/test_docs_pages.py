@@ -212,9 +212,10 @@ def test_the_diagram_is_valid_svg_linking_only_existing_pages() -> None:
 
 
 def test_every_entry_has_a_worked_example_that_a_reader_can_run() -> None:
+    from sitegen.examples import worked_example
+
     import gptspec.reference
     from gptspec.spec import REGISTRY
-    from sitegen.examples import worked_example
 
     examples = {e.id: worked_example(e, gptspec.reference) for e in REGISTRY}
     assert [i for i, ex in examples.items() if ex is None] == []
@@ -231,13 +232,14 @@ def test_every_entry_has_a_worked_example_that_a_reader_can_run() -> None:
 
 
 def _verification(run=None) -> str:
+    from sitegen.checks import load_checks_for
+    from sitegen.verification import verification_page
+
     import gptspec.reference
     from gptspec.conformance import budgets
     from gptspec.conformance.mutants import MUTANTS
     from gptspec.conformance.registry import all_checks
     from gptspec.spec import REGISTRY
-    from sitegen.checks import load_checks_for
-    from sitegen.verification import verification_page
 
     lookup, _ = load_checks_for()
     entries = spec_pages.build_views(REGISTRY, gptspec.reference, lookup, ROOT)
@@ -245,9 +247,10 @@ def _verification(run=None) -> str:
 
 
 def test_the_verification_page_shows_budgets_every_check_and_every_mutant(tmp_path) -> None:
+    from sitegen.verification import load_mutation_results
+
     from gptspec.conformance.mutants import MUTANTS
     from gptspec.conformance.registry import all_checks
-    from sitegen.verification import load_mutation_results
 
     page = _verification()
     assert "λ = 6" in page and "Higham" in page and "2<sup>-24</sup>" in page
@@ -273,10 +276,11 @@ def test_the_verification_page_shows_budgets_every_check_and_every_mutant(tmp_pa
 
 
 def test_the_traceability_matrix_counts_checks_and_links_apart() -> None:
+    from sitegen.checks import load_checks_for
+
     import gptspec.reference
     from gptspec.conformance.registry import all_checks
     from gptspec.spec import GROUPS, REGISTRY
-    from sitegen.checks import load_checks_for
 
     lookup, _ = load_checks_for()
     entries = spec_pages.build_views(REGISTRY, gptspec.reference, lookup, ROOT)
@@ -298,3 +302,20 @@ def test_the_sources_page_maps_the_notes_next_checks_to_checks_that_exist() -> N
     named = [re.findall(r"`([a-z_]+\.[a-z_]+)`", row) for row in rows]
     assert len(rows) == 3 and all(len(ids) == 1 for ids in named)
     assert {ids[0] for ids in named} <= {c.id for c in all_checks()}
+
+
+def test_search_snippets_read_formulas_as_text(tmp_path) -> None:
+    from sitegen.search_text import readable, rewrite_index, tex_to_text
+
+    assert tex_to_text(r"\operatorname{softmax}\left(\frac{QK^\top}{\sqrt{d_k}} + M\right) V") \
+        == "softmax (QKᵀ/√d_k + M ) V"
+    assert tex_to_text(r"\hat{x} = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}") \
+        == "x̂ = (x - μ)/√(σ^2 + ε)"
+    assert readable(r"mask \(M_{ij} = -\infty\) for \(j > i\)") == "mask M_{ij} = -∞ for j > i"
+    index = tmp_path / "search_index.json"
+    index.write_text(json.dumps({"config": {}, "docs": [
+        {"location": "spec/softmax/", "title": "Softmax",
+         "text": r"<p>\(\operatorname{softmax}(z)_i = \frac{e^{z_i}}{\sum_j e^{z_j}}\)</p>"}]}))
+    assert rewrite_index(index) == 1
+    text = json.loads(index.read_text())["docs"][0]["text"]
+    assert "\\" not in text and "softmax(z)_i = e^{z_i}/(Σ_j e^{z_j})" in text
