@@ -123,7 +123,8 @@ def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entr
                                         ) -> None:
     server, browser = served
     equation_pages = {f"spec/{e.id}/" for e in entries}
-    pages = sorted(equation_pages) + ["spec/", "spec/traceability/"] + list(GUIDES)
+    pages = sorted(equation_pages) + ["spec/", "spec/traceability/", "spec/verification/"] \
+        + list(GUIDES)
     problems = []
     fonts = None
     for page in pages:
@@ -165,7 +166,8 @@ def test_nothing_is_clipped_at_desktop_widths(served: tuple[SiteServer, Browser]
     and no table runs past the page without a visible scroll bar, on any page."""
     server, browser = served
     pages = sorted(f"spec/{e.id}/" for e in entries) + ["spec/", "spec/traceability/",
-                                                         "spec/conformance/", *GUIDES]
+                                                         "spec/conformance/",
+                                                         "spec/verification/", *GUIDES]
     clipped, measured = [], {"equation": 0, "code": 0, "table": 0}
     try:
         for page in pages:
@@ -264,6 +266,19 @@ def test_search_finds_an_equation(served: tuple[SiteServer, Browser], entries: l
         f" return r.length && r.every(h => h.includes('h={word}')) ? r : null; }})()",
         "search results", seconds=30)
     assert any(f"spec/{entry.id}/" in h for h in hrefs), hrefs
+    snippets = browser.evaluate("[...document.querySelectorAll('.md-search-result__item')]"
+                                ".map(e => e.textContent).join(' ')")
+    assert "\\frac" not in snippets and "\\operatorname" not in snippets, snippets[:500]
+
+
+def test_the_search_index_holds_no_raw_tex(site: Path) -> None:
+    import json
+
+    docs = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["docs"]
+    raw = [d["location"] for d in docs if re.search(r"\\[(\[]|\\frac|\\operatorname", d["text"])]
+    assert raw == [], raw[:10]
+    softmax = next(d for d in docs if d["location"] == "spec/softmax/")
+    assert "softmax(z)_i = e^{z_i}/(Σ_{j=1}^n e^{z_j})" in softmax["text"]
 
 
 def test_no_request_left_the_machine(served: tuple[SiteServer, Browser]) -> None:
