@@ -93,15 +93,17 @@ def table(results: list[MutantResult]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, results: list[MutantResult], profile: str, seed: int) -> None:
+def write_json(path: str, results: list[MutantResult], profile: str, seed: int,
+               started: dict | None = None) -> None:
     """Schema ``gptspec-mutation`` version 1: ``provenance`` as in the conformance report,
     the ``profile`` and ``seed`` the suite ran at, and one entry per mutant (the fields of
-    :class:`MutantResult`)."""
+    :class:`MutantResult`). ``started``: the provenance taken when the run began (the
+    commit that was tested), else it is taken now."""
     import json
 
     from gptspec.conformance.report import provenance, write_atomically
 
-    data = {"schema": "gptspec-mutation", "version": 1, "provenance": provenance(),
+    data = {"schema": "gptspec-mutation", "version": 1, "provenance": started or provenance(),
             "profile": profile, "seed": seed, "results": [asdict(r) for r in results]}
     write_atomically(path, json.dumps(data, indent=2) + "\n")
 
@@ -127,13 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown mutant(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
     names = args.names or [m.name for m in MUTANTS]
+    from gptspec.conformance.report import provenance
+
+    started = provenance() if args.json else None
     results = run_catalog(names, args.profile, args.seed, args.jobs,
                           on_result=lambda r: print(f"  {r.name}: "
                                                     f"{r.killed_by or 'SURVIVED'}", flush=True))
     print()
     print(table(results))
     if args.json:
-        write_json(args.json, results, args.profile, args.seed)
+        write_json(args.json, results, args.profile, args.seed, started)
     bad = [r for r in results if not r.on_target]
     print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed by a check naming "
           f"the right spec entry")
