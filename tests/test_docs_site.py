@@ -258,12 +258,14 @@ def test_search_finds_an_equation(served: tuple[SiteServer, Browser], entries: l
     browser.evaluate("document.querySelector('input.md-search__input').focus()")
     word = entry.title.split()[0].lower()
     browser.type_text(word)
-    # wait for the results of the whole word, not of a prefix typed so far (each result's
-    # link carries its query as ?h=…)
+    # wait for the results of the whole word, not of a prefix typed so far (a result's link
+    # carries its query as ?h=…; a page matched only in its sections has an empty h=)
     hrefs = browser.wait_for(
         "(() => { const r = [...document.querySelectorAll('.md-search-result__item a')]"
         ".map(a => a.getAttribute('href'));"
-        f" return r.length && r.every(h => h.includes('h={word}')) ? r : null; }})()",
+        " const q = r.map(h => (h.match(/[?&]h=([^&#]*)/) || [])[1] || '');"
+        f" return r.length && q.includes('{word}') && q.every(w => !w || w === '{word}')"
+        " ? r : null; })()",
         "search results", seconds=30)
     assert any(f"spec/{entry.id}/" in h for h in hrefs), hrefs
     snippets = browser.evaluate("[...document.querySelectorAll('.md-search-result__item')]"
