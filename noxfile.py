@@ -117,6 +117,7 @@ def wheel(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def mutants(session: nox.Session) -> None:
     """Run the suite against every planted-bug mutant of the fast backend and print the
-    table mutant → killing check (options after --: names, --jobs N, --profile P)."""
+    table mutant → killing check (options after --: names, --jobs N, --profile P;
+    --json docs/mutation-results.json saves it for the site's Verification page)."""
     install(session)
     session.run("python", "-m", "gptspec.conformance.mutation", *session.posargs)

@@ -125,9 +125,12 @@ def _size(expr: str) -> int:
 
 
 def _array(values: np.ndarray, indent: int) -> str:
-    return np.array2string(values, separator=", ", max_line_width=88 - indent,
-                           floatmode="maxprec", precision=2, suppress_small=True
-                           ).replace("\n", "\n" + " " * indent)
+    """A nested list literal, one row per line, aligned under its opening bracket."""
+    if values.ndim == 1:
+        return "[" + ", ".join(str(int(v)) if values.dtype.kind in "iu" else repr(float(v))
+                               for v in values) + "]"
+    rows = [_array(v, indent + 1) for v in values]
+    return "[" + (",\n" + " " * (indent + 1)).join(rows) + "]"
 
 
 def _input_line(name: str, symbol: str, shape: str, rng: np.random.Generator) -> str | None:
