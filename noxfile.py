@@ -66,8 +66,8 @@ def docs(session: nox.Session) -> None:
     """Build the spec site with --strict into site/ (`nox -s docs -- serve` serves it).
 
     KaTeX is installed from the npm registry into .cache/katex on the first build; after
-    that the build needs no network. With no conformance report in out/conformance/, a
-    quick conformance run writes one first (delete it to refresh the results)."""
+    that the build needs no network. With no conformance report in out/conformance/, quick
+    conformance runs write them first, in all four dtypes (delete them to refresh)."""
     install(session, "docs")
     session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material's banner about its successor
     reports = ROOT / "out" / "conformance"
@@ -75,6 +75,12 @@ def docs(session: nox.Session) -> None:
         reports.mkdir(parents=True, exist_ok=True)
         session.run("gptspec", "conformance", "--profile", "quick", "--area", "all", "--report",
                     str(reports / "builtin.json"), success_codes=[0, 1])
+        # bfloat16 and float16: the forward and generation checks, what a 16-bit backend
+        # promises (training runs in float32 or float64)
+        for area in ("forward", "generation"):
+            session.run("gptspec", "conformance", "--profile", "quick", "--area", area,
+                        "--dtype", "bfloat16", "--dtype", "float16", "--report",
+                        str(reports / f"builtin-16bit-{area}.json"), success_codes=[0, 1])
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
     else:
@@ -110,7 +116,8 @@ def wheel(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def mutants(session: nox.Session) -> None:
-    """Run the suite (default profile) against every planted-bug mutant of the fast backend and print the
-    table mutant → killing check (options after --: names, --jobs N, --profile P)."""
+    """Run the suite (default profile) against every planted-bug mutant of the fast backend
+    and print the table mutant → killing check (options after --: names, --jobs N,
+    --profile P; --json docs/mutation-results.json saves it for the site's Verification page)."""
     install(session)
     session.run("python", "-m", "gptspec.conformance.mutation", *session.posargs)

@@ -1,9 +1,10 @@
 """The named properties: each stated precisely, with its preconditions, in its docstring.
 
 These hold of the mathematics whatever the parameters, so they test a backend without
-trusting the reference's arithmetic: embedding round trips (the Notes' first check),
-mask causality (the Notes' second), residual identity (the third), softmax stability,
-and the equal head-sum form of multi-head attention.
+trusting the reference's arithmetic: embedding round trips, mask causality (the Notes'
+second "next check"), residual identity (the third; the first, dimensionality, is
+``model.dimensionality`` in checks_model), softmax stability, and the equal head-sum
+form of multi-head attention.
 """
 
 from __future__ import annotations

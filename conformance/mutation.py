@@ -93,6 +93,21 @@ def table(results: list[MutantResult]) -> str:
     return "\n".join(lines)
 
 
+def write_json(path: str, results: list[MutantResult], profile: str, seed: int,
+               started: dict | None = None) -> None:
+    """Schema ``gptspec-mutation`` version 1: ``provenance`` as in the conformance report,
+    the ``profile`` and ``seed`` the suite ran at, and one entry per mutant (the fields of
+    :class:`MutantResult`). ``started``: the provenance taken when the run began (the
+    commit that was tested), else it is taken now."""
+    import json
+
+    from gptspec.conformance.report import provenance, write_atomically
+
+    data = {"schema": "gptspec-mutation", "version": 1, "provenance": started or provenance(),
+            "profile": profile, "seed": seed, "results": [asdict(r) for r in results]}
+    write_atomically(path, json.dumps(data, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gptspec.conformance.mutation",
                                      description=__doc__.splitlines()[0])
@@ -101,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="processes in parallel (default 2)")
     parser.add_argument("--list", action="store_true", help="list the catalog and exit")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write the results as JSON (the spec site's Verification "
+                             "page reads docs/mutation-results.json)")
     args = parser.parse_args(argv)
     if args.list:
         for m in MUTANTS:
@@ -111,11 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown mutant(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
     names = args.names or [m.name for m in MUTANTS]
+    from gptspec.conformance.report import provenance
+
+    started = provenance() if args.json else None
     results = run_catalog(names, args.profile, args.seed, args.jobs,
                           on_result=lambda r: print(f"  {r.name}: "
                                                     f"{r.killed_by or 'SURVIVED'}", flush=True))
     print()
     print(table(results))
+    if args.json:
+        write_json(args.json, results, args.profile, args.seed, started)
     bad = [r for r in results if not r.on_target]
     print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed by a check naming "
           f"the right spec entry")

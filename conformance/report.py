@@ -4,6 +4,7 @@ versioned schema) and a Markdown summary.
 JSON schema, version 3 (documented for readers in docs/conformance-report.md)::
 
     {"schema": "gptspec-conformance", "version": 3,
+     "provenance": {"commit", "modified", "date", "machine", "cpu", "python"},
      "runs": [{"backend": {"name", "version", "device", "dtype"},
                "settings": {"profile", "seed", "area", "examples_per_property",
                             "timeout_s", "isolated"},
@@ -25,15 +26,23 @@ passes only if it is ≤ 1. ``saved`` lists the files of the failing example wri
 measured ``"backend_fraction", "plain_fraction", "closer"`` ("backend" or "plain"): the
 same call on a plain same-dtype implementation against the same reference and budget.
 
+``provenance`` says what produced the results: the source's git commit (null outside a
+git checkout) and whether tracked files differed from it, the UTC date, the machine
+(platform) and its CPU; each run's backend names its device and dtype, its settings the
+profile.
+
 Version history: 1 — first version; 2 — added ``settings.timeout_s``,
 ``settings.isolated``, ``checks[].saved`` and ``checks[].adjudication``; 3 — added the
-status not-applicable, its count and ``checks[].not_applicable``.
+status not-applicable, its count, ``checks[].not_applicable`` and ``provenance``.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +95,40 @@ def summary(suite: SuiteResult) -> str:
             + (f", {c['not-applicable']} not applicable" if c.get("not-applicable") else ""))
 
 
+def _git(*args: str) -> str | None:
+    """A git command's output in the source folder, or None (no git, not a checkout)."""
+    try:
+        done = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def _cpu() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what platform knows."""
+    try:
+        for text_line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if text_line.startswith("model name"):
+                return text_line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance() -> dict:
+    """What produced a report: commit, date, machine; device, dtype and profile are per run."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit or None,
+            "modified": None if status is None else bool(status),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": platform.platform(), "cpu": _cpu(),
+            "python": platform.python_version()}
+
+
 def to_json(suites: list[SuiteResult]) -> dict:
-    return {"schema": SCHEMA, "version": VERSION,
+    return {"schema": SCHEMA, "version": VERSION, "provenance": provenance(),
             "runs": [{"backend": s.backend, "settings": s.settings, "counts": s.counts,
                       "checks": [r.to_dict() for r in s.results]} for s in suites]}
 

@@ -8,7 +8,8 @@ Registered in mkdocs.yml (``hooks: [docs/hooks.py]``). At each build:
   it also makes the figures (a tiny model trained for a few seconds) and installs KaTeX;
 - ``on_files`` adds the generated files and KaTeX's ``dist`` to the site (``docs/generated``
   is excluded from the ordinary file scan so its pages get URLs like ``/spec/softmax/``);
-- ``on_page_markdown`` inlines the data-flow diagram where a page asks for it.
+- ``on_page_markdown`` inlines the data-flow diagram where a page asks for it;
+- ``on_post_build`` turns the TeX in the search index into plain text (readable snippets).
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ DOCS = Path(__file__).resolve().parent
 if str(DOCS) not in sys.path:
     sys.path.insert(0, str(DOCS))
 
-from sitegen import dataflow, figures, katex, spec_pages  # noqa: E402
+from sitegen import (  # noqa: E402
+    dataflow,
+    figures,
+    katex,
+    search_text,
+    spec_pages,
+    verification,
+)
 from sitegen.checks import load_checks_for  # noqa: E402
 from sitegen.conformance_results import ReportError, load_reports  # noqa: E402
 
@@ -39,9 +47,26 @@ KATEX_FILES = ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js")
 DIAGRAM_MARKER = "<!-- gptspec:dataflow -->"
 PRESETS_MARKER = "<!-- gptspec:presets -->"
 FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
+CROSSWALK_MARKER = "<!-- gptspec:crosswalk -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
+VERIFICATION_PAGE = f"{spec_pages.SPEC_DIR}/verification.md"
+
 _state: dict[str, Any] = {}
+
+
+def _verification_page(views: list[Any], root: Path) -> str:
+    """What is verified and how: the budgets, every check, the mutation catalog (with the
+    killing checks of a saved catalog run, docs/mutation-results.json, where there is one)."""
+    from gptspec.conformance import budgets
+    from gptspec.conformance.mutants import MUTANTS
+    from gptspec.conformance.registry import all_checks
+
+    try:
+        run = verification.load_mutation_results(root / verification.MUTATION_RESULTS)
+    except verification.MutationResultsError as err:
+        raise PluginError(str(err)) from None
+    return verification.verification_page(views, all_checks(), MUTANTS, run, budgets)
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
@@ -60,6 +85,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     except ReportError as err:
         raise PluginError(str(err)) from None
     pages = spec_pages.render_pages(views, GROUPS, reports)
+    pages[VERIFICATION_PAGE] = _verification_page(views, root)
     for path, text in pages.items():
         spec_pages.write_if_changed(GENERATED / path, text)
     for stale in (GENERATED / spec_pages.SPEC_DIR).glob("*.md"):  # entries renamed or removed
@@ -76,7 +102,8 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
     _state.update(package=package, entry_ids={v.entry.id for v in views}, figure_stats=stats)
     nav = list(config.nav or [])
-    nav.append({"Specification": spec_pages.spec_nav(views, GROUPS)})
+    nav.append({"Specification": spec_pages.spec_nav(views, GROUPS)
+                + [{"Verification": VERIFICATION_PAGE}]})
     config.nav = nav
     return config
 
@@ -95,6 +122,14 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     return files
 
 
+def on_post_build(config: MkDocsConfig) -> None:
+    """Search snippets in plain text: the index's TeX becomes a reading of it (the search
+    plugin, which runs before the hooks, has written the index by now)."""
+    index = Path(config.site_dir) / "search" / "search_index.json"
+    if index.exists():
+        search_text.rewrite_index(index)
+
+
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     markdown = _spec_links(markdown, page)
     if PRESETS_MARKER in markdown:
@@ -102,6 +137,12 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
 
         markdown = markdown.replace(PRESETS_MARKER,
                                     spec_pages.presets_table(PRESETS, parameter_count))
+    if CROSSWALK_MARKER in markdown:
+        from gptspec.spec import REGISTRY
+
+        # the page's URL is one folder deep (sources/), the spec pages' are spec/<id>/
+        markdown = markdown.replace(CROSSWALK_MARKER, spec_pages.crosswalk(
+            REGISTRY, "../" + spec_pages.SPEC_DIR))
     if FIGURE_NOTE_MARKER in markdown:
         s = _state["figure_stats"]
         note = (f"The model below was trained with {s['model']} for {s['steps']} steps "

@@ -104,7 +104,7 @@ def qkv_projection(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None = Non
           r"\quad d_k = d_{\mathrm{model}} / h",
     symbols=(
         Symbol("X", "(T, d_model)", "queries, keys or values of all heads"),
-        Symbol("X^{(i)}", "(h, T, d_k)", "head i's columns"),
+        Symbol("X^{(i)}", "(T, d_k)", "head i's columns, for each of the h heads"),
     ),
     sources=(Source(BLUEPRINT, "eq 5"), Source(VASWANI_2017, "sec. 3.2.2")),
     reference="split_heads",
@@ -125,7 +125,7 @@ def split_heads(X: sp.Matrix, n_heads: int) -> list[sp.Matrix]:
     latex=r"\operatorname{Concat}(\mathrm{head}_1, \ldots, \mathrm{head}_h) = "
           r"[\,\mathrm{head}_1 \mid \cdots \mid \mathrm{head}_h\,]",
     symbols=(
-        Symbol(r"\mathrm{head}_i", "(h, T, d_k)", "each head's output"),
+        Symbol(r"\mathrm{head}_i", "(T, d_k)", "head i's output, i = 1, …, h"),
         Symbol(r"\operatorname{Concat}", "(T, d_model)", "the heads side by side"),
     ),
     sources=(Source(BLUEPRINT, "eq 4"), Source(VASWANI_2017, "sec. 3.2.2")),
@@ -396,6 +396,7 @@ MULTI_HEAD = Decision(
         Symbol("W_O", "(d_model, d_model)", "attn.w_o"),
         Symbol("b_O", "(d_model,)", "attn.b_o"),
         Symbol("h", "()", "number of heads; d_k = d_model / h"),
+        Symbol(r"\mathrm{head}_i", "(T, d_k)", "head i's output, i = 1, …, h"),
         Symbol(r"\operatorname{MultiHead}(H)", "(T, d_model)", "the attention sub-layer's output"),
     ),
     sources=(Source(BLUEPRINT, "eqs 4–5"), Source(VASWANI_2017, "sec. 3.2.2"),

@@ -6,6 +6,7 @@ prefix dropped (``ln_1.weight``, ``attn.w_qkv``, ``ffn.w_1``, ...); biases are (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import sympy as sp
@@ -62,6 +63,8 @@ LAYER_NORM_FORM = Decision(
         Symbol(r"\beta", "(d_model,)", "bias (ln.bias)"),
         Symbol(r"\epsilon", "()", "config.ln_eps > 0"),
         Symbol(r"\operatorname{LN}(x)", "(T, d_model)", "normalised rows"),
+        Symbol(r"\mu", "(T,)", "each row's mean"),
+        Symbol(r"\sigma^2", "(T,)", "each row's (biased) variance"),
     ),
     sources=(Source(BA_2016, "sec. 3"), Source(BLUEPRINT, "eqs 7–8"),
              Source(GUIDE, "sec. 5"), Source(NOTES, "sec. 4.1"),
@@ -89,6 +92,27 @@ def layer_norm(x: sp.Matrix, gamma: sp.Matrix, beta: sp.Matrix,
     return sp.Matrix.vstack(*rows)
 
 
+def gelu_tanh_gap() -> tuple[float, float]:
+    """(max |GELU_tanh(x) − GELU(x)|, the x where it is reached), in float64: a scan in
+    steps of 1e-3 over [−8, 8] (beyond it both are 0 or x to double precision), then a
+    golden-section search around the largest sample."""
+    def gap(x: float) -> float:
+        exact = 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0)))
+        tanh = 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        return abs(tanh - exact)
+
+    best = max((i / 1000.0 for i in range(-8000, 8001)), key=gap)
+    lo, hi = best - 1e-3, best + 1e-3
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(60):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        lo, hi = (a, hi) if gap(a) < gap(b) else (lo, b)
+    x = (lo + hi) / 2.0
+    return gap(x), x
+
+
+_GELU_GAP, _GELU_GAP_AT = gelu_tanh_gap()
+
 ACTIVATION = Decision(
     question="Which non-linearity in the feed-forward network?",
     readings=(
@@ -104,8 +128,9 @@ ACTIVATION = Decision(
     decision="Three activations, chosen by config.ffn: relu (Blueprint), gelu (exact xΦ(x)) "
              "and gelu_tanh (GPT-2/3, the default of the GPT-2 presets).",
     why="GPT-2's checkpoints were trained with the tanh approximation; it differs from the "
-        "exact GELU by up to about 3e-4 (absolute), far above any float32 budget, so the two "
-        "are separate entries rather than one with a loose tolerance.",
+        f"exact GELU by up to {_GELU_GAP:.2g} (absolute, at x ≈ {_GELU_GAP_AT:.2f}; computed "
+        "when the spec is loaded), far above any float32 budget, so the two are separate "
+        "entries rather than one with a loose tolerance.",
 )
 
 
@@ -132,7 +157,8 @@ def relu(x: sp.Matrix) -> sp.Matrix:
     group="block",
     latex=r"\operatorname{GELU}(x) = x\,\Phi(x) = \frac{x}{2}\left(1 + "
           r"\operatorname{erf}\!\left(\frac{x}{\sqrt{2}}\right)\right)",
-    symbols=(Symbol("x", "(m, n)", "any array, elementwise"),),
+    symbols=(Symbol("x", "(m, n)", "any array, elementwise"),
+             Symbol(r"\Phi", "()", "the standard normal distribution function, elementwise")),
     sources=(Source(HENDRYCKS_2016, "sec. 2"), Source(GUIDE, "sec. 4")),
     reference="gelu",
     tolerance=Tolerance(r"\lambda\,u\,(1 + |x|)\,|x|", reduction="1",
@@ -342,7 +368,8 @@ def _feed_forward(H: sp.Matrix, p: dict[str, sp.Matrix], config: GPTConfig) -> s
 
 _BLOCK_SYMBOLS = (
     Symbol("H", "(T, d_model)", "the residual stream entering the block"),
-    Symbol("p", "block parameters", "blocks.{l}.* of the canonical schema"),
+    Symbol("H'", "(T, d_model)", "the stream between the two sub-layers (the parameters, "
+           "blocks.{l}.* of the schema, are the sympy form's p)"),
     Symbol(r"H_{\mathrm{out}}", "(T, d_model)", "the residual stream leaving the block"),
 )
 _BLOCK_INPUTS = (("H", "(T, d_model)"), ("p", "block params"), ("config", "config"))
@@ -399,7 +426,8 @@ def block_post_ln(H: sp.Matrix, p: dict[str, sp.Matrix], config: GPTConfig) -> s
     group="block",
     latex=r"H^{(l+1)} = \operatorname{LN}\!\left(\operatorname{FFNN}"
           r"(\operatorname{MultiHead}(H^{(l)})) + H^{(l)}\right)",
-    symbols=_BLOCK_SYMBOLS,
+    symbols=(Symbol("H^{(l)}", "(T, d_model)", "the residual stream entering block l"),
+             Symbol("H^{(l+1)}", "(T, d_model)", "the residual stream leaving it")),
     sources=(Source(GUIDE, "sec. 5"),),
     reference="block_guide",
     tolerance=_BLOCK_TOLERANCE,

@@ -44,6 +44,34 @@ SIZE_SYMBOLS = (
     Symbol("L", "()", "number of blocks"),
     Symbol("d_{ff}", "()", "width of the feed-forward layer"),
 )
+_SIZE_ROWS = {s.name: s for s in SIZE_SYMBOLS} | {
+    "B": Symbol("B", "()", "batch size (sequences)"),
+    "T": Symbol("T", "()", "sequence length"),
+    "s": Symbol("s", "()", "bytes per element (2 for bf16, 4 for float32)"),
+    "h": Symbol("h", "()", "number of heads"),
+}
+
+
+def size_rows(*names: str, result: Symbol, parts: tuple[Symbol, ...] = ()) -> tuple[Symbol, ...]:
+    """An entry's own table: its result, the counts it adds up, and the sizes it uses
+    (each page lists only what its formula writes)."""
+    return (result, *parts, *(_SIZE_ROWS[n] for n in names))
+
+
+def _count(name: str, what: str) -> Symbol:
+    return Symbol(name, "()", what)
+
+
+N_E = _count("N_E", "parameters of the token embedding")
+N_P = _count("N_P", "parameters of the positional embedding")
+N_ATTN = _count("N_{attn}", "parameters of one block's attention")
+N_FFN = _count("N_{ffn}", "parameters of one block's feed-forward layer")
+N_LN = _count("N_{LN}", "parameters of one block's LayerNorms")
+N_BLOCK = _count("N_{block}", "parameters of one block")
+N_LN_F = _count("N_{LN_f}", "parameters of the final LayerNorm")
+N_U = _count("N_U", "parameters of the unembedding")
+N_MM = _count("N_{mm}", "weights a token meets in matrix products")
+C_FWD = _count("C_{fwd}", "forward FLOPs per token")
 
 
 @dataclass(frozen=True)
@@ -92,7 +120,7 @@ COUNT_SOURCES = (Source(RADFORD_2019, "sec. 2.3, table 2"),
     title="Parameters: token embedding",
     group="costs",
     latex=r"N_E = V \, d_{model}",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("V", "d_{model}", result=N_E),
     sources=(Source(BLUEPRINT, "sec. 2.1"),) + COUNT_SOURCES,
     reference="param_count_token_embedding",
 )
@@ -106,7 +134,7 @@ def param_count_token_embedding(config: GPTConfig | None = None):
     title="Parameters: learned positional embedding",
     group="costs",
     latex=r"N_P = n_{ctx} \, d_{model}",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("n_{ctx}", "d_{model}", result=N_P),
     sources=(Source(BLUEPRINT, "sec. 2.1"),) + COUNT_SOURCES,
     reference="param_count_positional_embedding",
 )
@@ -119,8 +147,9 @@ def param_count_positional_embedding(config: GPTConfig | None = None):
     id="param_count_attention",
     title="Parameters: one block's multi-head attention",
     group="costs",
-    latex=r"N_{attn} = 4 d_{model}^2 + 4 d_{model} \quad (W_Q, W_K, W_V, W_O \text{ and biases})",
-    symbols=SIZE_SYMBOLS,
+    latex=r"N_{attn} = 4 d_{model}^2 + 4 d_{model} \quad "
+          r"\text{(four maps of } d_{model} \times d_{model} \text{, and their biases)}",
+    symbols=size_rows("d_{model}", result=N_ATTN),
     sources=(Source(BLUEPRINT, "eqs 2, 5"),) + COUNT_SOURCES,
     reference="param_count_attention",
     notes="The number of heads does not change the count: h heads of width d_model/h.",
@@ -135,7 +164,7 @@ def param_count_attention(config: GPTConfig | None = None):
     title="Parameters: one block's feed-forward layer",
     group="costs",
     latex=r"N_{ffn} = 2 d_{model} d_{ff} + d_{ff} + d_{model}",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("d_{model}", "d_{ff}", result=N_FFN),
     sources=(Source(BLUEPRINT, "eq 6"), Source(GUIDE, "sec. 4")) + COUNT_SOURCES,
     reference="param_count_ffn",
     notes="For the Guide's product FFN, W_2 reads the block input: d_model·d_model.",
@@ -149,8 +178,8 @@ def param_count_ffn(config: GPTConfig | None = None):
     id="param_count_block_norms",
     title="Parameters: one block's LayerNorms",
     group="costs",
-    latex=r"N_{LN} = 2 \cdot 2 d_{model} \quad (\gamma, \beta \text{ of } LN_1, LN_2)",
-    symbols=SIZE_SYMBOLS,
+    latex=r"N_{LN} = 2 \cdot 2 d_{model} \quad \text{(gain and bias of both LayerNorms)}",
+    symbols=size_rows("d_{model}", result=N_LN),
     sources=(Source(BLUEPRINT, "eqs 7-8"), Source(GUIDE, "sec. 5")) + COUNT_SOURCES,
     reference="param_count_block_norms",
     notes="The Guide's block has a single LayerNorm: 2·d_model.",
@@ -166,7 +195,8 @@ def param_count_block_norms(config: GPTConfig | None = None):
     group="costs",
     latex=r"N_{block} = N_{attn} + N_{ffn} + N_{LN} = 12 d_{model}^2 + 13 d_{model} "
           r"\quad (d_{ff} = 4 d_{model})",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("d_{model}", "d_{ff}", result=N_BLOCK,
+                      parts=(N_ATTN, N_FFN, N_LN)),
     sources=COUNT_SOURCES,
     reference="param_count_block",
 )
@@ -180,7 +210,7 @@ def param_count_block(config: GPTConfig | None = None):
     title="Parameters: final LayerNorm",
     group="costs",
     latex=r"N_{LN_f} = 2 d_{model}",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("d_{model}", result=N_LN_F),
     sources=(Source(RADFORD_2019, "sec. 2.3"),),
     reference="param_count_final_norm",
     notes="Zero where the configuration has no final LayerNorm (the Blueprint, the Guide).",
@@ -196,7 +226,9 @@ def param_count_final_norm(config: GPTConfig | None = None):
     group="costs",
     latex=r"N_U = 0 \ \text{(tied: } W_E^\top\text{)}, \quad "
           r"d_{model} V + V \ \text{(untied, with bias)}",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("d_{model}", "V", result=N_U, parts=(
+        Symbol("W_E", "(V, d_model)", "the token embedding, whose transpose is the tied "
+               "unembedding"),)),
     sources=(Source(BLUEPRINT, "eq 9"), Source(GUIDE, "sec. 6")),
     reference="param_count_unembedding",
 )
@@ -210,7 +242,8 @@ def param_count_unembedding(config: GPTConfig | None = None):
     title="Parameters: the whole model",
     group="costs",
     latex=r"N = N_E + N_P + L\,N_{block} + N_{LN_f} + N_U",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("L", result=_count("N", "parameters of the whole model"),
+                      parts=(N_E, N_P, N_BLOCK, N_LN_F, N_U)),
     sources=COUNT_SOURCES,
     reference="param_count_total",
     notes="GPT-2 small, medium, large and xl: 124,439,808; 354,823,168; 774,030,080; "
@@ -243,7 +276,7 @@ FLOP_SOURCES = (Source(KAPLAN_2020, "sec. 2.1, table 1"),)
     title="Weights a token meets in matrix products",
     group="costs",
     latex=r"N_{mm} = L\,(4 d_{model}^2 + 2 d_{model} d_{ff}) + d_{model} V",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("L", "d_{model}", "d_{ff}", "V", result=N_MM),
     sources=FLOP_SOURCES,
     reference="matmul_weights_per_token",
     notes="Every block's weight matrices and the unembedding (even when tied); no "
@@ -260,7 +293,7 @@ def matmul_weights_per_token(config: GPTConfig | None = None):
     title="Forward FLOPs per token",
     group="costs",
     latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{ctx} d_{model}",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("L", "n_{ctx}", "d_{model}", result=C_FWD, parts=(N_MM,)),
     sources=FLOP_SOURCES,
     reference="forward_flops_per_token",
     notes="Multiply-add = 2 FLOPs; matrix products only; the attention term is a full "
@@ -286,7 +319,9 @@ def forward_flops_per_token(config: GPTConfig | None = None):
     title="Training FLOPs per token",
     group="costs",
     latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{ctx} d_{model}",
-    symbols=SIZE_SYMBOLS,
+    symbols=size_rows("L", "n_{ctx}", "d_{model}",
+                      result=_count("C_{train}", "training FLOPs per token"),
+                      parts=(C_FWD, N_MM)),
     sources=FLOP_SOURCES,
     reference="training_flops_per_token",
     notes="The backward pass costs twice the forward: each product's gradient with respect "
@@ -298,19 +333,14 @@ def training_flops_per_token(config: GPTConfig | None = None):
 
 # --- memory ---------------------------------------------------------------------------------
 
-MEMORY_SYMBOLS = SIZE_SYMBOLS + (
-    Symbol("B", "()", "batch size (sequences)"),
-    Symbol("T", "()", "sequence length"),
-    Symbol("s", "()", "bytes per element (2 for bf16, 4 for float32)"),
-)
-
 
 @equation(
     id="kv_cache_bytes",
     title="KV-cache size",
     group="costs",
     latex=r"M_{KV} = 2 \, B \, L \, n_{ctx} \, d_{model} \, s",
-    symbols=MEMORY_SYMBOLS,
+    symbols=size_rows("B", "L", "n_{ctx}", "d_{model}", "s",
+                      result=_count("M_{KV}", "bytes of the KV cache")),
     sources=(Source(BLUEPRINT, "eq 3"),),
     reference="kv_cache_bytes",
     notes="K and V of every layer and head for a full window of n_ctx positions per "
@@ -328,7 +358,10 @@ def kv_cache_bytes(config: GPTConfig | None = None, batch: int | None = None,
     group="costs",
     latex=r"M_{act} = B\,s\,\Big(L\,\big((6 + n_{LN})\,T d_{model} + 2 T d_{ff} + h T^2\big) "
           r"+ 2 T d_{model} + T V\Big)",
-    symbols=MEMORY_SYMBOLS + (Symbol("h", "()", "number of heads"),),
+    symbols=size_rows(
+        "B", "s", "L", "T", "d_{model}", "d_{ff}", "h", "V",
+        result=_count("M_{act}", "bytes of activations kept for the backward pass"),
+        parts=(Symbol("n_{LN}", "()", "LayerNorms per block: 2, or 1 in the Guide's block"),)),
     sources=(Source(BLUEPRINT, "eqs 3-8"),),
     reference="activation_memory_bytes",
     notes="The tensors the backward pass reads, kept from the forward pass. Assumptions: "

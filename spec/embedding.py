@@ -98,6 +98,7 @@ EMBEDDING_DIMENSIONS = Decision(
         Symbol("X", "(T, V)", "one-hot rows of the tokens"),
         Symbol("W_E", "(V, d_model)", "token embedding matrix (wte)"),
         Symbol("E", "(T, d_model)", "token embeddings, one row per position"),
+        Symbol("e_t", "(d_model,)", "row t of E: the embedding of the token at position t"),
     ),
     sources=(
         Source(NOTES, "sec. 1.2 (embedding of one-hot vectors)"),
@@ -125,6 +126,7 @@ def token_embedding_one_hot(X: sp.Matrix, W_E: sp.Matrix) -> sp.Matrix:
         Symbol("x", "(T,)", "token ids"),
         Symbol("W_E", "(V, d_model)", "token embedding matrix (wte)"),
         Symbol("E", "(T, d_model)", "token embeddings"),
+        Symbol("e_t", "(d_model,)", "row t of E: row x_t of W_E"),
     ),
     sources=(
         Source(BLUEPRINT, "sec. 2.1, item 1"),
@@ -208,6 +210,7 @@ def positional_embedding(T: int, W_P: sp.Matrix) -> sp.Matrix:
         Symbol("E", "(T, d_model)", "token embeddings"),
         Symbol("P", "(T, d_model)", "positional embeddings"),
         Symbol("H^{(0)}", "(T, d_model)", "the residual stream entering the first block"),
+        Symbol("e_t, p_t, h_t^{(0)}", "(d_model,)", "row t of E, P and H^{(0)}"),
     ),
     sources=(Source(BLUEPRINT, "sec. 2.1"), Source(RADFORD_2019, "sec. 2.3"),
              Source(VASWANI_2017, "sec. 3.5")),

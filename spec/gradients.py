@@ -65,8 +65,9 @@ def _causal_mask(T: int):
     latex=r"y = xW + b:\quad \frac{\partial L}{\partial x} = G W^\top,\quad "
           r"\frac{\partial L}{\partial W} = x^\top G,\quad "
           r"\frac{\partial L}{\partial b} = \textstyle\sum_t G_{t,:}",
-    symbols=(G_SYMBOL, Symbol("x", "(T, n_in)", "input rows"),
-             Symbol("W", "(n_in, n_out)", "weight")),
+    symbols=(G_SYMBOL, Symbol("x", "(T, n)", "input rows of n features"),
+             Symbol("W", "(n, m)", "weight, n features in, m out"), Symbol("b", "(m,)", "bias"),
+             Symbol("y", "(T, m)", "output rows")),
     sources=(Source(BLUEPRINT, "eq 2"), Source(BLUEPRINT, "eq 6")),
     reference="linear_backward",
     tolerance=SUM_ROWS,
@@ -82,7 +83,10 @@ def linear_backward(G, x, W):
     group="gradients",
     latex=r"E = X W_E:\quad \frac{\partial L}{\partial W_E} = X^\top G,\ \text{i.e. row } v "
           r"\text{ of the gradient is } \textstyle\sum_{t : x_t = v} G_{t,:}",
-    symbols=(G_SYMBOL, Symbol("X", "(T, V)", "one-hot rows of the tokens")),
+    symbols=(G_SYMBOL, Symbol("X", "(T, V)", "one-hot rows of the tokens"),
+             Symbol("x", "(T,)", "the token ids: x_t is the id at position t"),
+             Symbol("W_E", "(V, d_model)", "token embedding matrix (wte)"),
+             Symbol("E", "(T, d_model)", "token embeddings")),
     sources=(Source(NOTES, "embedding"), Source(BLUEPRINT, "sec. 2.1")),
     reference="token_embedding_backward",
     tolerance=Tolerance("0", reduction="T",
@@ -99,14 +103,16 @@ def token_embedding_backward(G, X):
     id="positional_embedding_backward",
     title="Backward of the learned positional embedding",
     group="gradients",
-    latex=r"P = W_P[0{:}T]:\quad \frac{\partial L}{\partial W_P}[t] = G_t \ (t < T),"
-          r"\quad 0 \ (t \ge T)",
-    symbols=(G_SYMBOL, Symbol("W_P", "(n_ctx, d_model)", "positional embedding")),
+    latex=r"P = (W_P)_{1:T,:}:\quad \frac{\partial L}{\partial (W_P)_{t,:}} = G_{t,:} \ (t \le T),"
+          r"\quad 0 \ (t > T)",
+    symbols=(G_SYMBOL, Symbol("W_P", "(n_ctx, d_model)", "positional embedding; row t is "
+                              "position t"),
+             Symbol("P", "(T, d_model)", "the positional rows of a sequence of length T")),
     sources=(Source(BLUEPRINT, "sec. 2.1"),),
     reference="positional_embedding_backward",
     tolerance=Tolerance("0", reduction="B", note="a sum over the batch"),
     notes="In a batch every sequence uses the same rows, so their gradients add up.",
-    sympy_inputs=(("G", "(T, d)"), ("W_P", "(T + 1, d)")),
+    sympy_inputs=(("G", "(T, d)"), ("W_P", "(n_ctx, d)")),
 )
 def positional_embedding_backward(G, W_P):
     return sp.Matrix(W_P.rows, W_P.cols, lambda t, i: G[t, i] if t < G.rows else 0)
@@ -118,7 +124,9 @@ def positional_embedding_backward(G, W_P):
     group="gradients",
     latex=r"H^{(0)} = E + P:\quad \frac{\partial L}{\partial E} = G,\quad "
           r"\frac{\partial L}{\partial P} = G",
-    symbols=(G_SYMBOL,),
+    symbols=(G_SYMBOL, Symbol("E", "(T, d_model)", "token embeddings"),
+             Symbol("P", "(T, d_model)", "positional embeddings"),
+             Symbol("H^{(0)}", "(T, d_model)", "the residual stream entering the first block")),
     sources=(Source(BLUEPRINT, "sec. 2.1"),),
     reference="input_representation_backward",
     sympy_inputs=(("G", "(T, d)"),),
@@ -135,9 +143,11 @@ def input_representation_backward(G):
           r"\frac{\partial L}{\partial E} + \left(\frac{\partial L}{\partial Z}\right)^{\!\top} H_f",
     symbols=(
         Symbol("X", "(T, V)", "one-hot tokens"),
-        Symbol(r"\partial L/\partial E", "(T, d_model)", "gradient reaching the embedding output"),
-        Symbol(r"\partial L/\partial Z", "(T, V)", "gradient of the logits"),
+        Symbol("E", "(T, d_model)", "the embedding's output; ∂L/∂E the gradient reaching it"),
+        Symbol("Z", "(T, V)", "the logits; ∂L/∂Z their gradient"),
         Symbol("H_f", "(T, d_model)", "the last hidden states, input of the unembedding"),
+        Symbol("W_E", "(V, d_model)", "token embedding, the one matrix of both uses"),
+        Symbol("W_U", "(d_model, V)", "the unembedding, here W_E transposed"),
     ),
     sources=(Source(BLUEPRINT, "eq 9"), Source(NOTES, "embedding and unembedding")),
     reference="tied_embedding_accumulation",
@@ -168,7 +178,8 @@ def tied_embedding_accumulation(X, G_E, G_Z, H_f):
     latex=r"Z = H W_E^\top:\quad \frac{\partial L}{\partial H} = G W_E,\quad "
           r"\frac{\partial L}{\partial W_E}\Big|_{\text{output}} = G^\top H",
     symbols=(G_SYMBOL, Symbol("H", "(T, d_model)", "last hidden states"),
-             Symbol("W_E", "(V, d_model)", "token embedding")),
+             Symbol("W_E", "(V, d_model)", "token embedding"),
+             Symbol("Z", "(T, V)", "logits")),
     sources=(Source(BLUEPRINT, "eq 9"),),
     reference="unembed_tied_backward",
     tolerance=SUM_ROWS,
@@ -186,7 +197,8 @@ def unembed_tied_backward(G, H, W_E):
           r"\frac{\partial L}{\partial W_U} = H^\top G,\quad "
           r"\frac{\partial L}{\partial b_U} = \textstyle\sum_t G_{t,:}",
     symbols=(G_SYMBOL, Symbol("H", "(T, d_model)", "last hidden states"),
-             Symbol("W_U", "(d_model, V)", "unembedding")),
+             Symbol("W_U", "(d_model, V)", "unembedding"), Symbol("b_U", "(V,)", "its bias"),
+             Symbol("Z", "(T, V)", "logits")),
     sources=(Source(GUIDE, "sec. 6"),),
     reference="unembed_untied_backward",
     tolerance=SUM_ROWS,
@@ -210,7 +222,11 @@ def unembed_untied_backward(G, H, W_U):
           r"\frac{\partial L}{\partial \gamma} = \textstyle\sum_t G_t \odot \hat{x}_t,\ "
           r"\frac{\partial L}{\partial \beta} = \sum_t G_t",
     symbols=(G_SYMBOL, Symbol("x", "(T, n)", "input rows"), Symbol(r"\gamma", "(n,)", "gain"),
-             Symbol(r"\varepsilon", "()", "variance floor")),
+             Symbol(r"\beta", "(n,)", "bias"), Symbol(r"\varepsilon", "()", "variance floor"),
+             Symbol("y", "(T, n)", "output rows"),
+             Symbol(r"\mu", "(T,)", "each row's mean"),
+             Symbol(r"\sigma", "(T,)", "each row's standard deviation, with the floor"),
+             Symbol("g", "(T, n)", "the upstream gradient through the gain")),
     sources=(Source(BLUEPRINT, "eq 7"), Source(NOTES, "layer norm")),
     reference="layer_norm_backward",
     tolerance=Tolerance(r"\lambda \sqrt{n}\,u\,\kappa", reduction="n",
@@ -243,7 +259,7 @@ def layer_norm_backward(G, x, gamma, eps=DEFAULT_EPS):
     latex=r"a = \operatorname{softmax}(z):\quad \frac{\partial L}{\partial z} = "
           r"a \odot \left(G - \textstyle\sum_j a_j G_j\right) = "
           r"\left(\operatorname{diag}(a) - a a^\top\right) G",
-    symbols=(G_SYMBOL, Symbol("a", "(n,)", "the softmax output")),
+    symbols=(G_SYMBOL, Symbol("z", "(n,)", "the scores"), Symbol("a", "(n,)", "the softmax output")),
     sources=(Source(BLUEPRINT, "eq 3"),),
     reference="softmax_backward",
     tolerance=Tolerance(r"\lambda \sqrt{n}\,u", reduction="n"),
@@ -276,7 +292,9 @@ def _attention_backward(G, Q, K, V, M):
           r"\frac{\partial L}{\partial K} = \frac{1}{\sqrt{d_k}} "
           r"\left(\frac{\partial L}{\partial S}\right)^{\!\top} Q",
     symbols=(G_SYMBOL, Symbol("Q", "(T, d_k)", "queries"), Symbol("K", "(T, d_k)", "keys"),
-             Symbol("V", "(T, d_k)", "values"), Symbol("M", "(T, T)", "causal mask")),
+             Symbol("V", "(T, d_k)", "values"), Symbol("M", "(T, T)", "causal mask"),
+             Symbol("S", "(T, T)", "scaled, masked scores"), Symbol("A", "(T, T)", "attention weights"),
+             Symbol("O", "(T, d_k)", "output")),
     sources=(Source(BLUEPRINT, "eq 3"), Source(NOTES, "attention")),
     reference="scaled_dot_product_attention_backward",
     tolerance=Tolerance(r"\lambda \sqrt{T}\,u", reduction="T"),
@@ -293,15 +311,20 @@ def scaled_dot_product_attention_backward(G, Q, K, V, M):
     id="multi_head_attention_backward",
     title="Backward of multi-head attention",
     group="gradients",
-    latex=r"\text{MultiHead}(H) = [\text{head}_1 \mid \dots \mid \text{head}_h] W_O + b_O:\quad "
-          r"\frac{\partial L}{\partial C} = G W_O^\top,\ "
+    latex=r"\text{MultiHead}(H) = C\,W_O + b_O,\ "
+          r"[Q \mid K \mid V] = H W_{qkv} + b_{qkv},\ C = [\text{head}_1 \mid \dots \mid "
+          r"\text{head}_h]:\quad \frac{\partial L}{\partial C} = G W_O^\top,\ "
           r"\frac{\partial L}{\partial [Q \mid K \mid V]} = [\partial Q_1 \dots \partial Q_h \mid "
           r"\partial K_1 \dots \mid \partial V_1 \dots],\ "
           r"\frac{\partial L}{\partial H} = \frac{\partial L}{\partial [Q \mid K \mid V]} W_{qkv}^\top",
     symbols=(G_SYMBOL, Symbol("H", "(T, d_model)", "input rows"),
              Symbol("W_{qkv}", "(d_model, 3 d_model)", "[W_Q | W_K | W_V]"),
              Symbol("b_{qkv}", "(3 d_model,)", "their biases"),
-             Symbol("W_O", "(d_model, d_model)", "output map"), Symbol("b_O", "(d_model,)", "bias")),
+             Symbol("W_O", "(d_model, d_model)", "output map"), Symbol("b_O", "(d_model,)", "bias"),
+             Symbol("Q", "(T, d_model)", "all heads' queries; Q_i the columns of head i"),
+             Symbol("K", "(T, d_model)", "all heads' keys; K_i those of head i"),
+             Symbol("V", "(T, d_model)", "all heads' values; V_i those of head i"),
+             Symbol("C", "(T, d_model)", "the heads' outputs side by side")),
     sources=(Source(BLUEPRINT, "eq 4"), Source(BLUEPRINT, "eq 5")),
     reference="multi_head_attention_backward",
     tolerance=Tolerance(r"\lambda \sqrt{T d}\,u", reduction="T * d"),
@@ -395,8 +418,11 @@ def relu_backward(G, x):
     id="gelu_backward",
     title="Backward of GELU",
     group="gradients",
-    latex=r"\frac{d}{dx}\, x\Phi(x) = \Phi(x) + x\,\varphi(x)",
-    symbols=(G_SYMBOL, Symbol("x", "(n,)", "input")),
+    latex=r"\frac{\partial L}{\partial x} = G \odot \frac{d}{dx}\, x\Phi(x) "
+          r"= G \odot \bigl(\Phi(x) + x\,\varphi(x)\bigr)",
+    symbols=(G_SYMBOL, Symbol("x", "(n,)", "input"),
+             Symbol(r"\Phi", "()", "the standard normal distribution function, elementwise"),
+             Symbol(r"\varphi", "()", "the standard normal density, elementwise")),
     sources=(Source(BLUEPRINT, "eq 6"),),
     reference="gelu_backward",
     tolerance=Tolerance(r"\lambda u", reduction="1"),
@@ -410,10 +436,12 @@ def gelu_backward(G, x):
     id="gelu_tanh_backward",
     title="Backward of the tanh approximation of GELU",
     group="gradients",
-    latex=r"\frac{d}{dx}\,\tfrac12 x(1 + \tanh u) = \tfrac12(1 + \tanh u) + "
-          r"\tfrac12 x (1 - \tanh^2 u)\sqrt{2/\pi}\,(1 + 3 \cdot 0.044715\,x^2),\ "
+    latex=r"\frac{\partial L}{\partial x} = G \odot \frac{d}{dx}\,\tfrac12 x(1 + \tanh u) "
+          r"= G \odot \bigl(\tfrac12(1 + \tanh u) + "
+          r"\tfrac12 x (1 - \tanh^2 u)\sqrt{2/\pi}\,(1 + 3 \cdot 0.044715\,x^2)\bigr),\ "
           r"u = \sqrt{2/\pi}\,(x + 0.044715\,x^3)",
-    symbols=(G_SYMBOL, Symbol("x", "(n,)", "input")),
+    symbols=(G_SYMBOL, Symbol("x", "(n,)", "input"),
+             Symbol("u", "(n,)", "the argument of tanh, elementwise")),
     sources=(Source(BLUEPRINT, "eq 6"),),
     reference="gelu_tanh_backward",
     tolerance=Tolerance(r"\lambda u", reduction="1"),
@@ -435,7 +463,10 @@ FFN_INPUTS = (("G", "(T, d)"), ("x", "(T, d)"), ("W_1", "(d, f)"), ("b_1", "(1, 
               ("W_2", "(f, d)"), ("b_2", "(1, d)"))
 FFN_SYMBOLS = (G_SYMBOL, Symbol("x", "(T, d_model)", "input rows"),
                Symbol("W_1", "(d_model, d_ff)", "first map"), Symbol("b_1", "(d_ff,)", "bias"),
-               Symbol("W_2", "(d_ff, d_model)", "second map"), Symbol("b_2", "(d_model,)", "bias"))
+               Symbol("W_2", "(d_ff, d_model)", "second map"), Symbol("b_2", "(d_model,)", "bias"),
+               Symbol("a", "(T, d_ff)", "pre-activations"),
+               Symbol(r"\sigma", "()", "the activation, elementwise; σ' its derivative"),
+               Symbol("y", "(T, d_model)", "output rows"))
 FFN_TOLERANCE = Tolerance(r"\lambda \sqrt{d_{ff}}\,u", reduction="d_ff")
 
 
@@ -484,7 +515,15 @@ def ffn_gelu_tanh_backward(G, x, W_1, b_1, W_2, b_2):
           r"\frac{\partial L}{\partial c} = G \odot \sigma(a) \odot \sigma'(c),\ "
           r"\frac{\partial L}{\partial x} = \frac{\partial L}{\partial a} W_1^\top + "
           r"\frac{\partial L}{\partial c} W_2^\top",
-    symbols=FFN_SYMBOLS,
+    symbols=(G_SYMBOL, Symbol("x", "(T, d_model)", "input rows"),
+             Symbol("W_1", "(d_model, d_model)", "first map (d_ff = d_model)"),
+             Symbol("b_1", "(d_model,)", "bias"),
+             Symbol("W_2", "(d_model, d_model)", "second map: it also reads x"),
+             Symbol("b_2", "(d_model,)", "bias"),
+             Symbol("a", "(T, d_model)", "pre-activations of the first map"),
+             Symbol("c", "(T, d_model)", "pre-activations of the second map"),
+             Symbol(r"\sigma", "()", "ReLU, elementwise; σ' its derivative"),
+             Symbol("y", "(T, d_model)", "output rows")),
     sources=(Source(GUIDE, "sec. 4"),),
     reference="ffn_guide_product_backward",
     tolerance=Tolerance(r"\lambda \sqrt{d}\,u", reduction="d"),
@@ -510,7 +549,10 @@ def ffn_guide_product_backward(G, x, W_1, b_1, W_2, b_2):
     title="Backward of a residual connection",
     group="gradients",
     latex=r"y = x + f(x):\quad \frac{\partial L}{\partial x} = G + J_f^\top G",
-    symbols=(G_SYMBOL, Symbol(r"J_f^\top G", "(T, d_model)", "the gradient through the branch")),
+    symbols=(G_SYMBOL, Symbol("x", "(T, d_model)", "input rows"),
+             Symbol("f", "(T, d_model) → (T, d_model)", "the branch (attention or FFN)"),
+             Symbol("y", "(T, d_model)", "output rows"),
+             Symbol(r"J_f^\top G", "(T, d_model)", "the gradient through the branch")),
     sources=(Source(BLUEPRINT, "eq 7"), Source(BLUEPRINT, "eq 8"), Source(NOTES, "residual stream")),
     reference="residual_backward",
     tolerance=Tolerance(r"u", reduction="1"),
@@ -572,18 +614,25 @@ def _forward_ops(config):
 
 
 BLOCK_SYMBOLS = (G_SYMBOL, Symbol("H", "(T, d_model)", "block input"),
-                 Symbol("p", "parameters", "the block's parameters, named as in the schema"))
+                 Symbol("H_{\\text{out}}", "(T, d_model)", "block output"),
+                 Symbol("p", "parameters", "the block's parameters, named as in the schema"),
+                 Symbol("J", "(T d_model, T d_model)", "the Jacobian of the piece named in its "
+                        "subscript, at the forward pass's values"))
+# Every block backward also returns the parameters' gradients.
+PARAMETER_GRADIENTS = (r",\quad \text{and } \frac{\partial L}{\partial p} \text{ for every "
+                       r"parameter } p \text{ of the block}")
 
 
 @equation(
     id="block_pre_ln_backward",
     title="Backward of a pre-LN block (GPT-2/3)",
     group="gradients",
-    latex=r"H' = H + \text{MHA}(\text{LN}_1(H)),\ H_{out} = H' + \text{FFN}(\text{LN}_2(H')):\quad "
+    latex=r"H' = H + \text{MHA}(\text{LN}_1(H)),\ H_{\text{out}} = H' + \text{FFN}(\text{LN}_2(H')):\quad "
           r"\frac{\partial L}{\partial H'} = G + J_{\text{LN}_2}^\top J_{\text{FFN}}^\top G,\ "
           r"\frac{\partial L}{\partial H} = \frac{\partial L}{\partial H'} + "
-          r"J_{\text{LN}_1}^\top J_{\text{MHA}}^\top \frac{\partial L}{\partial H'}",
-    symbols=BLOCK_SYMBOLS,
+          r"J_{\text{LN}_1}^\top J_{\text{MHA}}^\top \frac{\partial L}{\partial H'}"
+          + PARAMETER_GRADIENTS,
+    symbols=BLOCK_SYMBOLS + (Symbol("H'", "(T, d_model)", "the stream after attention"),),
     sources=(Source(NOTES, "residual blocks"),),
     reference="block_pre_ln_backward",
     tolerance=Tolerance(r"\lambda \sqrt{T d}\,u", reduction="T * d"),
@@ -604,11 +653,13 @@ def block_pre_ln_backward(G, H, p, config):
     id="block_post_ln_backward",
     title="Backward of a post-LN block (Blueprint eqs 7-8)",
     group="gradients",
-    latex=r"H' = \text{LN}_1(H + \text{MHA}(H)),\ H_{out} = \text{LN}_2(H' + \text{FFN}(H')):\quad "
+    latex=r"H' = \text{LN}_1(H + \text{MHA}(H)),\ H_{\text{out}} = \text{LN}_2(S_2),\ "
+          r"S_2 = H' + \text{FFN}(H'):\quad "
           r"\frac{\partial L}{\partial S_2} = J_{\text{LN}_2}^\top G,\ "
           r"\frac{\partial L}{\partial H'} = \frac{\partial L}{\partial S_2} + "
-          r"J_{\text{FFN}}^\top \frac{\partial L}{\partial S_2},\ \dots",
-    symbols=BLOCK_SYMBOLS,
+          r"J_{\text{FFN}}^\top \frac{\partial L}{\partial S_2},\ \dots" + PARAMETER_GRADIENTS,
+    symbols=BLOCK_SYMBOLS + (Symbol("H'", "(T, d_model)", "the stream after the first sublayer"),
+                             Symbol("S_2", "(T, d_model)", "the second LayerNorm's input")),
     sources=(Source(BLUEPRINT, "eq 7"), Source(BLUEPRINT, "eq 8")),
     reference="block_post_ln_backward",
     tolerance=Tolerance(r"\lambda \sqrt{T d}\,u", reduction="T * d"),
@@ -631,11 +682,12 @@ def block_post_ln_backward(G, H, p, config):
     id="block_guide_backward",
     title="Backward of the Guide's block",
     group="gradients",
-    latex=r"H_{out} = \text{LN}(\text{FFNN}(\text{Attn}(H)) + H):\quad "
+    latex=r"H_{\text{out}} = \text{LN}(S),\ S = \text{FFNN}(\text{Attn}(H)) + H:\quad "
           r"\frac{\partial L}{\partial S} = J_{\text{LN}}^\top G,\ "
           r"\frac{\partial L}{\partial H} = \frac{\partial L}{\partial S} + "
-          r"J_{\text{Attn}}^\top J_{\text{FFNN}}^\top \frac{\partial L}{\partial S}",
-    symbols=BLOCK_SYMBOLS,
+          r"J_{\text{Attn}}^\top J_{\text{FFNN}}^\top \frac{\partial L}{\partial S}"
+          + PARAMETER_GRADIENTS,
+    symbols=BLOCK_SYMBOLS + (Symbol("S", "(T, d_model)", "the LayerNorm's input"),),
     sources=(Source(GUIDE, "sec. 5"),),
     reference="block_guide_backward",
     tolerance=Tolerance(r"\lambda \sqrt{T d}\,u", reduction="T * d"),
@@ -657,12 +709,17 @@ FFN_BACKWARD = {"relu": ffn_relu_backward, "gelu": ffn_gelu_backward,
     id="gpt_backward",
     title="Backpropagation through the whole model",
     group="gradients",
-    latex=r"\frac{\partial \bar{\mathcal{L}}}{\partial \theta} \text{ for every parameter } "
-          r"\theta: \text{ the backward entries above, applied in reverse order of the "
-          r"forward pass, from } \frac{\partial \bar{\mathcal{L}}}{\partial Z} = "
-          r"\frac{1}{N}(\operatorname{softmax}(Z) - Y)",
-    symbols=(Symbol("x", "(T,)", "input tokens"), Symbol("y", "(T,)", "target tokens"),
-             Symbol(r"\theta", "parameters", "every parameter of the schema")),
+    latex=r"\frac{\partial \bar{\mathcal{L}}}{\partial Z} = \frac{1}{N}\left("
+          r"\operatorname{softmax}(Z) - Y\right) \;\longrightarrow\; "
+          r"\frac{\partial \bar{\mathcal{L}}}{\partial \theta} \text{ for every parameter } "
+          r"\theta",
+    symbols=(Symbol("Z", "(T, V)", "the logits of gpt_forward on the input tokens x"),
+             Symbol("Y", "(T, V)", "the one-hot target tokens y"),
+             Symbol("N", "()", "the number of predicted positions"),
+             Symbol(r"\bar{\mathcal{L}}", "()", "the mean cross-entropy"),
+             Symbol(r"\theta", "parameters", "every parameter of the schema; the backward "
+                    "entries above carry the gradient from Z to each, in reverse order of "
+                    "the forward pass")),
     sources=(Source(BLUEPRINT, "eq 10"), Source(BLUEPRINT, "sec. 3.2")),
     reference="gpt_backward",
     tolerance=Tolerance(r"\lambda \sqrt{D n}\,u_{acc} \max|g|", reduction="T * V",

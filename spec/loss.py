@@ -38,11 +38,12 @@ def log_softmax(z):
     id="cross_entropy_sum",
     title="Cross-entropy loss (the Blueprint's sum)",
     group="loss",
-    latex=r"\mathcal{L}(\theta) = -\sum_{X \in \mathcal{D}} \sum_{t=1}^{T} "
-          r"\log P_\theta(x_t \mid x_{<t})",
+    latex=r"\mathcal{L} = -\sum_{t=1}^{T} \sum_{v=0}^{V-1} Y_{t v}\,"
+          r"\log \operatorname{softmax}(Z_{t,:})_v",
     symbols=(
         Symbol("Z", "(T, V)", "logits; row t gives the distribution of the token after position t"),
-        Symbol("Y", "(T, V)", "one-hot targets"),
+        Symbol("Y", "(T, V)", "one-hot targets: Y_{tv} = 1 where v = x_{t+1}"),
+        Symbol(r"\mathcal{L}", "()", "the summed negative log-likelihood"),
     ),
     sources=(Source(BLUEPRINT, "eq 10"), Source(GUIDE, "sec. 7")),
     reference="cross_entropy_sum",
@@ -57,7 +58,10 @@ def log_softmax(z):
                         r"$-\sum_{i=1}^{T} \log P(y_i \mid x_{1:i-1})$ over one sequence"),
             ),
             decision="The same sum; a batch of sequences is a subset of the corpus. The sum over "
-                     "positions runs over the positions that have a target.",
+                     "positions runs over the positions that have a target: row t of Z "
+                     "predicts x_{t+1}, so over a sequence x_1, …, x_{T+1} this is "
+                     "−Σ_{t=2}^{T+1} log P(x_t | x_{<t}). The first token has no prediction "
+                     "(no t = 1 term), as decided for `sequence_log_probability`.",
             why="Both documents write the negative log-likelihood of the observed next tokens.",
         ),
     ),
@@ -75,10 +79,14 @@ def cross_entropy_sum(Z, Y):
     id="cross_entropy_mean",
     title="Cross-entropy per token",
     group="loss",
-    latex=r"\bar{\mathcal{L}} = \frac{1}{N} \mathcal{L}, \quad N = \text{number of predicted positions}",
+    latex=r"\bar{\mathcal{L}} = \frac{1}{N}\, \mathcal{L}(Z, Y), \quad N = T \text{ rows of } Z "
+          r"\text{ (} B\,T \text{ in a batch)}",
     symbols=(
         Symbol("Z", "(T, V)", "logits"),
         Symbol("Y", "(T, V)", "one-hot targets"),
+        Symbol(r"\mathcal{L}", "()", "the summed loss (cross_entropy_sum)"),
+        Symbol("N", "()", "the number of predicted positions"),
+        Symbol(r"\bar{\mathcal{L}}", "()", "the loss per predicted position"),
     ),
     sources=(Source(BLUEPRINT, "eq 10"),),
     reference="cross_entropy_mean",
@@ -104,12 +112,14 @@ def cross_entropy_mean(Z, Y):
     id="cross_entropy_gradient",
     title="Gradient of the cross-entropy with respect to the logits",
     group="loss",
-    latex=r"\frac{\partial \mathcal{L}}{\partial z_t} = \operatorname{softmax}(z_t) - "
-          r"\operatorname{onehot}(y_t) \quad \left(\text{divided by } N \text{ for } "
-          r"\bar{\mathcal{L}}\right)",
+    latex=r"\frac{\partial \mathcal{L}}{\partial Z_{t,:}} = \operatorname{softmax}(Z_{t,:}) - "
+          r"Y_{t,:} \quad \left(\text{divided by } N \text{ for } \bar{\mathcal{L}}\right)",
     symbols=(
         Symbol("Z", "(T, V)", "logits"),
         Symbol("Y", "(T, V)", "one-hot targets"),
+        Symbol(r"\mathcal{L}", "()", "the summed loss (cross_entropy_sum)"),
+        Symbol("N", "()", "the number of predicted positions, T (B T in a batch)"),
+        Symbol(r"\bar{\mathcal{L}}", "()", "the loss per predicted position, L / N"),
     ),
     sources=(Source(BLUEPRINT, "eq 10"), Source(BLUEPRINT, "eq 9")),
     reference="cross_entropy_gradient",

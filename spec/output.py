@@ -60,6 +60,8 @@ FINAL_NORM = Decision(
         Symbol(r"\beta_f", "(d_model,)", "ln_f.bias"),
         Symbol(r"\epsilon", "()", "config.ln_eps"),
         Symbol("H_f", "(T, d_model)", "normalised final rows"),
+        Symbol(r"\operatorname{LN}_f", "(T, d_model) → (T, d_model)", "the final LayerNorm (ln_f)"),
+        Symbol(r"\mu, \sigma^2", "(T,)", "each row's mean and (biased) variance"),
     ),
     sources=(Source(RADFORD_2019, "sec. 2.3"), Source(BROWN_2020, "sec. 2.1"),
              Source(NOTES, "sec. 4.1")),
@@ -169,6 +171,7 @@ def unembed_untied(H: sp.Matrix, W_U: sp.Matrix, b_U: sp.Matrix | None = None) -
     symbols=(
         Symbol("Z", "(T, V)", "logits"),
         Symbol("P", "(T, V)", "row t: the distribution of the token after position t"),
+        Symbol("x", "(T,)", "token ids; x_t is the token at position t"),
     ),
     sources=(Source(BLUEPRINT, "eq 9"), Source(GUIDE, "sec. 6"), Source(NOTES, "sec. 1.2"),
              Source(RADFORD_2019, "sec. 2")),
@@ -208,6 +211,7 @@ def next_token_distribution(Z: sp.Matrix) -> sp.Matrix:
     symbols=(
         Symbol("x", "(T,)", "token ids"),
         Symbol("Z", "(T, V)", "logits of the sequence; row t − 1 predicts x_t"),
+        Symbol("P", "(T, V)", "the model's next-token distribution (next_token_distribution)"),
     ),
     sources=(Source(BLUEPRINT, "eq 1"), Source(GUIDE, "sec. 7"),
              Source(RADFORD_2019, "sec. 2")),
@@ -252,11 +256,16 @@ def _block_parameters(params: dict[str, sp.Matrix], layer: int) -> dict[str, sp.
     id="gpt_forward",
     title="The forward pass",
     group="output",
-    latex=r"H^{(0)} = E + P, \quad H^{(l)} = \operatorname{Block}_l(H^{(l-1)}),\quad"
-          r" Z = \operatorname{Unembed}\!\left(\operatorname{LN}_f(H^{(L)})\right)",
+    latex=r"Z = f_\theta(x):\quad H^{(0)} = E + P, \quad H^{(l)} = \operatorname{Block}_l(H^{(l-1)}),"
+          r"\quad Z = \operatorname{Unembed}\!\left(\operatorname{LN}_f(H^{(L)})\right)",
     symbols=(
         Symbol("x", "(T,)", "token ids, T ≤ n_ctx"),
         Symbol(r"\theta", "params", "every parameter of the canonical schema"),
+        Symbol(r"f_\theta", "(T,) → (T, V)", "the model with parameters θ"),
+        Symbol("E", "(T, d_model)", "token embeddings of x"),
+        Symbol("P", "(T, d_model)", "positional embeddings of positions 1 … T"),
+        Symbol("H^{(l)}", "(T, d_model)", "the residual stream after block l (l = 0: before the first)"),
+        Symbol(r"\operatorname{LN}_f", "(T, d_model) → (T, d_model)", "the final LayerNorm (ln_f)"),
         Symbol("Z", "(T, V)", "logits"),
     ),
     sources=(Source(BLUEPRINT, "secs. 2.1–2.3, eqs 2–9"), Source(GUIDE, "secs. 2–6"),

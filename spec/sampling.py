@@ -69,7 +69,7 @@ def _descending_order(values: Sequence) -> list[int]:
                 "makes the tie case deterministic instead of dividing by zero.",
         ),
     ),
-    sympy_inputs=(("z", "(1, n)"), ("tau", "() > 0")),
+    sympy_inputs=(("z", "(1, V)"), ("tau", "() > 0")),
 )
 def temperature_softmax(z, tau=1):
     e = (z / tau).applyfunc(sp.exp)
@@ -81,7 +81,8 @@ def temperature_softmax(z, tau=1):
     title="Greedy decoding",
     group="sampling",
     latex=r"x_{T+1} = \min\,\{\, i : z_i = \max_j z_j \,\}",
-    symbols=(Symbol("z", "(V,)", "next-token logits"),),
+    symbols=(Symbol("z", "(V,)", "next-token logits"),
+             Symbol("x_{T+1}", "()", "the next token id")),
     sources=(Source(BLUEPRINT, "sec. 4, step 3"), Source(HOLTZMAN_2020, "sec. 2.1")),
     reference="greedy_token",
     decisions=(
@@ -161,6 +162,8 @@ def top_k_filter(z, k=1):
         Symbol("P", "(V,)", "softmax(z)"),
         Symbol("p", "()", "the mass to reach, 0 < p ≤ 1"),
         Symbol(r"\pi", "(V,)", "token ids by descending P, equal P by ascending id"),
+        Symbol("V^{(p)}", "set", "the nucleus: the token ids kept"),
+        Symbol("c", "()", "the nucleus size: the fewest top tokens whose mass reaches p"),
     ),
     sources=(Source(HOLTZMAN_2020, "sec. 3.1, eq 2"), Source(BLUEPRINT, "sec. 4, step 3")),
     reference="nucleus_filter",
@@ -220,6 +223,7 @@ def nucleus_filter(z, p=1):
         Symbol("k", "()", "top-k (optional: omitted keeps all)"),
         Symbol("p", "()", "nucleus mass (optional: omitted means p = 1)"),
         Symbol("q", "(V,)", "the distribution the next token is drawn from"),
+        Symbol("e_v", "(V,)", "the one-hot vector of token v"),
     ),
     sources=(Source(BLUEPRINT, "sec. 4, steps 2–3"), Source(HOLTZMAN_2020, "sec. 3"),
              Source(RADFORD_2019, "sec. 3 (top-k sampling with k = 40 for samples)")),
@@ -265,6 +269,8 @@ def sampling_distribution(z, tau=1, k=None, p=None):
     symbols=(
         Symbol("q", "(V,)", "the sampling distribution"),
         Symbol("u", "()", "one uniform draw from the seeded generator"),
+        Symbol("x_{T+1}", "()", "the next token id"),
+        Symbol("U[0, 1)", "distribution", "the uniform distribution on [0, 1)"),
     ),
     sources=(Source(BLUEPRINT, "sec. 4, step 3"),),
     reference="sample_token",
@@ -301,12 +307,13 @@ def sample_token(q, u=sp.S.Half):
     id="kv_cache_attention",
     title="KV-cache identity",
     group="sampling",
-    latex=(r"\operatorname{softmax}\!\Big(\frac{q_t K_{0:t}^\top}{\sqrt{d_k}}\Big) V_{0:t} "
+    latex=(r"\operatorname{softmax}\!\Big(\frac{q_t K_{1:t}^\top}{\sqrt{d_k}}\Big) V_{1:t} "
            r"= \Big[\operatorname{softmax}\!\Big(\frac{Q K^\top}{\sqrt{d_k}} + M\Big) V\Big]_t"),
     symbols=(
         Symbol("q_t", "(1, d_k)", "the query of the new token at position t"),
-        Symbol("K_{0:t}", "(t+1, d_k)", "the cached keys of positions 0…t (t's own appended)"),
-        Symbol("V_{0:t}", "(t+1, d_v)", "the cached values of positions 0…t"),
+        Symbol("K_{1:t}", "(t, d_k)", "the cached keys of positions 1…t (t's own appended)"),
+        Symbol("V_{1:t}", "(t, d_k)", "the cached values of positions 1…t"),
+        Symbol("Q, K, V", "(T, d_k)", "the queries, keys and values of the whole sequence"),
         Symbol("M", "(T, T)", "the causal mask, M_{ij} = −∞ for j > i"),
     ),
     sources=(Source(BLUEPRINT, "eq 3 and sec. 4, step 4"), Source(VASWANI_2017, "sec. 3.2.1")),
@@ -335,7 +342,7 @@ def kv_cache_attention(q, K, V):
     id="crop_context",
     title="Cropping the context at n_ctx",
     group="sampling",
-    latex=r"\operatorname{crop}(x_{0:T}) = x_{\max(0,\, T - n_{ctx}):T}",
+    latex=r"\operatorname{crop}(x_{1:T}) = x_{\max(1,\, T - n_{ctx} + 1):T}",
     symbols=(
         Symbol("x", "(T,)", "the token sequence so far (prompt and generated tokens)"),
         Symbol("n_{ctx}", "()", "the context length: the number of learned positions"),
@@ -371,6 +378,7 @@ def crop_context(x, n_ctx=1):
     symbols=(
         Symbol("n", "()", "the number of tokens generated so far"),
         Symbol("N", "()", "the most new tokens asked for"),
+        Symbol("x_{T+n}", "()", "the n-th generated token"),
     ),
     sources=(Source(BLUEPRINT, "sec. 4, step 5"),),
     reference="stop_condition",
@@ -396,12 +404,13 @@ def stop_condition(token, n, max_new_tokens, eot_token=None):
     id="generate",
     title="The generation loop",
     group="sampling",
-    latex=(r"x_{T+n} \sim q\big(f_\theta(\operatorname{crop}(x_{0:T+n-1}))_{-1}\big), "
+    latex=(r"x_{T+n} \sim q\big(f_\theta(\operatorname{crop}(x_{1:T+n-1}))_{\text{last}}\big), "
            r"\quad n = 1, 2, \dots \text{ until stop}"),
     symbols=(
-        Symbol("x_{0:T}", "(T,)", "the prompt"),
+        Symbol("x_{1:T}", "(T,)", "the prompt; x_{T+n} is the n-th generated token"),
         Symbol(r"f_\theta", "(T,) → (T, V)", "the model's forward pass (gpt_forward)"),
         Symbol("q", "(V,) → (V,)", "sampling_distribution with the chosen τ, k, p"),
+        Symbol("n", "()", "the step: x_{T+n} is the token it generates"),
     ),
     sources=(Source(BLUEPRINT, "sec. 4, steps 1–5 and eq 1"),),
     reference="generate",

@@ -52,7 +52,8 @@ _BYTE_LEVEL = Decision(
     group="tokenizer",
     latex=r"\mathcal{V}_0 = \{0, 1, \dots, 255\},\qquad \operatorname{bytes}(i) = \beta_i",
     symbols=(Symbol(r"\beta", "(256,)", "the byte of each base token: a permutation of "
-                    "0…255, the identity for tokenizers trained here"),),
+                    "0…255, the identity for tokenizers trained here"),
+             Symbol(r"\mathcal{V}_0", "(256,)", "the base vocabulary: one token per byte value")),
     sources=(Source(RADFORD_2019, "sec. 2.2"), Source(NOTES, "sec. 1.2")),
     reference="byte_tokens",
     decisions=(_BYTE_LEVEL,),
@@ -71,7 +72,8 @@ def byte_tokens(beta=tuple(range(256))):
     latex=r"\operatorname{chunks}(s) = (s_{[p_0, p_1)}, s_{[p_1, p_2)}, \dots),\quad "
           r"s_{[p_i, p_{i+1})} = \text{the leftmost match of } P \text{ at } p_i",
     symbols=(Symbol("s", "()", "the text, a string of Unicode code points"),
-             Symbol("P", "()", "the pattern: GPT-2's (default) or the cl100k-style one")),
+             Symbol("P", "()", "the pattern: GPT-2's (default) or the cl100k-style one"),
+             Symbol("p_i", "()", "where chunk i starts in s; p_0 = 0")),
     sources=(Source(RADFORD_2019, "sec. 2.2"), Source(POST, "discussion")),
     reference="pretokenize",
     decisions=(Decision(
@@ -109,7 +111,9 @@ def pretokenize(s, P=GPT2_PATTERN):
     latex=r"c(a, b) = \sum_{w} \operatorname{mult}(w)\,"
           r"\bigl|\{\, j : (w_j, w_{j+1}) = (a, b) \,\}\bigr|",
     symbols=(Symbol("w", "(n,)", "a distinct chunk, as token ids"),
-             Symbol(r"\operatorname{mult}(w)", "()", "how often w occurs in the text")),
+             Symbol(r"\operatorname{mult}(w)", "()", "how often w occurs in the text"),
+             Symbol("c(a, b)", "()", "how often token a is directly followed by token b, over "
+                    "the text")),
     sources=(Source(SENNRICH_2016, "sec. 3.2, Algorithm 1"),),
     reference="pair_counts",
     notes="Overlapping occurrences count: (a, a) occurs twice in (a, a, a), though only "
@@ -128,8 +132,10 @@ def pair_counts(chunks):
     id="best_pair",
     title="The merge chosen at each step, and its tie-break",
     group="tokenizer",
-    latex=r"m_k = \min_{\mathrm{lex}} \operatorname*{arg\,max}_{(a,b)\,:\,c(a,b) > 0} c(a, b)",
-    symbols=(Symbol("c", "()", "the pair counts after merges m_0 … m_{k-1}"),),
+    latex=r"m_k = \min_{\text{lex}} \operatorname*{arg\,max}_{(a,b)\,:\,c(a,b) > 0} c(a, b)",
+    symbols=(Symbol("c", "()", "the pair counts after merges m_0 … m_{k-1}"),
+             Symbol("(a, b)", "(2,)", "a pair of adjacent token ids"),
+             Symbol("m_k", "(2,)", "merge k: the pair chosen, ties to the smallest")),
     sources=(Source(SENNRICH_2016, "Algorithm 1"),),
     reference="best_pair",
     decisions=(Decision(
@@ -159,7 +165,9 @@ def best_pair(c):
     group="tokenizer",
     latex=r"\mu_{(a,b)\to t}(w) = \begin{cases} (t)\,\Vert\,\mu(w_{3:}) & w_1 = a,\ w_2 = b "
           r"\\ (w_1)\,\Vert\,\mu(w_{2:}) & \text{otherwise} \end{cases}",
-    symbols=(Symbol("w", "(n,)", "token ids"), Symbol("t", "()", "the new token")),
+    symbols=(Symbol("w", "(n,)", "token ids"), Symbol("t", "()", "the new token"),
+             Symbol("(a, b)", "(2,)", "the pair merged"),
+             Symbol(r"\mu", "(n,) → (m,)", "the merge, applied left to right without overlap")),
     sources=(Source(SENNRICH_2016, "Algorithm 1"),),
     reference="merge_pair",
     notes="Left to right, without overlaps: (a, a, a) becomes (t, a).",
@@ -183,7 +191,12 @@ def merge_pair(w, pair, t):
           r"m_k = \operatorname{best}(c_{W^{(k)}}),\quad "
           r"W^{(k+1)} = \mu_{m_k \to 256 + k}(W^{(k)}),\quad k < V - 256",
     symbols=(Symbol("s", "()", "the training text"),
-             Symbol("V", "()", "the vocabulary size asked for (≥ 256)")),
+             Symbol("V", "()", "the vocabulary size asked for (≥ 256)"),
+             Symbol("W^{(k)}", "chunks", "the text's distinct chunks as token ids, after k merges"),
+             Symbol("c", "()", "the pair counts (pair_counts)"),
+             Symbol("k", "()", "the merge's number, from 0: its new token is 256 + k"),
+             Symbol("m_k", "(2,)", "merge k (best_pair)"),
+             Symbol(r"\mu", "(n,) → (m,)", "one merge applied to every chunk (merge_pair)")),
     sources=(Source(SENNRICH_2016, "Algorithm 1"), Source(RADFORD_2019, "sec. 2.2"),
              Source(NOTES, "sec. 1.2")),
     reference="train",
@@ -208,9 +221,12 @@ def train(s, V, P=GPT2_PATTERN):
     id="token_bytes",
     title="The bytes of a token",
     group="tokenizer",
-    latex=r"\operatorname{bytes}(256 + k) = \operatorname{bytes}(a_k)\,\Vert\,"
+    latex=r"m_k = (a_k, b_k):\quad \operatorname{bytes}(256 + k) = "
+          r"\operatorname{bytes}(a_k)\,\Vert\,"
           r"\operatorname{bytes}(b_k)",
-    symbols=(Symbol("m_k", "()", "merge k = (a_k, b_k)"),),
+    symbols=(Symbol("m_k", "()", "merge k = (a_k, b_k)"),
+             Symbol("a_k, b_k", "()", "the two token ids merge k joins"),
+             Symbol("k", "()", "the merge's number, from 0: its token is 256 + k")),
     sources=(Source(SENNRICH_2016, "sec. 3.2"),),
     reference="token_bytes",
 )
@@ -228,7 +244,9 @@ def token_bytes(merges, beta=tuple(range(256))):
     latex=r"w \leftarrow \mu_{m_k \to 256+k}^{\text{leftmost}}(w),\quad "
           r"k = \min\{\, k : m_k = (w_j, w_{j+1}) \text{ for some } j \,\}, "
           r"\text{ until no adjacent pair is a merge}",
-    symbols=(Symbol("w", "(n,)", "the chunk's tokens, starting as its bytes"),),
+    symbols=(Symbol("w", "(n,)", "the chunk's tokens, starting as its bytes"),
+             Symbol("m_k", "(2,)", "merge k of the trained merges"),
+             Symbol(r"\mu", "(n,) → (m,)", "one merge, here at the leftmost place it applies")),
     sources=(Source(POST, "discussion: the encode step"), Source(RADFORD_2019, "sec. 2.2")),
     reference="bpe_chunk",
     decisions=(Decision(
@@ -268,7 +286,11 @@ def bpe_chunk(chunk, merges, beta=tuple(range(256))):
     latex=r"s = u_0\,\sigma_1\,u_1 \cdots \sigma_r\,u_r \;\mapsto\; "
           r"(u_0, \operatorname{id}(\sigma_1), u_1, \dots),\quad \sigma_i \in A",
     symbols=(Symbol("A", "()", "the allowed special tokens, e.g. <|endoftext|> = 50256 "
-                    "in GPT-2"),),
+                    "in GPT-2"),
+             Symbol("s", "()", "the text"),
+             Symbol(r"\sigma_i", "()", "the i-th allowed special token found in s"),
+             Symbol("u_i", "()", "the ordinary text around them (possibly empty)"),
+             Symbol("r", "()", "the number of special tokens found")),
     sources=(Source(RADFORD_2019, "sec. 2.1"),),
     reference="split_special",
     decisions=(Decision(
@@ -305,7 +327,10 @@ def split_special(s, special_tokens, allowed):
     latex=r"\operatorname{encode}(s) = \mathop{\Vert}_{u\text{ or }\sigma}\;"
           r"\begin{cases}\operatorname{id}(\sigma) \\ \mathop{\Vert}_{x \in "
           r"\operatorname{chunks}(u)} \operatorname{bpe}(\operatorname{utf8}(x))\end{cases}",
-    symbols=(Symbol("s", "()", "the text"),),
+    symbols=(Symbol("s", "()", "the text"),
+             Symbol("u", "()", "a piece of ordinary text (split_special)"),
+             Symbol(r"\sigma", "()", "an allowed special token (split_special)"),
+             Symbol("x", "()", "a chunk of u (pretokenize)")),
     sources=(Source(POST, "discussion: the encode step"), Source(NOTES, "sec. 1.2"),
              Source(RADFORD_2019, "sec. 2.2")),
     reference="encode",
@@ -378,7 +403,8 @@ def decode(x, merges, special_tokens=None):
     latex=r"\phi(b) = \begin{cases} \operatorname{chr}(b) & b \in [33, 126] \cup "
           r"[161, 172] \cup [174, 255] \\ \operatorname{chr}(256 + |\{b' < b : b' "
           r"\text{ not printable}\}|) & \text{otherwise}\end{cases}",
-    symbols=(Symbol("b", "()", "a byte value"),),
+    symbols=(Symbol("b", "()", "a byte value"),
+             Symbol(r"\phi", "() → ()", "the printable character that stands for byte b")),
     sources=(Source(RADFORD_2019, "sec. 2.2"),),
     reference="bytes_to_unicode",
     notes="Not part of the map from text to tokens. GPT-2's vocab.json and merges.txt, "

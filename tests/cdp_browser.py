@@ -267,6 +267,13 @@ class Browser:
         path.write_bytes(base64.b64decode(data))
         return path
 
+    def set_width(self, width: int, height: int = 900) -> None:
+        """Lay the page out as in a desktop window ``width`` CSS pixels wide."""
+        self.send("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                  session=self.session)
+        self.pump(0.1)
+
     def requested_urls(self) -> list[str]:
         """Every URL the page and its workers asked for, as CDP reported it."""
         return [e["params"]["request"]["url"] for e in self.events
@@ -309,6 +316,52 @@ MATH_STATS_JS = r"""
   errors: document.querySelectorAll(".katex-error").length,
   title: document.title,
 }))()
+"""
+
+# Display equations, code blocks and tables whose content a reader cannot see whole:
+# an equation or a code block whose content is wider than its box (it would have to be
+# scrolled or is cut off: both must break or wrap instead); a table that runs past the
+# article with no visible scroll bar to reach the rest (scrolling visibly is allowed).
+CLIPPED_JS = r"""
+(() => {
+  const article = document.querySelector("article") || document.body;
+  // Material lets a table's frame reach into the content's margin: measure against that.
+  const right = (article.closest(".md-content") || article).getBoundingClientRect().right + 1;
+  const out = [];
+  const name = (el) => (el.textContent || "").trim().replace(/\s+/g, " ").slice(0, 60);
+  for (const el of article.querySelectorAll("div.arithmatex")) {
+    const hidden = el.scrollWidth - el.clientWidth;
+    const past = el.getBoundingClientRect().right - right;
+    if (hidden > 1 || past > 0)
+      out.push({kind: "equation", hidden: Math.max(hidden, past), text: name(el)});
+  }
+  for (const el of article.querySelectorAll("pre > code")) {
+    const hidden = Math.max(el.scrollWidth - el.clientWidth,
+                            el.parentElement.scrollWidth - el.parentElement.clientWidth);
+    if (hidden > 1) out.push({kind: "code", hidden: hidden, text: name(el)});
+  }
+  for (const el of article.querySelectorAll("table")) {
+    let box = el.parentElement, scroller = null;
+    for (; box && box !== article; box = box.parentElement) {
+      const style = getComputedStyle(box);
+      if (["auto", "scroll"].includes(style.overflowX) && box.scrollWidth > box.clientWidth) {
+        scroller = box;
+        break;
+      }
+    }
+    if (scroller) {  // it scrolls: the frame is in view and its scroll bar is drawn
+      const bar = scroller.offsetHeight - scroller.clientHeight;
+      const past = scroller.getBoundingClientRect().right - right;
+      if (bar <= 0 || past > 0)
+        out.push({kind: "table", hidden: scroller.scrollWidth - scroller.clientWidth,
+                  text: name(el), why: bar <= 0 ? "no scroll bar" : "frame past the page"});
+    } else {
+      const past = el.getBoundingClientRect().right - right;
+      if (past > 0) out.push({kind: "table", hidden: past, text: name(el)});
+    }
+  }
+  return out;
+})()
 """
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,12 @@ def test_cli_writes_a_versioned_json_report_and_markdown(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     assert data["schema"] == "gptspec-conformance" and data["version"] == 3
+    # what produced it: this checkout's commit, a date, the machine
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+    prov = data["provenance"]
+    assert prov["commit"] == (head or None) and prov["date"].endswith("UTC")
+    assert prov["machine"] and prov["cpu"] and isinstance(prov["modified"], (bool, type(None)))
     (run,) = data["runs"]
     assert run["backend"]["dtype"] == "float32" and run["backend"]["name"] == "torch"
     ids = {c["id"] for c in run["checks"]}

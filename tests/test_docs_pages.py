@@ -98,6 +98,28 @@ def test_reports_are_shown_on_the_page_of_the_entry_they_check(tmp_path: Path) -
     assert "other.thing" not in page and "Not yet run" not in page
 
 
+def test_results_say_which_commit_date_machine_profile_device_and_dtype_produced_them(
+        tmp_path: Path) -> None:
+    run = {"backend": {"name": "torch", "version": "2.13.0", "device": "cpu",
+                       "dtype": "bfloat16"},
+           "settings": {"profile": "quick", "seed": 0},
+           "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",
+                       "worst_fraction": 0.5}]}
+    report = tmp_path / "torch.json"
+    report.write_text(json.dumps({
+        "schema": "gptspec-conformance", "version": 3, "runs": [run],
+        "provenance": {"commit": "0123456789abcdef", "modified": True,
+                       "date": "2025-01-31 14:05 UTC", "machine": "Linux-x86_64",
+                       "cpu": "Some CPU", "python": "3.11.7"}}))
+    page = spec_pages.entry_page(views(made_up_entry())[0], load_report(report))
+    assert ("commit 0123456789 with local changes; 2025-01-31 14:05 UTC; Linux-x86_64, "
+            "Some CPU; profile quick; device cpu; dtype bfloat16") in page
+    old = tmp_path / "old.json"  # a version 2 report has no provenance: said, not invented
+    old.write_text(json.dumps({"schema": "gptspec-conformance", "version": 2, "runs": [run]}))
+    page = spec_pages.conformance_page(load_report(old))
+    assert "commit not recorded; date not recorded; machine not recorded" in page
+
+
 HEAD = '{"schema": "gptspec-conformance", "version": 1, '
 
 
@@ -184,3 +206,116 @@ def test_the_diagram_is_valid_svg_linking_only_existing_pages() -> None:
     assert links == ["../spec/one_hot/", "../spec/softmax/"]  # the others have no page here
     labels = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
     assert {"text", "tokenizer", "causal multi-head attention", "next-token distribution"} <= labels
+
+
+# --- worked examples and the Verification page (generated from the real project) ---------
+
+
+def test_every_entry_has_a_worked_example_that_a_reader_can_run() -> None:
+    from sitegen.examples import worked_example
+
+    import gptspec.reference
+    from gptspec.spec import REGISTRY
+
+    examples = {e.id: worked_example(e, gptspec.reference) for e in REGISTRY}
+    assert [i for i, ex in examples.items() if ex is None] == []
+    # the code as shown, run by a fresh interpreter, prints what the page says it printed
+    for entry_id in ("softmax", "train", "cross_entropy_mean"):
+        example = examples[entry_id]
+        assert example is not None
+        run = subprocess.run([sys.executable, "-c", example.code], capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == example.output and example.output.strip()
+    page = spec_pages.entry_page(views(made_up_entry())[0], [])
+    assert "Worked example" not in page  # a function the examples cannot call: none shown
+
+
+def _verification(run=None) -> str:
+    from sitegen.checks import load_checks_for
+    from sitegen.verification import verification_page
+
+    import gptspec.reference
+    from gptspec.conformance import budgets
+    from gptspec.conformance.mutants import MUTANTS
+    from gptspec.conformance.registry import all_checks
+    from gptspec.spec import REGISTRY
+
+    lookup, _ = load_checks_for()
+    entries = spec_pages.build_views(REGISTRY, gptspec.reference, lookup, ROOT)
+    return verification_page(entries, all_checks(), MUTANTS, run, budgets)
+
+
+def test_the_verification_page_shows_budgets_every_check_and_every_mutant(tmp_path) -> None:
+    from sitegen.verification import load_mutation_results
+
+    from gptspec.conformance.mutants import MUTANTS
+    from gptspec.conformance.registry import all_checks
+
+    page = _verification()
+    assert "λ = 6" in page and "Higham" in page and "2<sup>-24</sup>" in page
+    checks = all_checks()
+    assert all(f"<code>{c.id}</code>" in page for c in checks)
+    # a precondition, from the check's own docstring
+    assert "W_O = 0, b_O = 0" in page
+    assert f"{len(checks)} checks cover" in page
+    assert f"through {sum(len(c.entries) for c in checks)} entry–check links" in page
+    assert all(f"<code>{m.name}</code>" in page for m in MUTANTS)
+    assert "nox -s mutants" in page  # no saved run: says how to get one, shows no kill
+    saved = tmp_path / "mutation-results.json"
+    first, second = MUTANTS[0], MUTANTS[1]
+    saved.write_text(json.dumps({"schema": "gptspec-mutation", "version": 1, "profile": "quick",
+                                 "seed": 0, "provenance": {"commit": "abcdef1234567"},
+                                 "results": [{"name": first.name, "killed_by": "x.differential",
+                                              "on_target": True},
+                                             {"name": second.name, "killed_by": "",
+                                              "on_target": False}]}))
+    page = _verification(load_mutation_results(saved))
+    assert "<code>x.differential</code>" in page and "survived" in page
+    assert "commit abcdef1234" in page and "not in the saved run" in page
+
+
+def test_the_traceability_matrix_counts_checks_and_links_apart() -> None:
+    from sitegen.checks import load_checks_for
+
+    import gptspec.reference
+    from gptspec.conformance.registry import all_checks
+    from gptspec.spec import GROUPS, REGISTRY
+
+    lookup, _ = load_checks_for()
+    entries = spec_pages.build_views(REGISTRY, gptspec.reference, lookup, ROOT)
+    page = spec_pages.render_pages(entries, GROUPS, [])["spec/traceability.md"]
+    checks = all_checks()
+    assert f"{len(checks)} checks, linked to entries {sum(len(c.entries) for c in checks)} " \
+           "times" in page
+    assert "(indirect)" in page
+
+
+def test_the_sources_page_maps_the_notes_next_checks_to_checks_that_exist() -> None:
+    import re
+
+    from gptspec.conformance.registry import all_checks
+
+    text = (ROOT / "docs" / "sources.md").read_text(encoding="utf-8")
+    section = text.split('three "next checks"', 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\| [123]\. ", line)]
+    named = [re.findall(r"`([a-z_]+\.[a-z_]+)`", row) for row in rows]
+    assert len(rows) == 3 and all(len(ids) == 1 for ids in named)
+    assert {ids[0] for ids in named} <= {c.id for c in all_checks()}
+
+
+def test_search_snippets_read_formulas_as_text(tmp_path) -> None:
+    from sitegen.search_text import readable, rewrite_index, tex_to_text
+
+    assert tex_to_text(r"\operatorname{softmax}\left(\frac{QK^\top}{\sqrt{d_k}} + M\right) V") \
+        == "softmax (QKᵀ/√d_k + M ) V"
+    assert tex_to_text(r"\hat{x} = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}") \
+        == "x̂ = (x - μ)/√(σ^2 + ε)"
+    assert readable(r"mask \(M_{ij} = -\infty\) for \(j > i\)") == "mask M_{ij} = -∞ for j > i"
+    index = tmp_path / "search_index.json"
+    index.write_text(json.dumps({"config": {}, "docs": [
+        {"location": "spec/softmax/", "title": "Softmax",
+         "text": r"<p>\(\operatorname{softmax}(z)_i = \frac{e^{z_i}}{\sum_j e^{z_j}}\)</p>"}]}))
+    assert rewrite_index(index) == 1
+    text = json.loads(index.read_text())["docs"][0]["text"]
+    assert "\\" not in text and "softmax(z)_i = e^{z_i}/(Σ_j e^{z_j})" in text

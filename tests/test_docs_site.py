@@ -22,6 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cdp_browser import (  # noqa: E402
+    CLIPPED_JS,
     MATH_STATS_JS,
     RAW_MATH_JS,
     Browser,
@@ -32,7 +33,7 @@ from cdp_browser import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "out" / "docs-site"
 GUIDES = ("", "model/", "notation/", "training/", "generation/", "backend/", "conformance-report/",
-          "figures/")
+          "figures/", "sources/")
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -122,7 +123,8 @@ def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entr
                                         ) -> None:
     server, browser = served
     equation_pages = {f"spec/{e.id}/" for e in entries}
-    pages = sorted(equation_pages) + ["spec/", "spec/traceability/"] + list(GUIDES)
+    pages = sorted(equation_pages) + ["spec/", "spec/traceability/", "spec/verification/"] \
+        + list(GUIDES)
     problems = []
     fonts = None
     for page in pages:
@@ -149,15 +151,58 @@ def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entr
     assert fonts, "KaTeX's fonts did not load"
 
 
+DESKTOP_WIDTHS = (1280, 1400, 1920)
+
+
+def _typeset(browser: Browser, page: str) -> None:
+    browser.wait_for(f"(() => {{ const s = {MATH_STATS_JS}; "
+                     "return s.katex + s.errors === s.arithmatex; })()",
+                     f"KaTeX to typeset {page}", seconds=20)
+
+
+def test_nothing_is_clipped_at_desktop_widths(served: tuple[SiteServer, Browser], entries: list
+                                              ) -> None:
+    """At 1280, 1400 and 1920 px no display equation or code block is wider than its box,
+    and no table runs past the page without a visible scroll bar, on any page."""
+    server, browser = served
+    pages = sorted(f"spec/{e.id}/" for e in entries) + ["spec/", "spec/traceability/",
+                                                         "spec/conformance/",
+                                                         "spec/verification/", *GUIDES]
+    clipped, measured = [], {"equation": 0, "code": 0, "table": 0}
+    try:
+        for page in pages:
+            browser.navigate(server.url + page)
+            _typeset(browser, page)
+            for kind, selector in (("equation", "div.arithmatex"), ("code", "pre > code"),
+                                   ("table", "table")):
+                measured[kind] += browser.evaluate(
+                    f"document.querySelector('article').querySelectorAll('{selector}').length")
+            for width in DESKTOP_WIDTHS:
+                browser.set_width(width)
+                clipped += [f"{page} at {width} px: {c}" for c in browser.evaluate(CLIPPED_JS)]
+    finally:
+        browser.set_width(1280)
+    print(f"\n{len(pages)} pages at {DESKTOP_WIDTHS} px; measured per width: {measured}; "
+          f"clipped: {len(clipped)}")
+    assert measured["equation"] > len(entries) and measured["code"] > len(entries)
+    assert not clipped, f"{len(clipped)} clipped:\n" + "\n".join(clipped[:40])
+
+
 def test_screenshot_of_an_equation_page(served: tuple[SiteServer, Browser], entries: list
                                         ) -> None:
+    """Multi-head attention's page at 1400 px: its equation is the longest of the forward
+    pass; the screenshot is kept for a person to look at."""
     server, browser = served
-    entry = next((e for e in entries if e.id == "softmax"), entries[0])
-    browser.navigate(server.url + f"spec/{entry.id}/")
-    browser.wait_for("document.querySelectorAll('.arithmatex .katex').length > 0",
-                     "math to render")
-    path = browser.screenshot(ARTIFACTS / f"spec-{entry.id}.png")
-    print(f"\nscreenshot of {entry.id}'s page: {path}")
+    entry = next((e for e in entries if e.id == "multi_head_attention"), entries[0])
+    browser.set_width(1400)
+    try:
+        browser.navigate(server.url + f"spec/{entry.id}/")
+        _typeset(browser, entry.id)
+        browser.evaluate("document.fonts.ready.then(() => true)")
+        path = browser.screenshot(ARTIFACTS / f"spec-{entry.id}-1400px.png")
+    finally:
+        browser.set_width(1280)
+    print(f"\nscreenshot of {entry.id}'s page at 1400 px: {path}")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
 
@@ -213,14 +258,29 @@ def test_search_finds_an_equation(served: tuple[SiteServer, Browser], entries: l
     browser.evaluate("document.querySelector('input.md-search__input').focus()")
     word = entry.title.split()[0].lower()
     browser.type_text(word)
-    # wait for the results of the whole word, not of a prefix typed so far (each result's
-    # link carries its query as ?h=…)
+    # wait for the results of the whole word, not of a prefix typed so far (a result's link
+    # carries its query as ?h=…; a page matched only in its sections has an empty h=)
     hrefs = browser.wait_for(
         "(() => { const r = [...document.querySelectorAll('.md-search-result__item a')]"
         ".map(a => a.getAttribute('href'));"
-        f" return r.length && r.every(h => h.includes('h={word}')) ? r : null; }})()",
+        " const q = r.map(h => (h.match(/[?&]h=([^&#]*)/) || [])[1] || '');"
+        f" return r.length && q.includes('{word}') && q.every(w => !w || w === '{word}')"
+        " ? r : null; })()",
         "search results", seconds=30)
     assert any(f"spec/{entry.id}/" in h for h in hrefs), hrefs
+    snippets = browser.evaluate("[...document.querySelectorAll('.md-search-result__item')]"
+                                ".map(e => e.textContent).join(' ')")
+    assert "\\frac" not in snippets and "\\operatorname" not in snippets, snippets[:500]
+
+
+def test_the_search_index_holds_no_raw_tex(site: Path) -> None:
+    import json
+
+    docs = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["docs"]
+    raw = [d["location"] for d in docs if re.search(r"\\[(\[]|\\frac|\\operatorname", d["text"])]
+    assert raw == [], raw[:10]
+    softmax = next(d for d in docs if d["location"] == "spec/softmax/")
+    assert "softmax(z)_i = e^{z_i}/(Σ_{j=1}^n e^{z_j})" in softmax["text"]
 
 
 def test_no_request_left_the_machine(served: tuple[SiteServer, Browser]) -> None:
@@ -244,7 +304,11 @@ def test_the_checks_catch_a_broken_page(tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text(
         "<!doctype html><html><head><title>broken</title>"
         '<link rel="stylesheet" href="http://cdn.gptspec-test.invalid/katex.css"></head>'
-        '<body><p class="arithmatex">\\(x^2\\)</p>'
+        '<body><article style="width: 400px"><p class="arithmatex">\\(x^2\\)</p>'
+        '<div class="arithmatex" style="overflow: hidden; white-space: nowrap">' + "x + " * 200 + "</div>"
+        '<pre style="overflow: hidden"><code>' + "y = 1; " * 200 + "</code></pre>"
+        '<div><table><tr><td style="white-space: nowrap">' + "wide " * 200
+        + "</td></tr></table></div></article>"
         '<img src="http://cdn.gptspec-test.invalid/x.png"></body></html>', encoding="utf-8")
     with SiteServer(tmp_path) as server, tempfile.TemporaryDirectory() as profile:
         browser = Browser(Path(profile), server.netloc)
@@ -255,6 +319,8 @@ def test_the_checks_catch_a_broken_page(tmp_path: Path) -> None:
             stats = browser.evaluate(MATH_STATS_JS)
             assert stats["katex"] < stats["arithmatex"]
             leaked = off_machine(browser.requested_urls(), server.netloc)
+            assert [c["kind"] for c in browser.evaluate(CLIPPED_JS)] == ["equation", "code",
+                                                                         "table"]
             assert any("cdn.gptspec-test.invalid" in u for u in leaked), leaked
             assert any("cdn.gptspec-test.invalid" in u for u in server.log.refused)
         finally:

@@ -18,6 +18,16 @@ class CheckInfo:
     id: str
     budget: str  # how the check's tolerance is derived, in words or LaTeX
     description: str = ""
+    ops: tuple[str, ...] = ()  # the backend operations it calls
+
+
+def is_direct(entry_id: str, check: Any) -> bool:
+    """Whether a check exercises an entry on its own: it calls the backend's operation of
+    that name (for ``gpt_forward``, the model's forward pass, which a check naming no
+    operation calls), or it is the entry's own check (its id begins ``<entry>.``).
+    Otherwise the entry reaches the check only inside a larger computation."""
+    return (entry_id in check.ops or check.id.split(".")[0] == entry_id
+            or (not check.ops and entry_id == "gpt_forward"))
 
 
 def _text(value: Any) -> str:
@@ -39,7 +49,8 @@ def _info(check: Any) -> CheckInfo:
         description = _text(getattr(check, name, None)).strip()
         if description:
             break
-    return CheckInfo(id=str(check.id), budget=budget, description=description.split("\n")[0])
+    return CheckInfo(id=str(check.id), budget=budget, description=description.split("\n")[0],
+                     ops=tuple(getattr(check, "ops", ())))
 
 
 def load_checks_for() -> tuple[Callable[[str], list[CheckInfo]], str]:

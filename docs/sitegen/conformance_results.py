@@ -41,6 +41,7 @@ class BackendReport:
     backend: str  # "name version · device · dtype"
     settings: str
     results: tuple[CheckResult, ...] = field(default=())
+    provenance: str = ""  # "commit …, date, machine, CPU; profile …, device …, dtype …"
 
     def for_entry(self, entry_id: str) -> list[CheckResult]:
         return [r for r in self.results if entry_id in r.entries]
@@ -56,7 +57,7 @@ def report_paths(root: Path) -> list[Path]:
 
 SCHEMA = "gptspec-conformance"
 VERSIONS = (1, 2, 3)  # 2 added settings.timeout_s, isolated, saved and adjudication;
-# 3 the status not-applicable and checks[].not_applicable
+# 3 the status not-applicable, checks[].not_applicable and provenance
 
 
 def _describe_backend(info: Any) -> str:
@@ -71,6 +72,26 @@ def _describe_settings(settings: Any) -> str:
     if isinstance(settings, dict):
         return ", ".join(f"{k} {v}" for k, v in settings.items())
     return str(settings or "")
+
+
+def _describe_provenance(data: dict, run: dict) -> str:
+    """Which commit, date, machine, profile, device and dtype produced a run's results;
+    what a report (before version 3) does not record is said to be unrecorded."""
+    prov = data.get("provenance")
+    prov = prov if isinstance(prov, dict) else {}
+    commit = prov.get("commit")
+    if isinstance(commit, str) and commit:
+        source = f"commit {commit[:10]}" + (" with local changes" if prov.get("modified") else "")
+    else:
+        source = "commit not recorded"
+    machine = ", ".join(str(prov[k]) for k in ("machine", "cpu") if prov.get(k))
+    backend = run.get("backend") if isinstance(run.get("backend"), dict) else {}
+    settings = run.get("settings") if isinstance(run.get("settings"), dict) else {}
+    parts = [source, str(prov.get("date") or "date not recorded"),
+             machine or "machine not recorded",
+             f"profile {settings.get('profile', '?')}",
+             f"device {backend.get('device', '?')}", f"dtype {backend.get('dtype', '?')}"]
+    return "; ".join(parts)
 
 
 def _check_result(item: Any, path: Path) -> CheckResult:
@@ -121,6 +142,7 @@ def load_report(path: Path) -> list[BackendReport]:
             backend=_describe_backend(run.get("backend")),
             settings=_describe_settings(run.get("settings")),
             results=tuple(_check_result(c, path) for c in checks),
+            provenance=_describe_provenance(data, run),
         ))
     return reports
 

@@ -24,8 +24,9 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
 from sitegen import drawn
-from sitegen.checks import CheckInfo
+from sitegen.checks import CheckInfo, is_direct
 from sitegen.conformance_results import BackendReport
+from sitegen.examples import Example, worked_example
 from sitegen.markup import code, display_math, esc, inline_math, link, markdown_math, table
 
 SPEC_DIR = "spec"
@@ -68,6 +69,7 @@ class EntryView:
     entry: Any  # gptspec.spec.Equation
     reference: ReferenceCode | None
     checks: tuple[CheckInfo, ...]
+    example: Example | None = None  # run when the site was built
 
     @property
     def page(self) -> str:
@@ -108,9 +110,19 @@ def build_views(
     root: Path,
 ) -> list[EntryView]:
     return [
-        EntryView(e, reference_code(reference_module, e.reference, root), tuple(checks_for(e.id)))
+        EntryView(e, reference_code(reference_module, e.reference, root), tuple(checks_for(e.id)),
+                  worked_example(e, reference_module))
         for e in entries
     ]
+
+
+def _example(example: Example | None) -> str:
+    if example is None:
+        return ""
+    return ("## Worked example\n\n"
+            "Small inputs through the reference function; the output below is what this code "
+            "printed when the site was built (copy it and run it with gptspec installed).\n\n"
+            f"```python\n{example.code}```\n\nOutput:\n\n```text\n{example.output}```\n")
 
 
 # --- traceability ------------------------------------------------------------------------
@@ -140,15 +152,20 @@ def traceability_page(views: Sequence[EntryView], pages: set[str]) -> str:
     for v in views:
         ref = code(f"{v.reference.name}") + f"<br><small>{esc(v.reference.path)}:" \
             f"{v.reference.line}</small>" if v.reference else missing
-        checks = "<br>".join(code(c.id) for c in v.checks) or missing
+        checks = "<br>".join(code(c.id) + ("" if is_direct(v.entry.id, c) else
+                                          " <small>(indirect)</small>")
+                             for c in v.checks) or missing
         page = link(f"../{v.entry.id}/", v.entry.title) if v.page in pages else missing
         rows.append([code(v.entry.id), ref, checks, page])
     return (
         "# Traceability\n\n"
         "Every spec entry, the float64 reference function that transcribes it, the "
         "conformance checks that cover it, and its page. The site is not built if any "
-        "cell is empty.\n\n"
-        f"{len(views)} entries, {sum(len(v.checks) for v in views)} checks.\n\n"
+        "cell is empty. A check marked *indirect* exercises the entry only inside a larger "
+        "computation (see [Verification](verification.md)).\n\n"
+        f"{len(views)} entries; {len({c.id for v in views for c in v.checks})} checks, "
+        f"linked to entries {sum(len(v.checks) for v in views)} times (a check may cover "
+        "several entries).\n\n"
         + table(["Equation", "Reference", "Checks", "Page"], rows, "gs-trace")
     )
 
@@ -216,6 +233,9 @@ def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
         out.append(f"**{esc(report.backend)}**" +
                    (f" <small>({esc(report.settings)})</small>" if report.settings else "")
                    + "\n")
+        if report.provenance:
+            out.append(f'<p class="gs-provenance"><small>Produced by: '
+                       f"{esc(report.provenance)}.</small></p>\n")
         if not results:
             out.append('<p class="gs-not-run">Not yet run: this report has no check of this '
                        "entry.</p>\n")
@@ -234,21 +254,22 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport],
     """The page of one entry; ``ids`` are the entries its prose may link to."""
     e = view.entry
     ref = view.reference
-    left = (
-        "<div><p><strong>Equation</strong></p>\n" + display_math(e.latex)
-        + "\n<p><strong>Symbols</strong></p>\n" + _symbols_table(e) + "</div>"
-    )
     if ref is not None:
-        right = (f"<div><p><strong>Reference</strong> {code('gptspec.reference.' + ref.name)} "
-                 f"<small>({esc(ref.path)}, line {ref.line})</small></p>\n"
-                 + _python_html(ref.source) + "</div>")
+        reference = (f"<p><strong>Reference</strong> {code('gptspec.reference.' + ref.name)} "
+                     f"<small>({esc(ref.path)}, line {ref.line})</small></p>\n"
+                     + _python_html(ref.source))
     else:
-        right = '<div><p class="gs-missing">No reference function.</p></div>'
+        reference = '<p class="gs-missing">No reference function.</p>\n'
+    # One column: the equation full width, its symbols, then the code (side by side, each
+    # had half the width and long equations and code lines were cut off).
     parts = [
         f"# {e.title}\n",
         f'<p class="gs-meta">Entry {code(e.id)} · group '
         f'<a href="../#{esc(e.group)}">{esc(group_title(e.group))}</a></p>\n',
-        f'<div class="gs-beside">\n{left}\n{right}\n</div>\n',
+        '<div class="gs-equation">\n' + display_math(e.latex) + "\n</div>\n",
+        "<p><strong>Symbols</strong></p>\n" + _symbols_table(e),
+        reference,
+        _example(view.example),
         "## Sources\n",
         "\n".join(f"- {esc(str(s))}" for s in e.sources) + "\n",
         _decisions(e, ids),
@@ -318,6 +339,8 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
         parts.append(f"## {esc(report.backend)}\n")
         if report.settings:
             parts.append(f"Settings: {esc(report.settings)}.\n")
+        if report.provenance:
+            parts.append(f"Produced by: {esc(report.provenance)}.\n")
         rows = [[code(r.check_id), esc(", ".join(r.entries)),
                  f'<span class="gs-status gs-{esc(r.status)}">{esc(r.status)}</span>',
                  percent(r.budget_fraction)] for r in report.results]
@@ -338,6 +361,31 @@ def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]
               inline_math("L"), inline_math("h"), inline_math(r"d_{\text{ff}}"), "block", "FFN",
               "output", "parameters"]
     return table(header, rows)
+
+
+def crosswalk(entries: Iterable[Any], spec_dir: str) -> str:
+    """For each cited document, each place cited in it and the entries that cite it, the
+    four source documents first (in the order of gptspec.spec.sources), then the papers."""
+    from gptspec.spec import sources
+
+    cited: dict[str, dict[str, list[Any]]] = {}
+    for e in entries:
+        for s in e.sources:
+            cited.setdefault(s.document, {}).setdefault(s.where or "(whole)", []).append(e)
+    first = [sources.NOTES, sources.GUIDE, sources.BLUEPRINT, sources.POST]
+    order = [d for d in first if d in cited] + sorted(d for d in cited if d not in first)
+    parts = []
+    for document in order:
+        parts.append(f"### {esc(document)}\n")
+        rows = [[esc(where), ", ".join(link(f"{spec_dir}/{e.id}/", e.title) for e in es)]
+                for where, es in sorted(cited[document].items(), key=lambda kv: _natural(kv[0]))]
+        parts.append(table(["Where", "Specified by"], rows, "gs-crosswalk"))
+    return "\n".join(parts) + "\n"
+
+
+def _natural(text: str) -> list[Any]:
+    """'eq 10' after 'eq 9'."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
 # --- writing -------------------------------------------------------------------------------

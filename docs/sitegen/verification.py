@@ -1,0 +1,209 @@
+"""The Verification page: what is verified and how, generated from the code that does it.
+
+Everything shown is read at build time: the budgets' model and λ from
+``gptspec.conformance.budgets``, each check's full description (its docstring, with its
+preconditions) from ``gptspec.conformance.registry``, the mutation catalog from
+``gptspec.conformance.mutants`` and, where a catalog run was saved
+(``python -m gptspec.conformance.mutation --json docs/mutation-results.json``), which check
+killed each mutant. Nothing here is typed by hand, so the page cannot drift from the suite.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sitegen.checks import is_direct
+from sitegen.markup import code, esc, link, table
+
+MUTATION_RESULTS = Path("docs") / "mutation-results.json"
+AREA_ORDER = ("forward", "tokenizer", "training", "generation", "costs")
+
+
+class MutationResultsError(ValueError):
+    """A saved mutation run that cannot be read; the message names the file."""
+
+
+@dataclass(frozen=True)
+class MutationRun:
+    """A saved run of the mutation catalog: which check killed each mutant."""
+
+    killed_by: dict[str, tuple[str, bool]]  # mutant → (check id or "", names a broken entry)
+    provenance: str
+
+
+def load_mutation_results(path: Path) -> MutationRun | None:
+    """The saved catalog run, or None when there is none."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        results = data["results"]
+        killed = {r["name"]: (str(r["killed_by"]), bool(r["on_target"])) for r in results}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise MutationResultsError(f"mutation results {path}: cannot be read: {err}") from None
+    if data.get("schema") != "gptspec-mutation":
+        raise MutationResultsError(f"mutation results {path}: not a gptspec-mutation file")
+    prov = data.get("provenance") or {}
+    commit = prov.get("commit")
+    described = "; ".join([
+        f"commit {commit[:10]}" if commit else "commit not recorded",
+        str(prov.get("date") or "date not recorded"),
+        ", ".join(str(prov[k]) for k in ("machine", "cpu") if prov.get(k)) or "machine?",
+        f"profile {data.get('profile', '?')}, seed {data.get('seed', '?')}"])
+    return MutationRun(killed, described)
+
+
+def _docstring_html(doc: str) -> str:
+    """A check's docstring as it is written (line breaks kept: its numbered conditions)."""
+    text = esc(inspect.cleandoc(doc))
+    text = re.sub(r"``([^`]+)``", r"<code>\1</code>", text)
+    return f'<div class="gs-checkdoc">{text}</div>\n'
+
+
+def _budget_section(budgets: Any) -> str:
+    lam = budgets.LAMBDA
+    tail = math.erfc(lam / math.sqrt(2))  # P(|Z| > λ) for a standard Gaussian error
+    rows = [[code(name), f"2<sup>{round(math.log2(u))}</sup> = {u:.3g}"]
+            for name, u in budgets.UNIT_ROUNDOFF.items()]
+    doc = inspect.cleandoc(budgets.__doc__ or "")
+    doc = re.sub(r":mod:`([^`]+)`", r"`\1`", doc).replace("``", "`")
+    model = "\n\n".join(p for p in doc.split("\n\n")[1:])  # the title line is the heading
+    # Markdown starts a list only after a blank line
+    model = re.sub(r"(?<=[^\n])\n(?=\* )", "\n\n", model, count=1)
+    model = model.replace("counted per\nfunction below", "counted per\nfunction in the module")
+    return "\n".join([
+        "## Budgets: the Higham–Mary bound and λ\n",
+        f"Every tolerance in the suite is a budget **λ = {lam:g}** times an error scale "
+        "propagated through the computation from the dtype's unit roundoff *u* and each "
+        "reduction's length *n*. For a sum of length *n* the scale is √n·u·Σ|terms|, the "
+        "probabilistic bound of Higham & Mary (2019): rounding errors independent and "
+        "mean-zero, so they grow like √n, not n. A Gaussian error exceeds λ times its scale "
+        f"with probability {tail:.1e} per element (computed here, erfc(λ/√2)); Higham & "
+        "Mary's bound holds with probability at least 1 − 2n·exp(−λ²/2).\n",
+        table(["dtype", "unit roundoff u"], rows),
+        "How the scales are built (the docstring of `gptspec.conformance.budgets`):\n",
+        model + "\n",
+        "Each entry's page shows its own budget formula, and each check below the budget it "
+        "applies.\n",
+    ])
+
+
+def _checks_section(checks: Sequence[Any], entry_ids: set[str], spec_dir: str) -> str:
+    parts = ["## The checks\n",
+             "Each check's full description, as its docstring states it: the property, and "
+             "the preconditions under which the property must hold. *Differential* checks "
+             "compare the backend with the float64 reference; *property* checks test a law "
+             "the operation must obey.\n"]
+    by_area: dict[str, list[Any]] = {}
+    for c in checks:
+        by_area.setdefault(c.area, []).append(c)
+    for area in [a for a in AREA_ORDER if a in by_area] + sorted(set(by_area) - set(AREA_ORDER)):
+        parts.append(f"### {area.capitalize()} ({len(by_area[area])} checks)\n")
+        for c in by_area[area]:
+            entries = ", ".join(link(f"{spec_dir}/{e}/", e) if e in entry_ids else esc(e)
+                                for e in c.entries)
+            facts = [f"{esc(c.kind)}", f"covers {entries}"]
+            if c.ops:
+                facts.append("calls " + ", ".join(code(o) for o in c.ops))
+            if c.depends_on:
+                facts.append("blocked by a failure of " + ", ".join(code(d) for d in c.depends_on))
+            parts.append(f'<p class="gs-check-head" id="check-{esc(c.id.replace(".", "-"))}">'
+                         f"{code(c.id)} · {' · '.join(facts)}</p>\n")
+            parts.append(_docstring_html(c.doc or c.id))
+            if c.budget:
+                parts.append(f"<p><small>Budget: {esc(c.budget)}</small></p>\n")
+    return "\n".join(parts)
+
+
+def _mutation_section(mutants: Sequence[Any], run: MutationRun | None, spec_dir: str,
+                      entry_ids: set[str]) -> str:
+    parts = ["## The mutation catalog\n",
+             f"{len(mutants)} realistic bugs planted in the PyTorch backend. The suite must "
+             "kill each one with a check that names a spec entry the bug breaks: a bug no "
+             "check notices is a hole in the suite.\n"]
+    if run is None:
+        parts.append("No saved run of the catalog was found when this site was built, so "
+                     "the killing checks are not shown: run `nox -s mutants -- --json "
+                     "docs/mutation-results.json` and rebuild.\n")
+    else:
+        parts.append(f"Killing checks from a saved run of the catalog ({esc(run.provenance)}).\n")
+    rows = []
+    for m in mutants:
+        breaks = ", ".join(link(f"{spec_dir}/{e}/", e) if e in entry_ids else esc(e)
+                           for e in m.breaks)
+        if run is None:
+            killed = "run <code>nox -s mutants</code>"
+        elif m.name not in run.killed_by:
+            killed = "not in the saved run"
+        else:
+            check_id, on_target = run.killed_by[m.name]
+            killed = (code(check_id) + ("" if on_target else " (names no broken entry)")
+                      if check_id else '<span class="gs-missing">survived</span>')
+        rows.append([code(m.name), esc(m.area), breaks, esc(m.doc), killed])
+    parts.append(table(["Mutant", "Suite", "Breaks", "The bug", "Killed by"], rows,
+                       "gs-mutants"))
+    return "\n".join(parts)
+
+
+def _coverage_section(views: Sequence[Any], checks: Sequence[Any], spec_dir: str) -> str:
+    by_id = {c.id: c for c in checks}
+    links = sum(len(c.entries) for c in checks)
+    rows, only_indirect = [], 0
+    for v in views:
+        e = v.entry.id
+        mine = [by_id[c.id] for c in v.checks if c.id in by_id]
+        direct = [c for c in mine if is_direct(e, c)]
+        indirect = [c for c in mine if not is_direct(e, c)]
+        only_indirect += not direct
+        rows.append([link(f"{spec_dir}/{e}/", e),
+                     "<br>".join(code(c.id) for c in direct) or "—",
+                     "<br>".join(code(c.id) for c in indirect) or "—"])
+    return "\n".join([
+        "## Direct and indirect coverage\n",
+        f"{len(checks)} checks cover {len(views)} entries through {links} entry–check links "
+        "(a check may cover several entries). A check covers an entry **directly** when it "
+        "calls the backend's operation of that name (for `gpt_forward`, the model's forward "
+        "pass) or is the entry's own check; **indirectly** when the entry is exercised only "
+        "inside a larger computation (the forward or backward pass, the tokenizer, "
+        "generation), where a failure is seen but not localised to it. "
+        f"{len(views) - only_indirect} entries are covered directly, {only_indirect} only "
+        "indirectly.\n",
+        table(["Entry", "Direct", "Indirect"], rows, "gs-coverage"),
+    ])
+
+
+def verification_page(views: Sequence[Any], checks: Sequence[Any], mutants: Sequence[Any],
+                      run: MutationRun | None, budgets: Any, spec_dir: str = "..") -> str:
+    """``views``: the entries (spec_pages.EntryView); ``checks``: the registry's checks;
+    ``spec_dir``: the spec pages' folder relative to this page."""
+    entry_ids = {v.entry.id for v in views}
+    kinds: dict[str, int] = {}
+    for c in checks:
+        kinds[c.kind] = kinds.get(c.kind, 0) + 1
+    return "\n".join([
+        "# Verification\n",
+        "What is verified, and how. Three layers of evidence:\n",
+        f"1. **The spec against itself.** Each of the {len(views)} entries' sympy forms is "
+        "evaluated at 40 digits on random inputs and compared with the float64 reference "
+        "function of the same name (`tests/test_spec_reference.py`); gradient entries are "
+        "compared with sympy's derivative of their forward form, and the composed backwards "
+        "with central differences (`tests/test_gradients.py`); the symbols table, LaTeX "
+        "and shapes of each page agree (`tests/test_spec_consistency.py`).",
+        f"2. **Any backend against the reference.** {len(checks)} conformance checks "
+        f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}) generate inputs with "
+        "Hypothesis, round them to the backend's dtype, run the backend and the float64 "
+        "reference on the same rounded inputs, and compare within a derived budget.",
+        f"3. **The suite against bugs.** {len(mutants)} mutants of the PyTorch backend, each "
+        "a realistic bug, must each be killed by a check naming the entry it breaks.\n",
+        _budget_section(budgets),
+        _coverage_section(views, checks, spec_dir),
+        _checks_section(checks, entry_ids, spec_dir),
+        _mutation_section(mutants, run, spec_dir, entry_ids),
+    ]) + "\n"
