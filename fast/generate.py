@@ -102,12 +102,24 @@ def sampling_distribution(logits: Tensor, temperature: float = 1.0, top_k: int |
     return torch.softmax(z, dim=-1)
 
 
+class NonFiniteLogits(ValueError):
+    """The model's logits hold a NaN or an infinity: there is no distribution to draw from."""
+
+
 def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
     """One token per row of ``logits`` (B, V) → (B,)."""
     if sampling.greedy:
         # torch.max's index is argmax's (the first maximum), and faster on 16-bit CPU rows
         return torch.max(logits, dim=-1).indices
     q = sampling_distribution(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    if not bool(torch.isfinite(q).all()):
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits("the model's logits are NaN or infinite (diverged weights?)")
+        # finite logits, but z / τ overflowed (a tiny temperature): softmax is unchanged by
+        # subtracting the row's maximum first, after which z / τ ≤ 0 cannot overflow
+        z = logits.to(_sampling_dtype(logits.dtype))
+        shifted = z - z.max(dim=-1, keepdim=True).values
+        q = sampling_distribution(shifted, sampling.temperature, sampling.top_k, sampling.top_p)
     # multinomial never draws a category of probability 0: draws stay in the filtered set
     return torch.multinomial(q, 1, generator=generator)[:, 0]
 

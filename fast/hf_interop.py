@@ -225,6 +225,7 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
         raise InteropError(f"{p}/config.json cannot be read: {str(err).splitlines()[0]}") \
             from None
     config = config_from_hf(hf_config)
+    check_hf_weights(p, config)  # before from_pretrained, which fills gaps with random values
     try:
         model = transformers.GPT2LMHeadModel.from_pretrained(
             str(p), local_files_only=True, use_safetensors=True)
@@ -232,6 +233,62 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InteropError(f"{p}: weights cannot be loaded ({first})") from None
     return config, params_from_hf(config, model.state_dict())
+
+
+def _hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a GPT2LMHeadModel of this config stores, by its name without the
+    ``transformer.`` prefix (lm_head.weight is optional when tied)."""
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d),
+                                          "ln_f.weight": (d,), "ln_f.bias": (d,)}
+    for layer in range(config.n_layers):
+        h = f"h.{layer}."
+        shapes.update({
+            h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
+            h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
+            h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
+            h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
+            h + "mlp.c_fc.weight": (d, f), h + "mlp.c_fc.bias": (f,),
+            h + "mlp.c_proj.weight": (f, d), h + "mlp.c_proj.bias": (d,)})
+    if not config.tied_embeddings:
+        shapes["lm_head.weight"] = (v, d)
+    return shapes
+
+
+def check_hf_weights(path: Path, config: GPTConfig) -> None:
+    """Refuse safetensors files that do not hold exactly the tensors config.json describes
+    (missing, misshapen or foreign ones), reading only their headers: transformers would
+    initialise a missing tensor at random, and a config far larger than its weights would
+    be allocated before any check."""
+    from safetensors import SafetensorError, safe_open
+
+    found: dict[str, tuple[int, ...]] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for name in f.keys():
+                    short = name.removeprefix("transformer.")
+                    found[short] = tuple(f.get_slice(name).get_shape())
+        except (SafetensorError, OSError, ValueError) as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise InteropError(f"{file} is not a readable safetensors file ({first})") from None
+    expected = _hf_shapes(config)
+    buffers = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
+    optional = {"lm_head.weight"} if config.tied_embeddings else set()
+    for name, shape in expected.items():
+        if name not in found:
+            raise InteropError(f"{path}: tensor {name!r} is missing from the weights (config.json "
+                               f"describes {config.n_layers} layers of width {config.d_model})")
+        if found[name] != shape:
+            raise InteropError(f"{path}: tensor {name!r} has shape {list(found[name])} but "
+                               f"config.json implies {list(shape)}")
+    for name, shape in found.items():
+        if name in expected or name.endswith(buffers):
+            continue
+        if name in optional and shape == (config.vocab_size, config.d_model):
+            continue
+        raise InteropError(f"{path}: tensor {name!r} is not part of the GPT-2 model config.json "
+                           "describes")
 
 
 def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping[str, Any],
