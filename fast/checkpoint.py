@@ -110,15 +110,23 @@ def newest_model(path: str | os.PathLike[str]
     :func:`find_checkpoints`): the folder is where its tokenizer.json lies."""
     p = Path(path)
     candidates = find_checkpoints(p) if p.suffix != ".safetensors" else []
-    first_error: CheckpointError | None = None
-    for folder in candidates:
+    if candidates:
         try:
-            return (folder, *_load_model_file(model_file(folder)))
+            return (candidates[0], *_load_model_file(model_file(candidates[0])))
         except CheckpointError as err:
-            first_error = first_error or err
-    if first_error is not None and not model_file(p).is_file():
-        raise first_error
+            raise _with_fallback(err, candidates) from None
     return (model_file(p).parent, *_load_model_file(model_file(p), path))
+
+
+def _with_fallback(err: CheckpointError, candidates: list[Path]) -> CheckpointError:
+    """A damaged newest checkpoint is reported, not skipped (steps would be lost without
+    a word); the message says where an older complete copy lies."""
+    if len(candidates) < 2:
+        return err
+    step = _step_of(candidates[1])
+    at_step = "" if step is None else f", step {step},"
+    return CheckpointError(f"{err} (an older complete checkpoint{at_step} is in "
+                           f"{candidates[1]}; put it in place of {candidates[0]} to use it)")
 
 
 def _load_model_file(file: Path, path: str | os.PathLike[str] | None = None
@@ -220,12 +228,18 @@ def _discard(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _complete(folder: Path) -> bool:
+    """All four files are there: a save writes state.json last, each file whole (written
+    under a temporary name and renamed), so such a folder is as the save left it."""
+    return folder.is_dir() and all((folder / name).is_file() for name in TRAINING_FILES)
+
+
 def _step_of(folder: Path) -> int | None:
-    """The step of a complete-looking checkpoint folder (all four files, a state.json
-    that parses), or None."""
+    """The step of a complete checkpoint folder, or None (incomplete, or a state.json
+    that does not say: damaged)."""
     import json
 
-    if not all((folder / name).is_file() for name in TRAINING_FILES):
+    if not _complete(folder):
         return None
     try:
         if (folder / STATE_FILE).stat().st_size > MAX_STATE_BYTES:
@@ -240,18 +254,20 @@ def _step_of(folder: Path) -> int | None:
 
 
 def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
-    """The complete-looking checkpoints a save of ``directory`` may have left, newest
-    first: ``directory`` itself, its previous copy, and finished temporary folders (a
-    save killed between its renames). Each may still fail to load (a flipped byte)."""
+    """The complete checkpoints a save of ``directory`` may have left, newest first:
+    ``directory`` itself, its previous copy, and finished temporary folders (a save killed
+    between its renames). Each may still fail to load (a flipped byte)."""
     target = Path(directory)
     candidates = [target, _previous(target)] + [p for p in _temporaries(target)
                                                 if p.name.endswith(".tmp")]
     ranked = []
     for order, folder in enumerate(candidates):
-        step = _step_of(folder) if folder.is_dir() else None
-        if step is not None:
-            ranked.append((-step, order, folder))
-    return [folder for _, _, folder in sorted(ranked)]
+        if _complete(folder):
+            step = _step_of(folder)
+            # a complete folder whose state.json does not parse is damaged, not killed:
+            # it comes first, so that loading it reports the damage
+            ranked.append((step is not None, -(step or 0), order, folder))
+    return [folder for *_, folder in sorted(ranked)]
 
 
 def recover_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
@@ -281,7 +297,7 @@ def _install(complete: Path, target: Path) -> None:
         fsync_folder(target.parent)
         return
     if target.exists():
-        if _step_of(target) is not None:
+        if _complete(target):
             _discard(previous)
             crash_point("discarded the previous checkpoint")
             os.replace(target, previous)
@@ -339,15 +355,13 @@ def load_training_checkpoint(directory: str | os.PathLike[str]):
     """(config, params, optimizer tensors, state, tokenizer) of the newest complete training
     checkpoint at ``directory`` (see :func:`find_checkpoints`); a missing, corrupt or
     inconsistent one raises :class:`CheckpointError` naming the file."""
-    first_error: CheckpointError | None = None
-    for folder in find_checkpoints(directory):
-        try:
-            return _load_training_folder(folder)
-        except CheckpointError as err:  # a damaged copy: an older complete one may load
-            first_error = first_error or err
-    if first_error is not None:
-        raise first_error
-    return _load_training_folder(Path(directory))
+    candidates = find_checkpoints(directory)
+    if not candidates:
+        return _load_training_folder(Path(directory))  # says what is missing
+    try:
+        return _load_training_folder(candidates[0])
+    except CheckpointError as err:
+        raise _with_fallback(err, candidates) from None
 
 
 def check_state(state: Any, file: Path) -> dict:

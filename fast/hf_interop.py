@@ -271,7 +271,8 @@ def check_hf_weights(path: Path, config: GPTConfig) -> None:
                     found[short] = tuple(f.get_slice(name).get_shape())
         except (SafetensorError, OSError, ValueError) as err:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise InteropError(f"{file} is not a readable safetensors file ({first})") from None
+            raise InteropError(f"{path}: weights cannot be loaded ({file.name} is not a readable "
+                               f"safetensors file: {first})") from None
     expected = _hf_shapes(config)
     buffers = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
     optional = {"lm_head.weight"} if config.tied_embeddings else set()

@@ -121,9 +121,10 @@ case("train-train-tokenizer-on-token-ids",
 
 # --- train --resume ----------------------------------------------------------------------------
 RESUME = ["train", "--out", RUN, "--resume", "--no-progress", "--steps", "3"]
-case("resume-nothing-to-resume", _with(RESUME, "--out", "{w}/fresh"), "no training run")
+case("resume-nothing-to-resume", _with(RESUME, "--out", "{w}/fresh"), "no training checkpoint")
 case("resume-with-data", RESUME + ["--data", "{w}/text.txt"], "--data")
-case("resume-with-preset", RESUME + ["--preset", "tiny"], "--preset")
+case("resume-with-another-preset", RESUME + ["--preset", "gpt2"], "contradicts")
+case("resume-with-preset-unknown", RESUME + ["--preset", "gpt-17"], "preset")
 case("resume-contradicting-d-model", RESUME + ["--d-model", "64"], "contradicts")
 case("resume-contradicting-n-layers", RESUME + ["--n-layers", "3"], "contradicts")
 case("resume-contradicting-vocab", RESUME + ["--vocab-size", "512"], "contradicts")

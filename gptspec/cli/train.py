@@ -176,13 +176,12 @@ def run(args: argparse.Namespace) -> int:
         if args.data is not None or args.tokenizer is not None or args.train_tokenizer:
             raise CLIError("--resume reads the data and tokenizer of the checkpointed run; "
                            "do not pass --data or a tokenizer")
-        if args.preset is not None:
-            raise CLIError("--resume continues the checkpointed model; do not pass --preset")
         try:
             from gptspec.fast.checkpoint import load_training_checkpoint, recover_checkpoint
 
             if recover_checkpoint(checkpoint) is None and not checkpoint.exists():
-                raise CLIError(f"no training run to resume in {out} ({checkpoint} not found)")
+                raise CLIError(f"no training checkpoint to resume in {out} ({checkpoint} not "
+                               "found)")
             config, _, _, state, tokenizer = load_training_checkpoint(checkpoint)
             _check_model_flags_agree(args, config, checkpoint)
             if tokenizer.vocab_size > config.vocab_size:
@@ -336,7 +335,23 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def _check_model_flags_agree(args: argparse.Namespace, config: Any, checkpoint: Path) -> None:
-    """On --resume the model is the checkpoint's: a model flag may only repeat it."""
+    """On --resume the model is the checkpoint's: --preset and the model flags may only
+    repeat it."""
+    if args.preset is not None:
+        from dataclasses import asdict
+
+        from gptspec.spec.config import ConfigError, preset
+
+        overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
+        try:
+            described = asdict(preset(args.preset).replace(**overrides))
+        except ConfigError as err:
+            raise CLIError(str(err)) from None
+        differ = [k for k, v in asdict(config).items() if described.get(k) != v]
+        if differ:
+            raise CLIError(f"--preset {args.preset} contradicts the checkpoint in {checkpoint} "
+                           f"({differ[0]} = {described.get(differ[0])}, the checkpoint's "
+                           f"{asdict(config)[differ[0]]}); --resume continues that model")
     for name in MODEL_FLAGS:
         given = getattr(args, name)
         if given is not None and given != getattr(config, name):
