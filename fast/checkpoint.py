@@ -376,8 +376,8 @@ def check_state(state: Any, file: Path) -> dict:
         if not isinstance(state[key], kind) or isinstance(state[key], bool):
             raise CheckpointError(f"{file}: {key!r} has the wrong type "
                                   f"({type(state[key]).__name__})")
-    if state["step"] < 0:
-        raise CheckpointError(f"{file}: 'step' is negative")
+    if not 0 <= state["step"] < 2**63:
+        raise CheckpointError(f"{file}: 'step' {state['step']} is out of range")
     rng = state["rng"]
     if not (isinstance(rng.get("torch"), str) and isinstance(rng.get("python"), list)
             and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)):

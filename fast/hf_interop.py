@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -221,9 +221,9 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
         raise InteropError(f"{p} holds no .safetensors weights (pickled .bin files are refused)")
     try:
         hf_config = transformers.AutoConfig.from_pretrained(str(p), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise InteropError(f"{p}/config.json cannot be read: {str(err).splitlines()[0]}") \
-            from None
+    except Exception as err:  # transformers validates fields with its own error types
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InteropError(f"{p}/config.json cannot be read: {first}") from None
     config = config_from_hf(hf_config)
     check_hf_weights(p, config)  # before from_pretrained, which fills gaps with random values
     try:
@@ -235,24 +235,24 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
     return config, params_from_hf(config, model.state_dict())
 
 
-def _hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+def _hf_shapes(config: GPTConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor a GPT2LMHeadModel of this config stores, by its name without the
-    ``transformer.`` prefix (lm_head.weight is optional when tied)."""
+    ``transformer.`` prefix (lm_head.weight is optional when tied), one at a time: a
+    config.json claiming a billion layers is refused at the first missing one."""
     d, f, v = config.d_model, config.d_ff, config.vocab_size
-    shapes: dict[str, tuple[int, ...]] = {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d),
-                                          "ln_f.weight": (d,), "ln_f.bias": (d,)}
+    yield from {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d),
+                "ln_f.weight": (d,), "ln_f.bias": (d,)}.items()
     for layer in range(config.n_layers):
         h = f"h.{layer}."
-        shapes.update({
+        yield from {
             h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
             h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
             h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
             h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
             h + "mlp.c_fc.weight": (d, f), h + "mlp.c_fc.bias": (f,),
-            h + "mlp.c_proj.weight": (f, d), h + "mlp.c_proj.bias": (d,)})
+            h + "mlp.c_proj.weight": (f, d), h + "mlp.c_proj.bias": (d,)}.items()
     if not config.tied_embeddings:
-        shapes["lm_head.weight"] = (v, d)
-    return shapes
+        yield "lm_head.weight", (v, d)
 
 
 def check_hf_weights(path: Path, config: GPTConfig) -> None:
@@ -273,10 +273,11 @@ def check_hf_weights(path: Path, config: GPTConfig) -> None:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise InteropError(f"{path}: weights cannot be loaded ({file.name} is not a readable "
                                f"safetensors file: {first})") from None
-    expected = _hf_shapes(config)
     buffers = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
     optional = {"lm_head.weight"} if config.tied_embeddings else set()
-    for name, shape in expected.items():
+    expected: set[str] = set()
+    for name, shape in _hf_shapes(config):
+        expected.add(name)
         if name not in found:
             raise InteropError(f"{path}: tensor {name!r} is missing from the weights (config.json "
                                f"describes {config.n_layers} layers of width {config.d_model})")

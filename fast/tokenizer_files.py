@@ -175,6 +175,9 @@ def _load_gptspec(path: Path, data: bytes) -> Tokenizer:
         if not isinstance(token, int) or isinstance(token, bool):
             raise TokenizerFileError(f"{path}: special token {text[:40]!r} has id {token!r}, "
                                      "not an integer")
+    if len(merges) > MAX_VOCAB_SIZE:
+        raise TokenizerFileError(f"{path}: {len(merges)} merges, more than the limit of "
+                                 f"{MAX_VOCAB_SIZE}")
     for k, m in enumerate(merges):
         if (not isinstance(m, list) or len(m) != 2
                 or not all(isinstance(t, int) and not isinstance(t, bool) for t in m)):

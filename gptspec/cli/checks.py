@@ -53,6 +53,11 @@ def _writable_folder(folder: Path, flag: str, what: str) -> None:
 
 
 def _check_name(path: Path, flag: str) -> None:
+    if str(path) in ("", "."):
+        if not str(path):
+            raise CLIError(f"{flag}: the path is empty")
+    if path.is_symlink() and not path.exists():
+        raise CLIError(f"{flag}: {path} is a symbolic link to nothing (broken or a loop)")
     if "\0" in str(path):
         raise CLIError(f"{flag}: the path contains a NUL byte")
     why = _name_too_long(path)

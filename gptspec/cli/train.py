@@ -114,11 +114,10 @@ def _encode(tokenizer: Any, text: str) -> np.ndarray:
 
 
 def _config(args: argparse.Namespace, tokenizer: Any):
-    from gptspec.spec.config import ConfigError, preset
+    from gptspec.spec.config import ConfigError
 
     try:
-        overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
-        config = preset(args.preset or DEFAULT_PRESET).replace(**overrides)
+        config = _model_config(args)
     except ConfigError as err:
         raise CLIError(str(err)) from None
     if tokenizer.vocab_size > config.vocab_size:
@@ -200,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyError as err:
             raise CLIError(f"{checkpoint}/state.json lacks {err}") from None
         settings = _settings(args, state["settings"])
+        _check_memory(config, settings.batch_size, settings.grad_accum)
         checks.device(settings.device, "--device" if args.device else
                       f"the checkpoint's device ({checkpoint}/state.json)")
         rank, world, device = init_distributed(settings.device)
@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
                            "or choose another --out")
         settings = _settings(args)  # before the data is read: a bad setting costs nothing
         checks.device(settings.device)
+        _check_memory(_model_config(args), settings.batch_size, settings.grad_accum)
         tokenizer, config, tokens, source = _prepare_data(args, out)  # makes OUT when valid
         out.mkdir(parents=True, exist_ok=True)
         from gptspec.fast.checkpoint import recover_checkpoint
@@ -324,14 +325,13 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.device is not None:
         checks.device(args.device)
     if not args.resume:  # the model's size, before a byte of data is read
-        from gptspec.spec.config import ConfigError, preset
+        from gptspec.spec.config import ConfigError
 
-        overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
         try:
-            config = preset(args.preset or DEFAULT_PRESET).replace(**overrides)
+            config = _model_config(args)
         except ConfigError as err:
             raise CLIError(str(err)) from None
-        _check_memory(config)
+        _check_memory(config, args.batch_size or 1, args.grad_accum or 1)
 
 
 def _check_model_flags_agree(args: argparse.Namespace, config: Any, checkpoint: Path) -> None:
@@ -360,12 +360,26 @@ def _check_model_flags_agree(args: argparse.Namespace, config: Any, checkpoint: 
                            "continues that model")
 
 
-def _check_memory(config: Any) -> None:
-    """Parameters, gradients and AdamW's two moments in float32, before allocating them."""
-    from gptspec.reference.costs import param_count_total
+def _check_memory(config: Any, batch_size: int, grad_accum: int = 1) -> None:
+    """Parameters, gradients and AdamW's two moments in float32, one micro-batch's
+    activations (spec/costs.py), and the step's micro-batches of int64 inputs and targets,
+    before allocating them."""
+    from gptspec.reference.costs import activation_memory_bytes, param_count_total
 
-    checks.fits_in_memory(16 * param_count_total(config), "the model (weights, gradients "
-                          "and AdamW moments in float32)")
+    need = (16 * param_count_total(config)
+            + activation_memory_bytes(config, batch=batch_size, seq_len=config.n_ctx,
+                                      bytes_per_element=4)
+            + 16 * batch_size * config.n_ctx * grad_accum)
+    checks.fits_in_memory(need, f"the model (weights, gradients and AdamW moments in "
+                          f"float32) with {grad_accum} micro-batch(es) of {batch_size}")
+
+
+def _model_config(args: argparse.Namespace) -> Any:
+    """The model the flags describe (before a tokenizer can change nothing but checks)."""
+    from gptspec.spec.config import preset
+
+    overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
+    return preset(DEFAULT_PRESET if args.preset is None else args.preset).replace(**overrides)
 
 
 def _stored_path(out: Path, file: Path) -> str:
