@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -463,8 +464,6 @@ def _hf_variants(world: Path) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    import os
-
     from gptspec.fast.checkpoint import load_model, save_model
     from gptspec.fast.tokenizer import Tokenizer
 
@@ -517,6 +516,9 @@ def _snapshot(root: Path) -> dict[str, tuple]:
     out = {}
     for path in sorted(root.rglob("*")):
         info = path.lstat()
+        if path.is_symlink():
+            out[str(path.relative_to(root))] = ("link", os.readlink(path), None)
+            continue
         kind = "dir" if path.is_dir() else "fifo" if path.is_fifo() else "file"
         digest = (hashlib.sha256(path.read_bytes()).hexdigest()
                   if kind == "file" else None)

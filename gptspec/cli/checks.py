@@ -56,13 +56,13 @@ def _check_name(path: Path, flag: str) -> None:
     if str(path) in ("", "."):
         if not str(path):
             raise CLIError(f"{flag}: the path is empty")
-    if path.is_symlink() and not path.exists():
-        raise CLIError(f"{flag}: {path} is a symbolic link to nothing (broken or a loop)")
     if "\0" in str(path):
         raise CLIError(f"{flag}: the path contains a NUL byte")
     why = _name_too_long(path)
     if why:
         raise CLIError(f"{flag}: {str(path)[:60]}… cannot be a path: {why}")
+    if path.is_symlink() and not path.exists():
+        raise CLIError(f"{flag}: {path} is a symbolic link to nothing (broken or a loop)")
 
 
 def input_file(path: str | os.PathLike[str], flag: str) -> Path:
