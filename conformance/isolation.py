@@ -29,7 +29,7 @@ from gptspec.conformance.runner import (
     walk,
 )
 
-START_TIMEOUT = 300.0  # seconds to import and build the backend (torch takes a few)
+START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
 
 
 def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
@@ -81,7 +81,8 @@ def _death(process: Any) -> str:
 
 class _Worker:
     def __init__(self, spec: str, device: str | None, dtype: str | None, profile: str,
-                 seed: int, save_failures: str | None) -> None:
+                 seed: int, save_failures: str | None,
+                 start_timeout: float | None = START_TIMEOUT) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
@@ -90,9 +91,11 @@ class _Worker:
         self.process.start()
         child.close()
         self.backend: dict[str, str] = {}
-        if not self.conn.poll(START_TIMEOUT):
+        # a module that hangs on import is stopped by the run's time limit too
+        if not self.conn.poll(start_timeout):
             self.stop()
-            raise BackendError(f"backend {spec!r} did not start within {START_TIMEOUT:g} s")
+            raise BackendError(f"backend {spec!r} did not start within {start_timeout:g} s "
+                               "(importing and building it)")
         try:
             hello = json.loads(self.conn.recv_bytes())
         except EOFError:
@@ -143,7 +146,9 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
                  header: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
     """``run_suite`` for the backend named by ``spec``, each check in a worker process.
     Raises BackendError only if the backend cannot be built at all."""
-    worker: _Worker | None = _Worker(spec, device, dtype, profile, seed, save_failures)
+    start_timeout = START_TIMEOUT if timeout is None else timeout
+    worker: _Worker | None = _Worker(spec, device, dtype, profile, seed, save_failures,
+                                     start_timeout)
     assert worker is not None
     suite = SuiteResult(dict(worker.backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=True))
@@ -154,7 +159,8 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
         nonlocal worker
         if worker is None or not worker.alive():
             try:
-                worker = _Worker(spec, device, dtype, profile, seed, save_failures)
+                worker = _Worker(spec, device, dtype, profile, seed, save_failures,
+                                 start_timeout)
             except BackendError as err:
                 worker = None
                 return CheckResult(check.id, list(check.entries), check.kind, "error", None,

@@ -63,6 +63,20 @@ def tensors_digest(arrays: Mapping[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def non_finite(arrays: Mapping[str, Any]) -> str | None:
+    """The first (by name) array holding a NaN or an infinity, or None."""
+    for name in sorted(arrays):
+        value = arrays[name]
+        if hasattr(value, "detach"):  # torch: checked where it lives, without a copy
+            import torch
+
+            if not bool(torch.isfinite(value.detach()).all()):
+                return name
+        elif not np.isfinite(np.asarray(value)).all():
+            return name
+    return None
+
+
 def save_model(path: str | os.PathLike[str], config: GPTConfig,
                params: Mapping[str, Any]) -> Path:
     """Write the parameters (NumPy arrays or torch tensors, schema names) and the config."""
@@ -73,6 +87,10 @@ def save_model(path: str | os.PathLike[str], config: GPTConfig,
     except ParameterError as err:
         raise CheckpointError(f"cannot save {model_file(path)}: {err}") from None
     arrays = {name: _to_numpy(name, value) for name, value in params.items()}
+    bad = non_finite(arrays)
+    if bad:
+        raise CheckpointError(f"cannot save {model_file(path)}: parameter {bad!r} holds NaN "
+                              "or infinite values")
     target = model_file(path)
     metadata = {CONFIG_KEY: config.to_json(), DIGEST_KEY: tensors_digest(arrays)}
     write_bytes(target, save(arrays, metadata=metadata), make_parents=True)
@@ -80,10 +98,42 @@ def save_model(path: str | os.PathLike[str], config: GPTConfig,
 
 
 def load_model(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.ndarray]]:
-    """Read a checkpoint written by :func:`save_model`: its config and NumPy parameters."""
+    """Read a checkpoint written by :func:`save_model`: its config and NumPy parameters.
+    For a training checkpoint's folder, the newest complete copy a killed save left."""
+    _, config, params = newest_model(path)
+    return config, params
+
+
+def newest_model(path: str | os.PathLike[str]
+                 ) -> tuple[Path, GPTConfig, dict[str, np.ndarray]]:
+    """(folder, config, params) of the newest complete checkpoint at ``path`` (see
+    :func:`find_checkpoints`): the folder is where its tokenizer.json lies."""
+    p = Path(path)
+    candidates = find_checkpoints(p) if p.suffix != ".safetensors" else []
+    if candidates:
+        try:
+            return (candidates[0], *_load_model_file(model_file(candidates[0])))
+        except CheckpointError as err:
+            raise _with_fallback(err, candidates) from None
+    return (model_file(p).parent, *_load_model_file(model_file(p), path))
+
+
+def _with_fallback(err: CheckpointError, candidates: list[Path]) -> CheckpointError:
+    """A damaged newest checkpoint is reported, not skipped (steps would be lost without
+    a word); the message says where an older complete copy lies."""
+    if len(candidates) < 2:
+        return err
+    step = _step_of(candidates[1])
+    at_step = "" if step is None else f", step {step},"
+    return CheckpointError(f"{err} (an older complete checkpoint{at_step} is in "
+                           f"{candidates[1]}; put it in place of {candidates[0]} to use it)")
+
+
+def _load_model_file(file: Path, path: str | os.PathLike[str] | None = None
+                     ) -> tuple[GPTConfig, dict[str, np.ndarray]]:
     from safetensors import SafetensorError, safe_open
 
-    file = model_file(path)
+    path = file if path is None else path
     if not file.is_file():
         raise CheckpointError(f"no checkpoint at {path}: {file} not found")
     try:
@@ -101,6 +151,10 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.nd
                               f"{params[not_float[0]].dtype}, expected floats")
     if DIGEST_KEY in metadata and metadata[DIGEST_KEY] != tensors_digest(params):
         raise CheckpointError(f"{file} is corrupt: its tensors do not match their checksum")
+    bad = non_finite(params)
+    if bad:
+        raise CheckpointError(f"{file}: parameter {bad!r} holds NaN or infinite values (a "
+                              "diverged run); no usable model")
     try:
         config = GPTConfig.from_json(metadata[CONFIG_KEY])
         check_parameters(config, params)
@@ -113,26 +167,154 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.nd
 #
 # A training checkpoint is a directory holding model.safetensors, optimizer.safetensors
 # (AdamW's moments under "exp_avg.<name>" / "exp_avg_sq.<name>"), state.json (step, RNG
-# states, settings, loss history) and tokenizer.json. The files are written into a fresh
-# temporary directory, each fsynced, and the directory is then renamed into place; the
-# previous checkpoint is moved aside first and deleted only after the rename, so a kill at
-# any moment leaves one whole checkpoint (``load_training_checkpoint`` falls back to the
-# moved-aside one).
+# states, settings, loss history) and tokenizer.json.
+#
+# The save protocol keeps at least one complete checkpoint on disk at every instant, so a
+# kill (or two kills in a row, the second during the next run's recovery) never loses one:
+#
+#   1. write every file into a fresh ``.checkpoint.XXXX.tmp`` folder, state.json last (a
+#      temporary folder holding state.json is complete), and flush it;
+#   2. if ``checkpoint/`` is complete, move the old ``.checkpoint.previous`` to the trash
+#      and rename ``checkpoint/`` to ``.checkpoint.previous``; an incomplete
+#      ``checkpoint/`` goes to the trash and the previous one stays;
+#   3. rename the temporary folder to ``checkpoint/``; flush the parent folder;
+#   4. empty the trash (the previous checkpoint is kept until the next save).
+#
+# Folders are deleted by renaming them to ``.checkpoint.XXXX.trash`` first, so a kill in the
+# middle of a deletion never leaves half a checkpoint under a name a reader trusts. A reader
+# (:func:`find_checkpoints`) takes the complete candidate with the highest step among
+# ``checkpoint/``, ``.checkpoint.previous`` and complete temporary folders;
+# :func:`recover_checkpoint` (run at the start of ``train``) puts that one back in
+# ``checkpoint/`` and removes every leftover temporary folder and trash.
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
 TOKENIZER_FILE = "tokenizer.json"
 STATE_FORMAT = "gptspec-training-1"
+TRAINING_FILES = (MODEL_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, STATE_FILE)
+MAX_STATE_BYTES = 64 * 2**20  # state.json holds settings, RNG states and the loss history
+
+
+def crash_point(name: str) -> None:
+    """Called at each step of the save protocol; the fault-injection tests replace it
+    with one that kills the process at a chosen step."""
 
 
 def _previous(directory: Path) -> Path:
     return directory.parent / f".{directory.name}.previous"
 
 
+def _temporaries(directory: Path) -> list[Path]:
+    """Leftover temporary and trash folders of ``directory``'s saves."""
+    if not directory.parent.is_dir():
+        return []
+    prefix = f".{directory.name}."
+    return sorted(p for p in directory.parent.iterdir()
+                  if p.name.startswith(prefix) and p.name.endswith((".tmp", ".trash")))
+
+
+def _discard(folder: Path) -> None:
+    """Delete a folder: first renamed to a trash name (atomic), then removed."""
+    import shutil
+
+    if not folder.exists():
+        return
+    trash = folder
+    if not folder.name.endswith(".trash"):
+        trash = Path(tempfile.mkdtemp(prefix=f".{folder.name.lstrip('.')}.", suffix=".trash",
+                                      dir=folder.parent))
+        os.replace(folder, trash)  # an empty directory is replaced by a rename
+        crash_point("renamed to trash")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _complete(folder: Path) -> bool:
+    """All four files are there: a save writes state.json last, each file whole (written
+    under a temporary name and renamed), so such a folder is as the save left it."""
+    return folder.is_dir() and all((folder / name).is_file() for name in TRAINING_FILES)
+
+
+def _step_of(folder: Path) -> int | None:
+    """The step of a complete checkpoint folder, or None (incomplete, or a state.json
+    that does not say: damaged)."""
+    import json
+
+    if not _complete(folder):
+        return None
+    try:
+        if (folder / STATE_FILE).stat().st_size > MAX_STATE_BYTES:
+            return None
+        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        step = state["step"]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if state.get("format") != STATE_FORMAT or not isinstance(step, int) or isinstance(step, bool):
+        return None
+    return step
+
+
+def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+    """The complete checkpoints a save of ``directory`` may have left, newest first:
+    ``directory`` itself, its previous copy, and finished temporary folders (a save killed
+    between its renames). Each may still fail to load (a flipped byte)."""
+    target = Path(directory)
+    candidates = [target, _previous(target)] + [p for p in _temporaries(target)
+                                                if p.name.endswith(".tmp")]
+    ranked = []
+    for order, folder in enumerate(candidates):
+        if _complete(folder):
+            step = _step_of(folder)
+            # a complete folder whose state.json does not parse is damaged, not killed:
+            # it comes first, so that loading it reports the damage
+            ranked.append((step is not None, -(step or 0), order, folder))
+    return [folder for *_, folder in sorted(ranked)]
+
+
+def recover_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
+    """After kills: put the newest complete checkpoint back in ``directory`` and remove the
+    temporary and trash folders of killed saves. Every step keeps a complete checkpoint.
+    Returns ``directory``, or None if there is no checkpoint at all."""
+    target = Path(directory)
+    found = find_checkpoints(target)
+    if found and found[0] != target:
+        _install(found[0], target)
+    for leftover in _temporaries(target):
+        _discard(leftover)
+        crash_point("removed a leftover")
+    return target if found else None
+
+
+def _install(complete: Path, target: Path) -> None:
+    """Steps 2 and 3 of the protocol: make the complete folder ``complete`` the checkpoint,
+    keeping the current one (if complete) as the previous."""
+    previous = _previous(target)
+    if complete == previous:  # killed between the renames: the previous is the newest
+        if target.exists():
+            _discard(target)
+            crash_point("discarded an incomplete checkpoint")
+        os.replace(previous, target)
+        crash_point("restored the previous checkpoint")
+        fsync_folder(target.parent)
+        return
+    if target.exists():
+        if _complete(target):
+            _discard(previous)
+            crash_point("discarded the previous checkpoint")
+            os.replace(target, previous)
+            crash_point("moved the checkpoint aside")
+        else:
+            _discard(target)
+            crash_point("discarded an incomplete checkpoint")
+    os.replace(complete, target)
+    crash_point("renamed the new checkpoint into place")
+    fsync_folder(target.parent)
+
+
 def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfig,
                              params: Mapping[str, Any], optimizer: Mapping[str, Any],
                              state: dict, tokenizer: Any) -> Path:
-    """Write a whole training checkpoint to ``directory``, replacing the old one atomically."""
+    """Write a whole training checkpoint to ``directory``, replacing the old one so that a
+    complete checkpoint exists at every instant (the protocol above)."""
     import json
     import shutil
 
@@ -141,53 +323,108 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    crash_point("made the temporary folder")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide files that are 0644
         save_model(tmp, config, params)
+        crash_point("wrote the model")
         arrays = {name: _to_numpy(name, value) for name, value in optimizer.items()}
         write_bytes(tmp / OPTIMIZER_FILE,
-                           save(arrays, metadata={DIGEST_KEY: tensors_digest(arrays)}))
+                    save(arrays, metadata={DIGEST_KEY: tensors_digest(arrays)}))
+        crash_point("wrote the optimizer")
         tokenizer.save(tmp / TOKENIZER_FILE)
+        crash_point("wrote the tokenizer")
         state = {"format": STATE_FORMAT, **state}
-        write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1).encode())
+        write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1).encode())  # last: complete
+        crash_point("wrote the state")
         fsync_folder(tmp)
-        previous = _previous(target)
-        if previous.exists():
-            shutil.rmtree(previous)
-        if target.exists():
-            os.replace(target, previous)
-        os.replace(tmp, target)
-        fsync_folder(target.parent)
-        shutil.rmtree(previous, ignore_errors=True)
+        _install(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for leftover in _temporaries(target):
+        if leftover.name.endswith(".trash"):
+            _discard(leftover)
+    crash_point("emptied the trash")
     return target
 
 
 def load_training_checkpoint(directory: str | os.PathLike[str]):
-    """(config, params, optimizer tensors, state, tokenizer) of a training checkpoint; a
-    missing, corrupt or inconsistent one raises :class:`CheckpointError` naming the file."""
+    """(config, params, optimizer tensors, state, tokenizer) of the newest complete training
+    checkpoint at ``directory`` (see :func:`find_checkpoints`); a missing, corrupt or
+    inconsistent one raises :class:`CheckpointError` naming the file."""
+    candidates = find_checkpoints(directory)
+    if not candidates:
+        return _load_training_folder(Path(directory))  # says what is missing
+    try:
+        return _load_training_folder(candidates[0])
+    except CheckpointError as err:
+        raise _with_fallback(err, candidates) from None
+
+
+def check_state(state: Any, file: Path) -> dict:
+    """A state.json's content with every field training reads, of the right type."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{file} is not a {STATE_FORMAT} training state")
+    expected: dict[str, type | tuple[type, ...]] = {
+        "step": int, "settings": dict, "rng": dict, "history": dict}
+    for key, kind in expected.items():
+        if key not in state:
+            raise CheckpointError(f"{file} lacks {key!r}")
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise CheckpointError(f"{file}: {key!r} has the wrong type "
+                                  f"({type(state[key]).__name__})")
+    if not 0 <= state["step"] < 2**63:
+        raise CheckpointError(f"{file}: 'step' {state['step']} is out of range")
+    rng = state["rng"]
+    if not (isinstance(rng.get("torch"), str) and isinstance(rng.get("python"), list)
+            and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)):
+        raise CheckpointError(f"{file}: 'rng' is not a saved RNG state")
+    history = state["history"]
+    for key in ("train", "val"):
+        points = history.get(key)
+        if not isinstance(points, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+                for p in points):
+            raise CheckpointError(f"{file}: 'history' lacks a list of [step, loss] under "
+                                  f"{key!r}")
+    if "data" in state:
+        data = state["data"]
+        fields = {"source": str, "tokens": str, "n_tokens": int}
+        if not isinstance(data, dict) or any(
+                not isinstance(data.get(k), t) or isinstance(data.get(k), bool)
+                for k, t in fields.items()):
+            raise CheckpointError(f"{file}: 'data' must hold source, tokens and n_tokens")
+    return state
+
+
+def _load_training_folder(path: Path):
     import json
 
     from safetensors import SafetensorError, safe_open
 
     from gptspec.fast.tokenizer import Tokenizer
 
-    path = Path(directory)
-    if not (path / STATE_FILE).is_file() and (_previous(path) / STATE_FILE).is_file():
-        path = _previous(path)  # killed between the two renames: the previous one is whole
+    directory = path
     if not path.is_dir():
         raise CheckpointError(f"no training checkpoint at {directory}")
     for name in (STATE_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, MODEL_FILE):
         if not (path / name).is_file():
             raise CheckpointError(f"{path} is not a training checkpoint: {name} is missing")
     try:
-        state = json.loads((path / STATE_FILE).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path / STATE_FILE} is not valid JSON ({err})") from None
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{path / STATE_FILE} is not a {STATE_FORMAT} training state")
-    config, params = load_model(path)
+        if (path / STATE_FILE).stat().st_size > MAX_STATE_BYTES:
+            raise CheckpointError(f"{path / STATE_FILE} is larger than "
+                                  f"{MAX_STATE_BYTES >> 20} MiB: not a training state")
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise CheckpointError(f"{path / STATE_FILE} is not valid JSON "
+                              f"({str(err).splitlines()[0] if str(err) else 'too deep'})"
+                              ) from None
+    state = check_state(state, path / STATE_FILE)
+    config, params = _load_model_file(path / MODEL_FILE, path)
     file = path / OPTIMIZER_FILE
     try:
         with safe_open(str(file), framework="numpy") as f:
@@ -200,7 +437,8 @@ def load_training_checkpoint(directory: str | os.PathLike[str]):
         raise CheckpointError(f"{file} is corrupt: its tensors do not match their checksum")
     for name, value in params.items():
         for key in (f"exp_avg.{name}", f"exp_avg_sq.{name}"):
-            if key not in optimizer or optimizer[key].shape != value.shape:
+            if state["step"] > 0 and (key not in optimizer
+                                      or optimizer[key].shape != value.shape):
                 raise CheckpointError(f"{file} does not match the model: {key!r} is missing "
                                       "or misshapen")
     try:

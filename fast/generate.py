@@ -81,7 +81,10 @@ def nucleus_filter(z: Tensor, p: float) -> Tensor:
     # kept iff the mass strictly before it is < p: the prefix up to the crossing token
     cum = torch.cumsum(sorted_probs, dim=-1)
     before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)
-    keep = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before < p)
+    inside = before < p
+    inside[..., 0] = True  # the most likely token always: a p below the dtype's smallest
+    # number (1e-46 in float32) must not round to 0 and leave an empty nucleus
+    keep = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, inside)
     return z.masked_fill(~keep, float("-inf"))
 
 
@@ -102,12 +105,28 @@ def sampling_distribution(logits: Tensor, temperature: float = 1.0, top_k: int |
     return torch.softmax(z, dim=-1)
 
 
+class NonFiniteLogits(ValueError):
+    """The model's logits hold a NaN or an infinity: there is no distribution to draw from."""
+
+
 def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
     """One token per row of ``logits`` (B, V) → (B,)."""
     if sampling.greedy:
         # torch.max's index is argmax's (the first maximum), and faster on 16-bit CPU rows
         return torch.max(logits, dim=-1).indices
     q = sampling_distribution(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    if not bool(torch.isfinite(q).all()):
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits("the model's logits are NaN or infinite (diverged weights?)")
+        # finite logits, but z / τ overflowed (a tiny temperature): softmax is unchanged by
+        # subtracting the row's maximum first, after which z / τ ≤ 0 cannot overflow
+        z = logits.to(_sampling_dtype(logits.dtype))
+        shifted = z - z.max(dim=-1, keepdim=True).values
+        q = sampling_distribution(shifted, sampling.temperature, sampling.top_k, sampling.top_p)
+        if not bool(torch.isfinite(q).all()):
+            # τ itself rounds to 0 in the sampling dtype (5e-324 in float32): the limit
+            # of softmax(z / τ) as τ → 0 is the most likely token, which greedy picks
+            return torch.max(logits, dim=-1).indices
     # multinomial never draws a category of probability 0: draws stay in the filtered set
     return torch.multinomial(q, 1, generator=generator)[:, 0]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -221,10 +221,11 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
         raise InteropError(f"{p} holds no .safetensors weights (pickled .bin files are refused)")
     try:
         hf_config = transformers.AutoConfig.from_pretrained(str(p), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise InteropError(f"{p}/config.json cannot be read: {str(err).splitlines()[0]}") \
-            from None
+    except Exception as err:  # transformers validates fields with its own error types
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InteropError(f"{p}/config.json cannot be read: {first}") from None
     config = config_from_hf(hf_config)
+    check_hf_weights(p, config)  # before from_pretrained, which fills gaps with random values
     try:
         model = transformers.GPT2LMHeadModel.from_pretrained(
             str(p), local_files_only=True, use_safetensors=True)
@@ -232,6 +233,64 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InteropError(f"{p}: weights cannot be loaded ({first})") from None
     return config, params_from_hf(config, model.state_dict())
+
+
+def _hf_shapes(config: GPTConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor a GPT2LMHeadModel of this config stores, by its name without the
+    ``transformer.`` prefix (lm_head.weight is optional when tied), one at a time: a
+    config.json claiming a billion layers is refused at the first missing one."""
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    yield from {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d),
+                "ln_f.weight": (d,), "ln_f.bias": (d,)}.items()
+    for layer in range(config.n_layers):
+        h = f"h.{layer}."
+        yield from {
+            h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
+            h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
+            h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
+            h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
+            h + "mlp.c_fc.weight": (d, f), h + "mlp.c_fc.bias": (f,),
+            h + "mlp.c_proj.weight": (f, d), h + "mlp.c_proj.bias": (d,)}.items()
+    if not config.tied_embeddings:
+        yield "lm_head.weight", (v, d)
+
+
+def check_hf_weights(path: Path, config: GPTConfig) -> None:
+    """Refuse safetensors files that do not hold exactly the tensors config.json describes
+    (missing, misshapen or foreign ones), reading only their headers: transformers would
+    initialise a missing tensor at random, and a config far larger than its weights would
+    be allocated before any check."""
+    from safetensors import SafetensorError, safe_open
+
+    found: dict[str, tuple[int, ...]] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for name in f.keys():
+                    short = name.removeprefix("transformer.")
+                    found[short] = tuple(f.get_slice(name).get_shape())
+        except (SafetensorError, OSError, ValueError) as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise InteropError(f"{path}: weights cannot be loaded ({file.name} is not a readable "
+                               f"safetensors file: {first})") from None
+    buffers = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
+    optional = {"lm_head.weight"} if config.tied_embeddings else set()
+    expected: set[str] = set()
+    for name, shape in _hf_shapes(config):
+        expected.add(name)
+        if name not in found:
+            raise InteropError(f"{path}: tensor {name!r} is missing from the weights (config.json "
+                               f"describes {config.n_layers} layers of width {config.d_model})")
+        if found[name] != shape:
+            raise InteropError(f"{path}: tensor {name!r} has shape {list(found[name])} but "
+                               f"config.json implies {list(shape)}")
+    for name, shape in found.items():
+        if name in expected or name.endswith(buffers):
+            continue
+        if name in optional and shape == (config.vocab_size, config.d_model):
+            continue
+        raise InteropError(f"{path}: tensor {name!r} is not part of the GPT-2 model config.json "
+                           "describes")
 
 
 def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping[str, Any],

@@ -45,6 +45,18 @@ __all__ = ["Tokenizer", "TokenizerError", "FastTokenizerBackend", "train_merges"
 # is a typo, and would mostly learn merges of count 1.
 MAX_VOCAB_SIZE = 1 << 21
 
+# A tokenizer file is untrusted input: its merges name earlier tokens, so a few bytes of
+# file can describe tokens of any length (each merge may double the last). The bytes of
+# all tokens together are capped, and counted before any token is built, so loading costs
+# time and memory linear in this cap. GPT-2's and cl100k's vocabularies hold < 1 MiB.
+MAX_VOCAB_BYTES = 16 << 20
+
+# A probe of every kind of character a pre-tokenization pattern must cover: a pattern
+# that skips any of them would make encode → decode lose text.
+_PATTERN_PROBE = ("Hello, world! It's 2024: x=3.5e-2 -- 'quoted' \"dq\"\t\ttabs\n\n"
+                  "  spaces   \u00e9t\u00e9 \u65e5\u672c\u8a9e \U0001f600 _under_score "
+                  "\u0000\u00a0\u2028 end ")
+
 # Pieces below this many characters are not worth a thread.
 PARALLEL_MIN_PIECE = 1 << 17
 # The patterns whose chunks never hold a non-space followed by a space (see below).
@@ -106,11 +118,41 @@ def resolve_pattern(pattern: str) -> str:
     regex of the `regex` module, checked here so that a typo fails at once."""
     if pattern in PATTERNS:
         return PATTERNS[pattern]
+    if not pattern:
+        raise TokenizerError("the pre-tokenization pattern is empty")
     try:
-        regex.compile(pattern)
-    except regex.error as err:
+        compiled = regex.compile(pattern)
+    except (regex.error, RecursionError, OverflowError) as err:
         raise TokenizerError(f"pre-tokenization pattern does not compile: {err}") from None
+    if compiled.groups:
+        raise TokenizerError("the pre-tokenization pattern has capture groups, which change "
+                             "what findall returns; write (?:…) instead")
+    check_pattern_covers(pattern, _PATTERN_PROBE)
+    try:  # encoding runs the pattern in tiktoken's regex engine, which must accept it too
+        tiktoken.Encoding("probe", pat_str=pattern, mergeable_ranks={bytes([b]): b
+                                                                    for b in range(256)},
+                          special_tokens={})
+    except ValueError as err:
+        first = str(err).splitlines()[0] if str(err) else "rejected"
+        raise TokenizerError(f"tiktoken cannot compile the pre-tokenization pattern: "
+                             f"{first}") from None
     return pattern
+
+
+def check_pattern_covers(pattern: str, text: str) -> None:
+    """Refuse a pattern whose chunks do not spell ``text`` whole: text it skips would be
+    dropped by encoding, silently."""
+    pieces = regex.findall(pattern, text)
+    if "".join(pieces) != text:
+        covered = 0
+        for piece in pieces:
+            where = text.find(piece, covered)
+            if where != covered:
+                break
+            covered += len(piece)
+        raise TokenizerError(f"the pre-tokenization pattern skips text (first at character "
+                             f"{covered}: {text[covered:covered + 12]!r}), which encoding "
+                             "would drop; it must match every character")
 
 
 def check_vocab_size(vocab_size: int, n_special: int = 0) -> None:
@@ -131,6 +173,9 @@ def _chunk_counts(text: str, pattern: str, special_tokens: Collection[str]) -> C
     counts: Counter[str] = Counter()
     for piece in pieces:
         counts.update(compiled.findall(piece))
+    if sum(len(chunk) * n for chunk, n in counts.items()) != sum(map(len, pieces)):
+        for piece in pieces:  # name the first text the pattern skips
+            check_pattern_covers(pattern, piece)
     return counts
 
 
@@ -216,10 +261,21 @@ def train_merges(text: str, n_merges: int, pattern: str = GPT2_PATTERN,
 
 
 def _merge_bytes(merges: Sequence[Pair], base: Sequence[int]) -> list[bytes]:
-    vocab = [bytes([b]) for b in base]
+    if len(merges) > MAX_VOCAB_SIZE:
+        raise TokenizerError(f"{len(merges)} merges: more than the limit of {MAX_VOCAB_SIZE}")
+    lengths = [1] * 256  # first the lengths alone: the cap is checked before any token exists
+    total = 256
     for k, (a, b) in enumerate(merges):
         if not (0 <= a < 256 + k and 0 <= b < 256 + k):
             raise TokenizerError(f"merge {k} = ({a}, {b}) uses a token that is not defined yet")
+        lengths.append(lengths[a] + lengths[b])
+        total += lengths[-1]
+        if total > MAX_VOCAB_BYTES:
+            raise TokenizerError(f"the tokens up to merge {k} spell more than "
+                                 f"{MAX_VOCAB_BYTES >> 20} MiB together (the limit for a "
+                                 "vocabulary)")
+    vocab = [bytes([b]) for b in base]
+    for a, b in merges:
         vocab.append(vocab[a] + vocab[b])
     return vocab
 
@@ -232,6 +288,8 @@ class Tokenizer:
     def __init__(self, merges: Sequence[Pair], pattern: str = GPT2_PATTERN,
                  special_tokens: Mapping[str, int] | None = None,
                  base: Sequence[int] = IDENTITY_BASE, name: str = "gptspec") -> None:
+        if not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in base):
+            raise TokenizerError("base must list 256 byte values as integers")
         base = tuple(int(b) for b in base)
         if sorted(base) != list(range(256)):
             raise TokenizerError("base must list each of the 256 byte values exactly once")
@@ -241,6 +299,13 @@ class Tokenizer:
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
         self._vocab = _merge_bytes(self.merges, base)
         n = len(self._vocab)
+        if not all(isinstance(s, str) and isinstance(i, int) and not isinstance(i, bool)
+                   for s, i in self.special_tokens.items()):
+            raise TokenizerError("special tokens must map text to integer ids, got "
+                                 f"{str(self.special_tokens)[:80]}")
+        if any(i > MAX_VOCAB_SIZE for i in self.special_tokens.values()):
+            raise TokenizerError(f"a special token id is above the vocabulary limit "
+                                 f"{MAX_VOCAB_SIZE}")
         ids = sorted(self.special_tokens.values())
         if any(not isinstance(i, int) or i < n for i in ids) or len(set(ids)) != len(ids):
             raise TokenizerError(

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from gptspec.atomic_files import write_bytes
-from gptspec.fast.tokenizer import ENDOFTEXT, GPT2_PATTERN, Tokenizer, TokenizerError
+from gptspec.fast.tokenizer import (
+    ENDOFTEXT,
+    GPT2_PATTERN,
+    MAX_VOCAB_BYTES,
+    MAX_VOCAB_SIZE,
+    Tokenizer,
+    TokenizerError,
+)
 from gptspec.reference.tokenizer import bytes_to_unicode
 
 __all__ = ["TokenizerFileError", "save", "load", "detect_format", "merges_from_ranks",
@@ -36,6 +43,12 @@ __all__ = ["TokenizerFileError", "save", "load", "detect_format", "merges_from_r
 FORMATS = ("gptspec", "tiktoken", "hf")
 GPTSPEC_FORMAT = "gptspec-tokenizer"
 GPTSPEC_VERSION = 1
+# The largest tokenizer file read (an untrusted input): GPT-2's tokenizer.json is 1.4 MB,
+# cl100k's ranks 1.7 MB, o200k's 3.6 MB.
+MAX_FILE_BYTES = 64 << 20
+# Recovering a tiktoken token's merge replays BPE over its bytes: time ∝ its length².
+# The sum of squared token lengths is capped (GPT-2's ranks: a few million).
+MAX_RANKS_WORK = 1 << 25
 
 
 class TokenizerFileError(TokenizerError):
@@ -44,7 +57,12 @@ class TokenizerFileError(TokenizerError):
 
 def _read(path: Path) -> bytes:
     try:
-        return Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise TokenizerFileError(f"tokenizer file {path} is larger than "
+                                     f"{MAX_FILE_BYTES >> 20} MiB, the limit")
+        return data
     except FileNotFoundError:
         raise TokenizerFileError(f"tokenizer file {path} does not exist") from None
     except IsADirectoryError:
@@ -62,6 +80,8 @@ def _json(path: Path, data: bytes) -> Any:
         raise TokenizerFileError(
             f"{path}: not valid JSON, truncated or corrupt ({err.msg} at line {err.lineno}, "
             f"column {err.colno})") from None
+    except RecursionError:
+        raise TokenizerFileError(f"{path}: JSON nested too deeply to be a tokenizer") from None
 
 
 def detect_format(data: bytes) -> str:
@@ -69,7 +89,7 @@ def detect_format(data: bytes) -> str:
     if head == b"{":
         try:
             doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return "gptspec" if b'"format"' in data[:200] else "hf"  # reported as corrupt JSON
         if isinstance(doc, dict) and doc.get("format") == GPTSPEC_FORMAT:
             return "gptspec"
@@ -148,8 +168,16 @@ def _load_gptspec(path: Path, data: bytes) -> Tokenizer:
     base = _field(path, doc, "base", list)
     merges = _field(path, doc, "merges", list)
     special = _field(path, doc, "special_tokens", dict)
-    if len(base) != 256 or not all(isinstance(b, int) for b in base):
+    if len(base) != 256 or not all(isinstance(b, int) and not isinstance(b, bool)
+                                   for b in base):
         raise TokenizerFileError(f"{path}: 'base' must list 256 byte values")
+    for text, token in special.items():
+        if not isinstance(token, int) or isinstance(token, bool):
+            raise TokenizerFileError(f"{path}: special token {text[:40]!r} has id {token!r}, "
+                                     "not an integer")
+    if len(merges) > MAX_VOCAB_SIZE:
+        raise TokenizerFileError(f"{path}: {len(merges)} merges, more than the limit of "
+                                 f"{MAX_VOCAB_SIZE}")
     for k, m in enumerate(merges):
         if (not isinstance(m, list) or len(m) != 2
                 or not all(isinstance(t, int) and not isinstance(t, bool) for t in m)):
@@ -201,6 +229,7 @@ def merges_from_ranks(ranks: Mapping[bytes, int]) -> tuple[list[tuple[int, int]]
 def _load_tiktoken(path: Path, data: bytes, pattern: str = GPT2_PATTERN,
                    special_tokens: Mapping[str, int] | None = None) -> Tokenizer:
     ranks: dict[bytes, int] = {}
+    total = work = 0
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
@@ -216,6 +245,14 @@ def _load_tiktoken(path: Path, data: bytes, pattern: str = GPT2_PATTERN,
         if token in ranks:
             raise TokenizerFileError(f"{path}: line {number} repeats a token")
         ranks[token] = rank
+        total += len(token)
+        work += len(token) ** 2
+        if work > MAX_RANKS_WORK:
+            raise TokenizerFileError(f"{path}: its tokens are too long to recover the merges "
+                                     f"from (the sum of squared lengths passes {MAX_RANKS_WORK})")
+        if total > MAX_VOCAB_BYTES or len(ranks) > MAX_VOCAB_SIZE:
+            raise TokenizerFileError(f"{path}: the vocabulary exceeds the limit of "
+                                     f"{MAX_VOCAB_BYTES >> 20} MiB or {MAX_VOCAB_SIZE} tokens")
     try:
         merges, base = merges_from_ranks(ranks)
     except TokenizerError as err:
@@ -328,7 +365,11 @@ def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
         if not added.get("special"):  # HF matches these in raw text; BPE here would not
             raise TokenizerFileError(f"{path}: added token {added.get('content')!r} is not "
                                      f"special; only special added tokens are supported")
-        special[added.get("content")] = added.get("id")
+        content, token = added.get("content"), added.get("id")
+        if not isinstance(content, str) or not isinstance(token, int) or isinstance(token, bool):
+            raise TokenizerFileError(f"{path}: added token {str(content)[:40]!r} needs text "
+                                     f"and an integer id, got id {token!r}")
+        special[content] = token
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     try:  # a special token may also be listed in the model's vocab; it is not BPE's
         id_bytes = {i: bytes(inverse[c] for c in s) for s, i in vocab.items()

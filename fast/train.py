@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import math
 import os
 import random
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,7 +47,58 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss stopped being a finite number."""
+    """The loss, or the weights, stopped being finite numbers."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (what batch systems and ``docker stop`` send): both save the
+    checkpoint and stop, like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_held: dict[str, Any] = {"depth": 0, "signal": None}  # see stop_on_signals
+
+
+@contextlib.contextmanager
+def signals_held():
+    """A stretch of work a stopping signal must not cut short (a checkpoint save, the loss
+    curve): a SIGINT or SIGTERM that arrives meanwhile is raised as it ends."""
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+        if _held["depth"] == 0 and _held["signal"] is not None:
+            signum, _held["signal"] = _held["signal"], None
+            raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT and SIGTERM raise :class:`Interrupted`, which the training loop handles like
+    Ctrl-C (save, then stop); one that arrives inside :func:`signals_held` waits for its
+    end. Off the main thread (no handlers there) a no-op."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if _held["depth"]:
+            _held["signal"] = signum
+        else:
+            raise Interrupted(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 @dataclass
@@ -76,11 +129,21 @@ class TrainSettings:
                 raise ValueError(f"setting {name!r} must be a positive integer, got "
                                  f"{getattr(self, name)!r}")
         for name in ("warmup_steps", "decay_steps", "checkpoint_interval"):
-            if getattr(self, name) < 0:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"setting {name!r} must not be negative")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ValueError(f"need 0 < lr and 0 ≤ min_lr ≤ lr, got lr={self.lr}, "
                              f"min_lr={self.min_lr}")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "eps", "beta1", "beta2"):
+            value = getattr(self, name)  # NaN passes every comparison below: refused here
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value) or value < 0):
+                raise ValueError(f"setting {name!r} must be a finite number ≥ 0, got {value!r}")
+        if not (self.beta1 < 1 and self.beta2 < 1):
+            raise ValueError(f"settings 'beta1' and 'beta2' must be below 1, got "
+                             f"{self.beta1}, {self.beta2}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"setting 'seed' must be an integer in [0, 2^63), got {self.seed!r}")
         if self.precision not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"setting 'precision' must be auto, float32, bfloat16 or float16, "
                              f"got {self.precision!r}")
@@ -221,6 +284,9 @@ class Trainer:
         self.history: dict[str, list] = {"train": [], "val": []}
         self.elapsed = 0.0
         self.extra_state: dict = {}  # saved with the checkpoint (the CLI's data source)
+        self._saving = False  # a signal during a save waits for its end (stop_on_signals)
+        self._pending_signal: int | None = None
+        self.stopped_by = int(signal.SIGINT)  # the signal that interrupted run(), if any
 
     @property
     def tokens_per_step(self) -> int:
@@ -327,9 +393,19 @@ class Trainer:
                 **self.extra_state}
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        return save_training_checkpoint(directory, self.config, dict(self.model.named_parameters()),
-                                        optimizer_tensors(self.model, self.optimizer),
-                                        self.state(), self.tokenizer)
+        """Save a checkpoint, if its weights and moments are finite: a NaN model is never
+        kept as the last good checkpoint (raises TrainingDiverged instead)."""
+        from gptspec.fast.checkpoint import non_finite
+
+        params = dict(self.model.named_parameters())
+        moments = optimizer_tensors(self.model, self.optimizer)
+        bad = non_finite(params) or non_finite(moments)
+        if bad:
+            raise TrainingDiverged(f"{bad} holds NaN or infinite values after step "
+                                   f"{self.step_count}")
+        with signals_held():
+            return save_training_checkpoint(directory, self.config, params, moments,
+                                            self.state(), self.tokenizer)
 
     @classmethod
     def resume(cls, directory: str | os.PathLike[str], data: TokenData,
@@ -354,8 +430,9 @@ class Trainer:
     def run(self, out_dir: str | os.PathLike[str] | None = None, progress: bool = True,
             log: Callable[[str], None] = print) -> str:
         """Train until max_steps, evaluating and checkpointing as the settings say. Returns
-        "done", or "interrupted" after Ctrl-C (the checkpoint is saved first). A
-        non-finite loss raises TrainingDiverged and leaves the last checkpoint alone."""
+        "done", or "interrupted" after Ctrl-C or SIGTERM (the checkpoint is saved first). A
+        non-finite loss or weights raise TrainingDiverged and leave the last checkpoint
+        alone."""
         s = self.settings
         main = self.rank == 0
         ckpt_every = s.checkpoint_interval or s.eval_interval
@@ -382,10 +459,14 @@ class Trainer:
                     self.save(checkpoint_dir)
                     plot_loss_curve(self.history, Path(out_dir) / "loss.png")  # type: ignore[arg-type]
                     saved_step = self.step_count
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            self.stopped_by = getattr(stop, "signum", int(signal.SIGINT))
             bar.close()
             if checkpoint_dir is not None and main and self.step_count != saved_step:
-                self.save(checkpoint_dir)
+                try:
+                    self.save(checkpoint_dir)
+                except Interrupted:
+                    pass  # a second signal during this save: the save finished first
                 plot_loss_curve(self.history, Path(out_dir) / "loss.png")  # type: ignore[arg-type]
             return "interrupted"
         finally:
@@ -412,12 +493,18 @@ def _progress_bar(total: int, initial: int, enabled: bool):
 
 def plot_loss_curve(history: dict, path: str | os.PathLike[str]) -> Path:
     """Training and validation loss against step, as a PNG written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     target = Path(path)
+    with signals_held():  # a signal must not cut matplotlib's first import in half
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        _plot(history, target, plt)
+    return target
+
+
+def _plot(history: dict, target: Path, plt: Any) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     if history["train"]:
         steps, losses = zip(*history["train"], strict=True)
@@ -434,7 +521,6 @@ def plot_loss_curve(history: dict, path: str | os.PathLike[str]) -> Path:
             fig.savefig(tmp, dpi=100, format="png")
     finally:
         plt.close(fig)
-    return target
 
 
 # --- the training operations a conformance backend exposes ---------------------------------------

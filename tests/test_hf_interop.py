@@ -238,7 +238,7 @@ def test_convert_command_round_trip(tmp_path, capsys):
     assert main(["convert", "--to-hf", str(tmp_path / "post"), str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("gptspec convert: error:") for line in err)
-    assert "already exists" in err[0] and "not found" in err[1] and "norm='post'" in err[2]
+    assert "already exists" in err[0] and "does not exist" in err[1] and "norm='post'" in err[2]
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 

@@ -97,7 +97,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys, content, args, message
 
 def test_missing_data_existing_run_and_corrupt_checkpoint(tmp_path, corpus, capsys):
     assert _train(tmp_path, "--data", str(tmp_path / "missing.txt")) == 2
-    assert "not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--data" in err and "does not exist" in err
     assert _train(tmp_path, "--resume") == 2
     assert "no training checkpoint" in capsys.readouterr().err
     assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 0

@@ -4,6 +4,7 @@ the schedule; determinism, exact resumption, checkpoints and bad inputs."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -218,7 +219,8 @@ def test_checkpoint_layout_and_corruption(tmp_path):
 def test_a_kill_between_the_renames_leaves_the_previous_checkpoint(tmp_path):
     t, data = _trained(tmp_path)
     ckpt = tmp_path / "checkpoint"
-    ckpt.rename(tmp_path / ".checkpoint.previous")  # the state right after the first rename
+    shutil.rmtree(tmp_path / ".checkpoint.previous")  # the save discards the older copy,
+    ckpt.rename(tmp_path / ".checkpoint.previous")  # then moves this one aside: killed here
     config, params, _, state, _ = load_training_checkpoint(ckpt)
     assert state["step"] == 2
 

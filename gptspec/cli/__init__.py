@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 SUBCOMMANDS = {
@@ -29,8 +30,16 @@ def error_line(command: str, err: CLIError) -> str:
     return f"gptspec {command}: error: {err}"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is reported in one line (the usage is one --help away)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        first = message.strip().splitlines()[0] if message.strip() else "bad arguments"
+        self.exit(2, f"{self.prog}: error: {first} (see {self.prog} --help)\n")
+
+
 def build_parser(which: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gptspec", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="gptspec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -52,3 +61,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gptspec {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (``gptspec generate … | head -c 2``): stop quietly, and keep
+        # Python from complaining again when it flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
+    except (OSError, MemoryError, RecursionError, Exception) as err:
+        # failures that only show up during the work (disk full, permission lost, out of
+        # memory): one line, and with GPTSPEC_TRACEBACK=1 the traceback for a bug report
+        if os.environ.get("GPTSPEC_TRACEBACK"):
+            raise
+        print(f"gptspec {args.command}: error: {_describe(err)}", file=sys.stderr)
+        return 1
+
+
+def _describe(err: BaseException) -> str:
+    """One line for an unexpected failure: the OS's words and file for an OSError."""
+    if isinstance(err, MemoryError):
+        return "out of memory"
+    if isinstance(err, OSError) and err.strerror:
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror}{where}"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''} (GPTSPEC_TRACEBACK=1 shows where)"

@@ -17,7 +17,7 @@ import fnmatch
 import shlex
 import sys
 
-from gptspec.cli import CLIError
+from gptspec.cli import CLIError, checks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,8 +122,19 @@ def run(args: argparse.Namespace) -> int:
         return not args.check or any(fnmatch.fnmatch(check.id, p) or check.id.startswith(p)
                                      for p in args.check)
 
-    if args.timeout < 0:
-        raise CLIError(f"--timeout must be ≥ 0 seconds, got {args.timeout:g}")
+    checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0)
+    if args.check and not any(selected(c) for c in all_checks(area)):
+        raise CLIError(f"--check {' '.join(args.check)} matches no check"
+                       f"{'' if area is None else f' in area {args.area!r}'} "
+                       "(gptspec conformance --list-checks lists them)")
+    for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
+        if path is not None:
+            checks.output_file(path, flag)
+    if args.save_failures is not None:
+        checks.output_dir(args.save_failures, "--save-failures")
+    if args.device and not args.backend:  # another backend's device names are its own
+        for device in args.device:
+            checks.device(device)
     timeout = args.timeout or None
     isolate = bool(args.backend) if args.isolate is None else args.isolate
     suites: list = []

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError
+from gptspec.cli import CLIError, checks
 
 DTYPES = ("float32", "float64", "bfloat16")
 NO_TOKENIZER_HINT = "; --no-tokenizer converts the weights alone"
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptspec.fast.checkpoint import CheckpointError, load_model
+    from gptspec.fast.checkpoint import CheckpointError
 
     try:
         from transformers.utils import logging as hf_logging
@@ -60,14 +60,18 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # one line of output per conversion
     out = Path(args.out)
+    _check_paths(args)
     try:
         if args.direction == "to-hf":
             import torch
 
+            from gptspec.fast.checkpoint import newest_model
             from gptspec.fast.hf_interop import save_hf_dir
 
-            config, params = load_model(args.source)
-            tokenizer = None if args.no_tokenizer else _checkpoint_tokenizer(args.source)
+            folder, config, params = newest_model(args.source)  # NaN weights are refused
+            source = (args.source if Path(args.source).suffix == ".safetensors"
+                      else str(folder / "model.safetensors"))
+            tokenizer = None if args.no_tokenizer else _checkpoint_tokenizer(source)
             try:
                 save_hf_dir(out, config, params, dtype=getattr(torch, args.dtype),
                             tokenizer=tokenizer)
@@ -76,13 +80,27 @@ def run(args: argparse.Namespace) -> int:
             with_tokenizer = " and its tokenizer" if tokenizer is not None else ""
             print(f"wrote {out} (transformers GPT2LMHeadModel, {args.dtype}{with_tokenizer})")
             if tokenizer is None and not args.no_tokenizer:  # after any error, not before
-                _warn(f"{_tokenizer_file(args.source)} not found: wrote the model without a "
+                _warn(f"{_tokenizer_file(source)} not found: wrote the model without a "
                       f"tokenizer")
         else:
             _from_hf(args, out)
     except (CheckpointError, InteropError) as err:
         raise CLIError(str(err)) from None
     return 0
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """SOURCE readable and of the right kind, OUT_DIR a folder that can be made or filled."""
+    from gptspec.fast.checkpoint import find_checkpoints
+
+    source = Path(args.source)
+    if args.direction == "to-hf" and not source.exists() and find_checkpoints(source):
+        pass  # a killed save's newest copy beside it is read
+    elif args.direction == "from-hf" or source.suffix != ".safetensors":
+        checks.input_dir(source, "SOURCE")
+    else:
+        checks.input_file(source, "SOURCE")
+    checks.output_dir(args.out, "OUT_DIR")
 
 
 def _warn(message: str) -> None:
@@ -142,7 +160,7 @@ def _from_hf(args: argparse.Namespace, out: Path) -> None:
     try:
         if tokenizer is not None:
             tokenizer.save(out / TOKENIZER_FILE)  # atomic: temporary name, then rename
-        save_model(out, config, _cast(params, args.dtype))
+        save_model(out, config, _cast(params, args.dtype))  # refuses NaN or infinite weights
     except BaseException:
         # all or nothing: no tokenizer left without its model, no folder we made
         if tokenizer is not None:

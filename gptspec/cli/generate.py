@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError
+from gptspec.cli import CLIError, checks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,22 +50,23 @@ def check_settings(args: argparse.Namespace) -> None:
         raise CLIError(f"--top-k must be a positive integer, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise CLIError(f"--top-p must lie in (0, 1], got {args.top_p}")
-    if args.seed is not None and not 0 <= args.seed < 2**63:
-        raise CLIError(f"--seed must lie in [0, 2^63), got {args.seed}")
+    checks.seed(args.seed)
 
 
 def load_checkpoint(directory: str) -> tuple[Any, Any, Any]:
     """(config, params, tokenizer) of a checkpoint directory, or a one-line CLIError."""
-    from gptspec.fast.checkpoint import load_model
+    from gptspec.fast.checkpoint import find_checkpoints, newest_model
     from gptspec.fast.tokenizer import Tokenizer
 
     path = Path(directory)
-    if not path.exists():
+    if not path.exists() and not find_checkpoints(path):  # a killed save may leave a copy
         raise CLIError(f"checkpoint directory {directory!r} does not exist")
+    if not path.exists():
+        path = find_checkpoints(path)[0]
     if not path.is_dir():
         raise CLIError(f"checkpoint {directory!r} is not a directory")
-    try:
-        config, params = load_model(path)
+    try:  # a training checkpoint whose save was killed: the newest complete copy
+        path, config, params = newest_model(path)
     except (ValueError, OSError) as err:  # CheckpointError is a ValueError
         raise CLIError(f"cannot load the model from {directory!r}: {_one_line(err)}") from None
     tokenizer_file = path / "tokenizer.json"
@@ -108,13 +109,11 @@ class TextStream:
 
 def run(args: argparse.Namespace) -> int:
     check_settings(args)
-    import torch
 
-    from gptspec.fast.generate import Sampling, stream
+    from gptspec.fast.generate import NonFiniteLogits, Sampling, stream
     from gptspec.fast.model import GPT
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CLIError(f"--device {args.device} asked for, but CUDA is not available")
+    checks.device(args.device)
     config, params, tokenizer = load_checkpoint(args.checkpoint)
     if tokenizer.vocab_size > config.vocab_size:
         raise CLIError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
@@ -143,11 +142,15 @@ def run(args: argparse.Namespace) -> int:
     out = TextStream(tokenizer, sys.stdout)
     if args.prompt:
         sys.stdout.write(args.prompt)
-    for step in stream(model, [prompt], args.max_new_tokens, sampling, eot_token=eot,
-                       seed=args.seed):
-        token = step.tokens[0]
-        if token is not None and token != eot:
-            out.write(token)
+    try:
+        for step in stream(model, [prompt], args.max_new_tokens, sampling, eot_token=eot,
+                           seed=args.seed):
+            token = step.tokens[0]
+            if token is not None and token != eot:
+                out.write(token)
+    except NonFiniteLogits as err:
+        sys.stdout.write("\n")
+        raise CLIError(str(err)) from None
     out.close()
     sys.stdout.write("\n")
     return 0

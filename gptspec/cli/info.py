@@ -25,8 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_of(name: str) -> GPTConfig:
     if name in PRESETS:
         return PRESETS[name]
+    from gptspec.fast.checkpoint import find_checkpoints
+
     path = Path(name)
-    if not path.exists():
+    if not path.exists() and not find_checkpoints(path):
         try:
             return preset(name)
         except ConfigError as err:
@@ -35,19 +37,21 @@ def config_of(name: str) -> GPTConfig:
 
     from gptspec.fast.checkpoint import CONFIG_KEY, model_file
 
-    file = model_file(path)
+    newest = find_checkpoints(path) if not path.is_file() else []  # a killed save's newest copy
+    file = model_file(newest[0] if newest else path)
     if not file.is_file():
         raise CLIError(f"{path} is neither a preset nor a checkpoint ({file} not found)")
     try:
         with safe_open(str(file), framework="numpy") as f:
             metadata = f.metadata() or {}
-    except (SafetensorError, OSError) as err:
-        raise CLIError(f"{file} is not a readable safetensors file ({err})") from None
+    except (SafetensorError, OSError, ValueError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CLIError(f"{file} is not a readable safetensors file ({first})") from None
     if CONFIG_KEY not in metadata:
         raise CLIError(f"{file} has no {CONFIG_KEY!r} metadata")
     try:
         return GPTConfig.from_json(metadata[CONFIG_KEY])
-    except ConfigError as err:
+    except (ConfigError, ValueError, TypeError, RecursionError) as err:
         raise CLIError(f"{file}: {err}") from None
 
 

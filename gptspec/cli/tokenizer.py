@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from gptspec.atomic_files import write_bytes
-from gptspec.cli import CLIError
+from gptspec.cli import CLIError, checks
 
 FORMATS = ("gptspec", "tiktoken", "hf")
 
@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action != "train" and args.output is not None:
+        checks.output_file(args.output, "--output")  # before reading a large input
     return {"train": _train, "encode": _encode, "decode": _decode}[args.action](args)
 
 
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 def _read_bytes(path: Path | None, what: str) -> bytes:
     if path is None:
         return sys.stdin.buffer.read()
+    checks.input_file(path, "--data" if what == "training data" else "--input")
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -84,14 +87,14 @@ def _write(path: Path | None, data: bytes) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    if not path.parent.is_dir():
-        raise CLIError(f"output folder {path.parent} does not exist")
+    checks.output_file(path, "--output")
     write_bytes(path, data)
 
 
 def _load(path: Path):
     from gptspec.fast.tokenizer import Tokenizer, TokenizerError
 
+    checks.input_file(path, "--tokenizer")
     try:
         return Tokenizer.load(path)
     except TokenizerError as err:
@@ -104,15 +107,24 @@ def _load(path: Path):
 def _train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from gptspec.fast.tokenizer import ENDOFTEXT, Tokenizer, TokenizerError, check_vocab_size
+    from gptspec.fast.tokenizer import (
+        ENDOFTEXT,
+        Tokenizer,
+        TokenizerError,
+        check_vocab_size,
+        resolve_pattern,
+    )
 
     special = () if args.no_endoftext else (ENDOFTEXT,)
     try:  # check the cheap things before reading a large file
         check_vocab_size(args.vocab_size, len(special))
     except TokenizerError as err:
         raise CLIError(str(err)) from None
-    if not args.out.parent.is_dir():
-        raise CLIError(f"output folder {args.out.parent} does not exist")
+    checks.output_file(args.out, "--out")
+    try:
+        resolve_pattern(args.pattern)
+    except TokenizerError as err:
+        raise CLIError(f"--pattern: {err}") from None
     text = _read_text(args.data, "training data")
     n_merges = args.vocab_size - 256 - len(special)
     with tqdm(total=n_merges, desc="learning merges", unit="merge", disable=args.quiet,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.cli import CLIError, error_line
+from gptspec.cli import CLIError, checks, error_line
 
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
@@ -33,12 +33,13 @@ TRAIN_FLAGS: dict[str, tuple[str, type]] = {"steps": ("max_steps", int), "batch_
                "eval_interval": ("eval_interval", int), "eval_batches": ("eval_batches", int),
                "checkpoint_interval": ("checkpoint_interval", int), "seed": ("seed", int),
                "device": ("device", str), "precision": ("precision", str)}
+DEFAULT_PRESET = "shakespeare-char"
 STDLIB_MB = 8  # how much of the standard library the out-of-the-box run reads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="shakespeare-char",
-                        help="model preset (default: shakespeare-char)")
+    parser.add_argument("--preset", default=None,
+                        help=f"model preset (default: {DEFAULT_PRESET})")
     for name, kind in MODEL_FLAGS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
                             help=f"override the preset's {name}")
@@ -78,8 +79,7 @@ def _stdlib_text() -> tuple[str, str]:
 
 
 def _read_text(path: Path) -> str:
-    if not path.is_file():
-        raise CLIError(f"data file {str(path)!r} not found")
+    checks.input_file(path, "--data")
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -92,8 +92,7 @@ def _tokenizer(args: argparse.Namespace, text: str | None) -> Any:
     if args.tokenizer is not None and args.train_tokenizer is not None:
         raise CLIError("give --tokenizer or --train-tokenizer, not both")
     if args.tokenizer is not None:
-        if not args.tokenizer.is_file():
-            raise CLIError(f"tokenizer file {str(args.tokenizer)!r} not found")
+        checks.input_file(args.tokenizer, "--tokenizer")
         try:
             return Tokenizer.load(args.tokenizer)
         except Exception as err:
@@ -115,11 +114,10 @@ def _encode(tokenizer: Any, text: str) -> np.ndarray:
 
 
 def _config(args: argparse.Namespace, tokenizer: Any):
-    from gptspec.spec.config import ConfigError, preset
+    from gptspec.spec.config import ConfigError
 
     try:
-        overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
-        config = preset(args.preset).replace(**overrides)
+        config = _model_config(args)
     except ConfigError as err:
         raise CLIError(str(err)) from None
     if tokenizer.vocab_size > config.vocab_size:
@@ -138,7 +136,7 @@ def _settings(args: argparse.Namespace, base: dict | None = None):
             values[field] = getattr(args, flag)
     try:
         return TrainSettings.from_dict(values)
-    except ValueError as err:
+    except (ValueError, TypeError) as err:  # TypeError: a state.json with odd values
         raise CLIError(str(err)) from None
 
 
@@ -160,6 +158,7 @@ def _prepare_data(args: argparse.Namespace, out: Path):
     tokenizer = _tokenizer(args, text)
     config = _config(args, tokenizer)
     ids = _encode(tokenizer, text)
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused input leaves no folder
     tokens = write_tokens(out / "tokens.bin", ids, config.vocab_size)
     return tokenizer, config, open_tokens(tokens, config.vocab_size), source
 
@@ -171,18 +170,26 @@ def run(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     checkpoint = out / "checkpoint"
+    check_arguments(args)
     if args.resume:
         if args.data is not None or args.tokenizer is not None or args.train_tokenizer:
             raise CLIError("--resume reads the data and tokenizer of the checkpointed run; "
                            "do not pass --data or a tokenizer")
         try:
-            from gptspec.fast.checkpoint import load_training_checkpoint
+            from gptspec.fast.checkpoint import load_training_checkpoint, recover_checkpoint
 
+            if recover_checkpoint(checkpoint) is None and not checkpoint.exists():
+                raise CLIError(f"no training checkpoint to resume in {out} ({checkpoint} not "
+                               "found)")
             config, _, _, state, tokenizer = load_training_checkpoint(checkpoint)
+            _check_model_flags_agree(args, config, checkpoint)
             if tokenizer.vocab_size > config.vocab_size:
                 raise CLIError(f"{checkpoint}: the tokenizer has {tokenizer.vocab_size} tokens, "
                                f"the model only {config.vocab_size}")
-            tokens = open_tokens(Path(state["data"]["tokens"]), config.vocab_size,
+            if "data" not in state:
+                raise CLIError(f"{checkpoint}/state.json does not say which data it was "
+                               "trained on")
+            tokens = open_tokens(_tokens_path(out, state["data"]["tokens"]), config.vocab_size,
                                  state["data"].get("dtype"))
             if len(tokens) != state["data"]["n_tokens"]:
                 raise CLIError(f"the token file {state['data']['tokens']} changed since the "
@@ -192,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
         except KeyError as err:
             raise CLIError(f"{checkpoint}/state.json lacks {err}") from None
         settings = _settings(args, state["settings"])
+        _check_memory(config, settings.batch_size, settings.grad_accum)
+        checks.device(settings.device, "--device" if args.device else
+                      f"the checkpoint's device ({checkpoint}/state.json)")
         rank, world, device = init_distributed(settings.device)
         settings.device = device
         try:
@@ -202,12 +212,19 @@ def run(args: argparse.Namespace) -> int:
         data_state = state["data"]
         source = data_state["source"]
     else:
-        if out.exists() and (checkpoint / "state.json").exists():
+        from gptspec.fast.checkpoint import find_checkpoints
+
+        if out.exists() and ((checkpoint / "state.json").exists() or find_checkpoints(checkpoint)):
             raise CLIError(f"{out} already holds a training run; pass --resume to continue it "
                            "or choose another --out")
+        settings = _settings(args)  # before the data is read: a bad setting costs nothing
+        checks.device(settings.device)
+        _check_memory(_model_config(args), settings.batch_size, settings.grad_accum)
+        tokenizer, config, tokens, source = _prepare_data(args, out)  # makes OUT when valid
         out.mkdir(parents=True, exist_ok=True)
-        tokenizer, config, tokens, source = _prepare_data(args, out)
-        settings = _settings(args)
+        from gptspec.fast.checkpoint import recover_checkpoint
+
+        recover_checkpoint(checkpoint)  # the temporary folders of killed saves go
         rank, world, device = init_distributed(settings.device)
         settings.device = device
         try:
@@ -215,8 +232,8 @@ def run(args: argparse.Namespace) -> int:
         except DataError as err:
             raise CLIError(f"{source}: {err}") from None
         trainer = Trainer(config, settings, data, tokenizer)
-        data_state = {"source": source, "tokens": str(Path(tokens.filename).resolve())
-                      if getattr(tokens, "filename", None) else str(args.data),
+        tokens_file = Path(tokens.filename) if getattr(tokens, "filename", None) else args.data
+        data_state = {"source": source, "tokens": _stored_path(out, tokens_file),
                       "n_tokens": int(len(tokens)), "dtype": str(tokens.dtype)}
     trainer.extra_state = {"data": data_state}
     if rank == 0:
@@ -225,8 +242,20 @@ def run(args: argparse.Namespace) -> int:
               f"{len(tokens):,} tokens of {source}; {trainer.tokens_per_step:,} tokens per step"
               f"{f' on {world} processes' if world > 1 else ''}, device {settings.device}",
               flush=True)
+    from gptspec.fast.train import Interrupted, stop_on_signals
+
+    interrupted: list[int] = []
     try:
-        status = trainer.run(out, progress=not args.no_progress)
+        with stop_on_signals():
+            try:
+                status = trainer.run(out, progress=not args.no_progress)
+            except Interrupted as signal_during_save:  # arrived as a save ended
+                interrupted.append(signal_during_save.signum)
+                status = "interrupted"
+    except OSError as err:  # disk full, permission lost: what was written before is kept
+        raise CLIError(f"cannot write the checkpoint: {err.strerror or err}"
+                       f"{f' ({err.filename})' if err.filename else ''}; the last complete "
+                       f"checkpoint in {checkpoint} is kept") from None
     except TrainingDiverged as err:
         error = CLIError(f"{err}; stopped without saving — the last good checkpoint "
                          f"is kept in {checkpoint}")
@@ -246,9 +275,129 @@ def run(args: argparse.Namespace) -> int:
     if status == "interrupted":
         print(f"interrupted at step {trainer.step_count}; checkpoint saved in {checkpoint}; "
               f"continue with: gptspec train --out {out} --resume", flush=True)
-        return 130
+        signum = interrupted[0] if interrupted else trainer.stopped_by
+        return 128 + signum  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
     val = trainer.history["val"][-1][1] if trainer.history["val"] else float("nan")
     print(f"done: {trainer.step_count} steps, validation loss {val:.4f}, "
           f"{trainer.elapsed:.1f} s of training; checkpoint in {checkpoint}, loss curve in "
           f"{out / 'loss.png'}", flush=True)
     return 0
+
+
+# --- up-front checks ---------------------------------------------------------------------------
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every flag's value, before anything is read or written (each error names the flag).
+    Settings whose meaning is not obvious have a documented one: --grad-clip 0 turns
+    clipping off, --checkpoint-interval 0 saves at each evaluation."""
+    checks.output_dir(args.out, "--out")
+    out = Path(args.out)
+    for name, kind in (("checkpoint", "folder"), ("loss.png", "file"), ("tokens.bin", "file")):
+        thing = out / name
+        if thing.exists() and (thing.is_dir() != (kind == "folder") or thing.is_symlink()):
+            raise CLIError(f"--out: {thing} exists and is not a {kind} this run can replace")
+    if args.data is not None:
+        checks.input_file(args.data, "--data")
+    if args.tokenizer is not None:
+        checks.input_file(args.tokenizer, "--tokenizer")
+    for name in MODEL_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            checks.integer(value, f"--{name.replace('_', '-')}", low=1)
+    for flag in ("steps", "batch_size", "grad_accum", "eval_interval", "eval_batches"):
+        if getattr(args, flag) is not None:
+            checks.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=1)
+    for flag in ("warmup", "checkpoint_interval"):
+        if getattr(args, flag) is not None:
+            checks.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=0)
+    if args.lr is not None:
+        checks.finite(args.lr, "--lr", low=0, low_open=True)
+    if args.min_lr is not None:
+        checks.finite(args.min_lr, "--min-lr", low=0)
+    if args.weight_decay is not None:
+        checks.finite(args.weight_decay, "--weight-decay", low=0)
+    if args.grad_clip is not None:
+        checks.finite(args.grad_clip, "--grad-clip (0 turns clipping off)", low=0)
+    checks.seed(args.seed)
+    if args.train_tokenizer is not None:
+        checks.integer(args.train_tokenizer, "--train-tokenizer", low=257)
+    if args.device is not None:
+        checks.device(args.device)
+    if not args.resume:  # the model's size, before a byte of data is read
+        from gptspec.spec.config import ConfigError
+
+        try:
+            config = _model_config(args)
+        except ConfigError as err:
+            raise CLIError(str(err)) from None
+        _check_memory(config, args.batch_size or 1, args.grad_accum or 1)
+
+
+def _check_model_flags_agree(args: argparse.Namespace, config: Any, checkpoint: Path) -> None:
+    """On --resume the model is the checkpoint's: --preset and the model flags may only
+    repeat it."""
+    if args.preset is not None:
+        from dataclasses import asdict
+
+        from gptspec.spec.config import ConfigError, preset
+
+        overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
+        try:
+            described = asdict(preset(args.preset).replace(**overrides))
+        except ConfigError as err:
+            raise CLIError(str(err)) from None
+        differ = [k for k, v in asdict(config).items() if described.get(k) != v]
+        if differ:
+            raise CLIError(f"--preset {args.preset} contradicts the checkpoint in {checkpoint} "
+                           f"({differ[0]} = {described.get(differ[0])}, the checkpoint's "
+                           f"{asdict(config)[differ[0]]}); --resume continues that model")
+    for name in MODEL_FLAGS:
+        given = getattr(args, name)
+        if given is not None and given != getattr(config, name):
+            raise CLIError(f"--{name.replace('_', '-')} {given} contradicts the checkpoint in "
+                           f"{checkpoint} ({name} = {getattr(config, name)}); --resume "
+                           "continues that model")
+
+
+def _check_memory(config: Any, batch_size: int, grad_accum: int = 1) -> None:
+    """Parameters, gradients and AdamW's two moments in float32, one micro-batch's
+    activations (spec/costs.py), and the step's micro-batches of int64 inputs and targets,
+    before allocating them."""
+    from gptspec.reference.costs import activation_memory_bytes, param_count_total
+
+    need = (16 * param_count_total(config)
+            + activation_memory_bytes(config, batch=batch_size, seq_len=config.n_ctx,
+                                      bytes_per_element=4)
+            + 16 * batch_size * config.n_ctx * grad_accum)
+    checks.fits_in_memory(need, f"the model (weights, gradients and AdamW moments in "
+                          f"float32) with {grad_accum} micro-batch(es) of {batch_size}")
+
+
+def _model_config(args: argparse.Namespace) -> Any:
+    """The model the flags describe (before a tokenizer can change nothing but checks)."""
+    from gptspec.spec.config import preset
+
+    overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
+    return preset(DEFAULT_PRESET if args.preset is None else args.preset).replace(**overrides)
+
+
+def _stored_path(out: Path, file: Path) -> str:
+    """A token file's path as state.json keeps it: relative to the run directory when it
+    lies inside it (so the directory can be moved), else absolute."""
+    full = Path(file).resolve()
+    try:
+        return full.relative_to(Path(out).resolve()).as_posix()
+    except ValueError:
+        return str(full)
+
+
+def _tokens_path(out: Path, stored: str) -> Path:
+    """Where a stored token path is now: relative ones are inside the run directory; an
+    absolute one inside a run directory since moved is looked for in the new one."""
+    path = Path(stored)
+    if not path.is_absolute():
+        return out / path
+    if not path.exists() and (out / path.name).is_file():
+        return out / path.name
+    return path

@@ -1,0 +1,200 @@
+"""Up-front checks of command-line values: each failure is a :class:`CLIError` whose one
+line names the flag (or file) and the problem, raised before any work is done, so a bad
+value never costs a training run or leaves half a file behind.
+
+Paths are checked for what the command will do with them (read a file, write a file,
+make or fill a folder); numbers for being finite and in range; seeds for fitting the
+generators (0 ≤ seed < 2^63); devices for existing on this machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from gptspec.cli import CLIError
+
+MAX_SEED = 2**63  # torch.manual_seed and NumPy take any integer in [0, 2^63)
+
+
+def _name_too_long(path: Path) -> str | None:
+    """Why the file system would refuse this name, or None (checked without creating it)."""
+    try:
+        name_max = os.pathconf(_nearest_existing(path), "PC_NAME_MAX")
+        path_max = os.pathconf(_nearest_existing(path), "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    if any(len(os.fsencode(part)) > name_max for part in path.parts):
+        return f"a name in it is longer than {name_max} bytes"
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        return f"it is longer than {path_max} bytes"
+    return None
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable_folder(folder: Path, flag: str, what: str) -> None:
+    """Try it: permission bits say nothing for root, a read-only mount or an immutable
+    folder, and a file made and removed at once leaves the folder as it was."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".gptspec-write-test.", dir=folder)
+    except OSError as err:
+        raise CLIError(f"{flag}: cannot write {what}: {err.strerror} ({folder})") from None
+    os.close(fd)
+    os.unlink(name)
+
+
+def _check_name(path: Path, flag: str) -> None:
+    if str(path) in ("", "."):
+        if not str(path):
+            raise CLIError(f"{flag}: the path is empty")
+    if "\0" in str(path):
+        raise CLIError(f"{flag}: the path contains a NUL byte")
+    why = _name_too_long(path)
+    if why:
+        raise CLIError(f"{flag}: {str(path)[:60]}… cannot be a path: {why}")
+    if path.is_symlink() and not path.exists():
+        raise CLIError(f"{flag}: {path} is a symbolic link to nothing (broken or a loop)")
+
+
+def input_file(path: str | os.PathLike[str], flag: str) -> Path:
+    """A regular file this process can read."""
+    p = Path(path)
+    _check_name(p, flag)
+    if not p.exists():
+        raise CLIError(f"{flag}: {p} does not exist")
+    if p.is_dir():
+        raise CLIError(f"{flag}: {p} is a directory, not a file")
+    if not p.is_file():
+        raise CLIError(f"{flag}: {p} is not a regular file")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as err:
+        raise CLIError(f"{flag}: cannot read {p}: {err.strerror}") from None
+    return p
+
+
+def input_dir(path: str | os.PathLike[str], flag: str) -> Path:
+    """A folder this process can list and read."""
+    p = Path(path)
+    _check_name(p, flag)
+    if not p.exists():
+        raise CLIError(f"{flag}: {p} does not exist")
+    if not p.is_dir():
+        raise CLIError(f"{flag}: {p} is not a directory")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise CLIError(f"{flag}: cannot read the folder {p}: permission denied")
+    return p
+
+
+def output_file(path: str | os.PathLike[str], flag: str) -> Path:
+    """A file that can be (re)placed: its folder exists and is writable, and it is not a
+    directory. (Files are written under a temporary name and renamed, so a read-only
+    file in a writable folder is replaced, as ``mv`` would.)"""
+    p = Path(path)
+    _check_name(p, flag)
+    if str(path).endswith(os.sep) or p.is_dir():
+        raise CLIError(f"{flag}: {p} is a directory; give a file name")
+    if p.exists() and not p.is_file():
+        raise CLIError(f"{flag}: {p} exists and is not a regular file")
+    folder = p.absolute().parent
+    if not folder.exists():
+        raise CLIError(f"{flag}: folder {folder} does not exist")
+    if not folder.is_dir():
+        raise CLIError(f"{flag}: {folder} is not a folder")
+    _writable_folder(folder, flag, str(p))
+    return p
+
+
+def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
+    """A folder that exists and is writable, or can be made (its nearest existing
+    ancestor is a writable folder)."""
+    p = Path(path)
+    _check_name(p, flag)
+    if p.exists():
+        if not p.is_dir():
+            raise CLIError(f"{flag}: {p} exists and is not a directory")
+        _writable_folder(p, flag, f"into {p}")
+        return p
+    ancestor = _nearest_existing(p)
+    if not ancestor.is_dir():
+        raise CLIError(f"{flag}: cannot make {p}: {ancestor} is a file, not a folder")
+    _writable_folder(ancestor, flag, f"the folder {p}")
+    return p
+
+
+def finite(value: float, flag: str, *, low: float | None = None, high: float | None = None,
+           low_open: bool = False, high_open: bool = False) -> float:
+    """A finite number in [low, high] (either end open if asked)."""
+    if not math.isfinite(value):
+        raise CLIError(f"{flag} must be a finite number, got {value}")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        lo = "" if low is None else f"{'(' if low_open else '['}{low:g}"
+        hi = "" if high is None else f"{high:g}{')' if high_open else ']'}"
+        where = (f"in {lo}, {hi}" if low is not None and high is not None
+                 else f"{'>' if low_open else '≥'} {low:g}" if low is not None
+                 else f"{'<' if high_open else '≤'} {high:g}")
+        raise CLIError(f"{flag} must be {where}, got {value:g}")
+    return value
+
+
+def integer(value: int, flag: str, *, low: int | None = None, high: int | None = None) -> int:
+    """An integer in [low, high]."""
+    if low is not None and value < low:
+        raise CLIError(f"{flag} must be ≥ {low}, got {value}")
+    if high is not None and value > high:
+        raise CLIError(f"{flag} must be ≤ {high}, got {value}")
+    return value
+
+
+def seed(value: int | None, flag: str = "--seed") -> int | None:
+    if value is not None and not 0 <= value < MAX_SEED:
+        raise CLIError(f"{flag} must lie in [0, 2^63), got {value}")
+    return value
+
+
+def device(name: str, flag: str = "--device") -> str:
+    """A torch device that exists here: cpu, or cuda[:i] with that GPU present."""
+    import torch
+
+    try:
+        parsed = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise CLIError(f"{flag}: {name!r} is not a device (cpu, cuda, cuda:1, …)") from None
+    if parsed.type == "cpu":
+        return name
+    if parsed.type != "cuda":
+        raise CLIError(f"{flag}: device type {parsed.type!r} is not supported (cpu or cuda)")
+    if not torch.cuda.is_available():
+        raise CLIError(f"{flag} {name}: CUDA is not available on this machine")
+    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise CLIError(f"{flag} {name}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return name
+
+
+def memory_bytes() -> int | None:
+    """Physical memory plus swap this process could hope to use, or None if unknown."""
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+    return int(pages) if pages > 0 else None
+
+
+def fits_in_memory(n_bytes: int, what: str) -> None:
+    """Refuse an allocation larger than this machine's memory before trying it."""
+    total = memory_bytes()
+    if total is not None and n_bytes > total:
+        raise CLIError(f"{what} needs {n_bytes / 2**30:.1f} GiB, more than this machine's "
+                       f"{total / 2**30:.1f} GiB of memory")

@@ -1,0 +1,621 @@
+"""The bad-input corpus: every subcommand, fed what a careless user or an attacker would
+feed it, answers with exit status 2 and one line on stderr that names the problem, no
+traceback, and leaves every file as it was.
+
+Each case runs ``gptspec.cli.main`` in this process (the same code path as the command,
+without paying for a Python start per case). The inputs live in one folder built once
+(``world``): a text corpus, a finished training run, a tokenizer, a transformers export,
+and damaged copies of each; the folder's every file is compared before and after each
+case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptspec.cli import main
+
+TEXT = "To be, or not to be, that is the question. " * 40
+RUN = "{w}/run"
+CKPT = "{w}/run/checkpoint"
+TRAIN = ["train", "--preset", "tiny", "--vocab-size", "256", "--data", "{w}/text.txt",
+         "--out", "{w}/fresh", "--no-progress", "--steps", "1"]
+GEN = ["generate", "--checkpoint", CKPT, "--prompt", "To be"]
+ENC = ["tokenizer", "encode", "--tokenizer", "{w}/tok.json", "--input", "{w}/text.txt"]
+DEC = ["tokenizer", "decode", "--tokenizer", "{w}/tok.json", "--input", "{w}/ids.txt"]
+TOK_TRAIN = ["tokenizer", "train", "--data", "{w}/text.txt", "--vocab-size", "300",
+             "--out", "{w}/new-tok.json", "--quiet"]
+CONF = ["conformance", "--check", "softmax.differential", "--dtype", "float64",
+        "--profile", "quick"]
+LONG = "n" * 300  # longer than any file system's name limit (255 bytes)
+
+
+def _with(base: list[str], flag: str, value: str) -> list[str]:
+    """``base`` with ``flag`` set to ``value`` (replaced if present, else appended)."""
+    argv = list(base)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    return argv
+
+
+# (id, argv, words the error line must hold (lowercase))
+CASES: list[tuple[str, list[str], str]] = []
+
+
+def case(name: str, argv: list[str], needle: str) -> None:
+    CASES.append((name, argv, needle))
+
+
+# --- the command line itself ----------------------------------------------------------------
+case("no-command", [], "required")
+case("unknown-command", ["fly"], "invalid choice")
+case("unknown-flag", ["train", "--bogus"], "unrecognized")
+case("info-no-preset", ["info"], "required")
+case("tokenizer-no-action", ["tokenizer"], "required")
+
+# --- train: numbers ---------------------------------------------------------------------------
+for flag, values in {
+    "--steps": ["0", "-1"], "--batch-size": ["0", "-5"], "--grad-accum": ["0", "-2"],
+    "--eval-interval": ["0", "-1"], "--eval-batches": ["0", "-3"], "--warmup": ["-1"],
+    "--checkpoint-interval": ["-1"],
+    "--lr": ["nan", "inf", "-inf", "0", "-0.001"], "--min-lr": ["nan", "-1", "inf"],
+    "--weight-decay": ["nan", "-0.1", "inf", "-inf"], "--grad-clip": ["nan", "-1", "inf"],
+    "--seed": ["-1", str(2**63), str(2**64), str(10**30)],
+    "--d-model": ["0", "-32"], "--n-layers": ["0", "-1"], "--n-heads": ["0", "3"],
+    "--vocab-size": ["0", "-256"], "--n-ctx": ["0"], "--d-ff": ["0", "-1"],
+    "--train-tokenizer": ["10", "-1", "256"],
+}.items():
+    for value in values:
+        case(f"train{flag}={value}", _with(TRAIN, flag, value), flag.lstrip("-").split("-")[0])
+for flag, value in [("--steps", "abc"), ("--lr", "1e"), ("--seed", "1.5"),
+                    ("--batch-size", ""), ("--d-model", "3.0"), ("--grad-clip", "x")]:
+    case(f"train{flag}={value or 'empty'}-unparsable", _with(TRAIN, flag, value), flag)
+case("train-min-lr-above-lr", _with(_with(TRAIN, "--lr", "0.001"), "--min-lr", "0.01"),
+     "min_lr")
+case("train-precision", _with(TRAIN, "--precision", "fp8"), "precision")
+case("train-model-too-big", TRAIN + ["--d-model", "65536", "--n-layers", "4096",
+                                     "--n-heads", "1", "--d-ff", "65536"], "memory")
+case("train-batch-too-big", _with(TRAIN, "--batch-size", str(10**12)), "memory")
+case("train-grad-accum-too-big", _with(TRAIN, "--grad-accum", str(10**12)), "memory")
+case("train-preset-empty", _with(TRAIN, "--preset", ""), "preset")
+case("train-out-symlink-loop", _with(TRAIN, "--out", "{w}/loop"), "symbolic link")
+for value, needle in [("foo", "not a device"), ("cuda", "cuda"), ("cuda:7", "cuda"),
+                      ("mps", "not supported"), ("", "device"), ("cpu:zero", "device")]:
+    case(f"train-device={value or 'empty'}", _with(TRAIN, "--device", value), needle)
+
+# --- train: files --------------------------------------------------------------------------
+for name, data, needle in [
+    ("missing", "{w}/nope.txt", "does not exist"), ("directory", "{w}/sub", "directory"),
+    ("empty", "{w}/empty.txt", "empty"), ("latin-1", "{w}/latin1.txt", "utf-8"),
+    ("under-a-file", "{w}/text.txt/x", "does not exist"),
+    ("fifo", "{w}/fifo", "not a regular file"), ("long-name", "{w}/" + LONG, "longer"),
+    ("token-file-out-of-range", "{w}/big-ids.npy", "vocab"),
+]:
+    case(f"train-data-{name}", _with(TRAIN, "--data", data), needle)
+for name, out, needle in [
+    ("a-file", "{w}/text.txt", "not a directory"), ("under-a-file", "{w}/text.txt/sub", "file"),
+    ("in-proc", "/proc/gptspec-out", "cannot write"), ("long-name", "{w}/" + LONG, "longer"),
+    ("an-existing-run", RUN, "already holds a training run"),
+    ("loss-png-is-a-folder", "{w}/png-folder-run", "loss.png"),
+    ("checkpoint-is-a-file", "{w}/ckpt-file-run", "checkpoint"),
+]:
+    case(f"train-out-{name}", _with(TRAIN, "--out", out), needle)
+for name, tok, needle in [
+    ("missing", "{w}/nope.json", "does not exist"), ("directory", "{w}/sub", "directory"),
+    ("corrupt", "{w}/tok-corrupt.json", "json"),
+    ("too-large-for-the-model", "{w}/tok.json", "vocab"),
+]:
+    argv = _with(TRAIN, "--tokenizer", tok)
+    if name == "too-large-for-the-model":
+        argv = _with(argv, "--vocab-size", "260")
+    case(f"train-tokenizer-{name}", argv, needle)
+case("train-tokenizer-and-train-tokenizer",
+     TRAIN + ["--tokenizer", "{w}/tok.json", "--train-tokenizer", "300"], "not both")
+case("train-train-tokenizer-on-token-ids",
+     _with(TRAIN, "--data", "{w}/ids.npy") + ["--train-tokenizer", "300"], "text corpus")
+
+# --- train --resume ----------------------------------------------------------------------------
+RESUME = ["train", "--out", RUN, "--resume", "--no-progress", "--steps", "3"]
+case("resume-nothing-to-resume", _with(RESUME, "--out", "{w}/fresh"), "no training checkpoint")
+case("resume-with-data", RESUME + ["--data", "{w}/text.txt"], "--data")
+case("resume-with-another-preset", RESUME + ["--preset", "gpt2"], "contradicts")
+case("resume-with-preset-unknown", RESUME + ["--preset", "gpt-17"], "preset")
+case("resume-step-out-of-range", _with(RESUME, "--out", "{w}/damaged/step-huge"), "step")
+case("convert-hf-config-field-wrong-type", ["convert", "--from-hf", "{w}/hf/n-embd-a-string",
+                                            "{w}/gs-new"], "config.json")
+case("convert-hf-billion-layers", ["convert", "--from-hf", "{w}/hf/billion-layers",
+                                   "{w}/gs-new"], "missing")
+case("resume-contradicting-d-model", RESUME + ["--d-model", "64"], "contradicts")
+case("resume-contradicting-n-layers", RESUME + ["--n-layers", "3"], "contradicts")
+case("resume-contradicting-vocab", RESUME + ["--vocab-size", "512"], "contradicts")
+case("resume-lr-nan", RESUME + ["--lr", "nan"], "--lr")
+case("resume-grad-clip-negative", RESUME + ["--grad-clip", "-1"], "grad-clip")
+case("resume-device", RESUME + ["--device", "foo"], "device")
+case("resume-out-is-a-file", _with(RESUME, "--out", "{w}/text.txt"), "not a directory")
+for damage, needle in [
+    ("no-step", "step"), ("step-a-string", "step"), ("no-rng", "rng"), ("rng-wrong", "rng"),
+    ("no-history", "history"), ("history-wrong", "history"), ("no-settings", "settings"),
+    ("no-data", "data"), ("data-wrong", "data"), ("not-json", "json"),
+    ("deep-json", "json"), ("not-an-object", "training state"), ("format", "training state"),
+    ("tokens-missing", "tokens"), ("tokens-changed", "changed"),
+    ("settings-bad", "batch_size"), ("model-missing", "missing"),
+    ("model-corrupt", "safetensors"), ("nan-weights", "nan"),
+]:
+    case(f"resume-state-{damage}", _with(RESUME, "--out", "{w}/damaged/" + damage), needle)
+
+# --- generate ---------------------------------------------------------------------------------
+for flag, value, needle in [
+    ("--max-new-tokens", "-1", "max-new-tokens"), ("--max-new-tokens", "x", "max-new-tokens"),
+    ("--temperature", "nan", "temperature"), ("--temperature", "-1", "temperature"),
+    ("--temperature", "inf", "temperature"), ("--top-k", "0", "top-k"),
+    ("--top-k", "-3", "top-k"), ("--top-p", "0", "top-p"), ("--top-p", "1.5", "top-p"),
+    ("--top-p", "nan", "top-p"), ("--top-p", "-0.1", "top-p"), ("--seed", "-1", "seed"),
+    ("--seed", str(2**63), "seed"), ("--seed", str(2**70), "seed"),
+    ("--device", "foo", "device"), ("--device", "cuda", "cuda"),
+    ("--device", "cuda:3", "cuda"), ("--device", "mps", "not supported"),
+    ("--dtype", "int8", "invalid choice"),
+    ("--checkpoint", "{w}/nope", "does not exist"), ("--checkpoint", "{w}/text.txt",
+                                                     "not a directory"),
+    ("--checkpoint", "{w}/sub", "not found"), ("--checkpoint", "{w}/nan-model", "nan"),
+    ("--checkpoint", "{w}/corrupt-model", "safetensors"),
+    ("--checkpoint", "{w}/model-no-tokenizer", "tokenizer.json"),
+    ("--checkpoint", "{w}/model-bad-tokenizer", "tokenizer"),
+    ("--checkpoint", "{w}/model-flipped", "corrupt"),
+    ("--checkpoint", "{w}/model-bad-config", "configuration"),
+    ("--checkpoint", "{w}/damaged/model-missing/checkpoint", "not found"),
+]:
+    case(f"generate{flag}={value.replace('{w}/', '')}", _with(GEN, flag, value), needle)
+case("generate-no-prompt", ["generate", "--checkpoint", CKPT], "required")
+
+# --- tokenizer train ---------------------------------------------------------------------------
+for flag, value, needle in [
+    ("--vocab-size", "10", "vocab size"), ("--vocab-size", "-1", "vocab size"),
+    ("--vocab-size", str(2**40), "vocab size"), ("--vocab-size", "x", "vocab-size"),
+    ("--data", "{w}/nope.txt", "does not exist"), ("--data", "{w}/sub", "directory"),
+    ("--data", "{w}/latin1.txt", "utf-8"), ("--data", "{w}/fifo", "regular file"),
+    ("--out", "{w}/sub", "directory"), ("--out", "{w}/nope/tok.json", "does not exist"),
+    ("--out", "/proc/tok.json", "cannot write"), ("--out", "{w}/" + LONG, "longer"),
+    ("--out", "{w}/text.txt/tok.json", "not a folder"),
+    ("--pattern", "(", "compile"), ("--pattern", r"(\w+)|\s+", "capture"),
+    ("--pattern", r"\w+", "skips"), ("--pattern", r"[a-z]+| ", "skips"),
+    ("--pattern", "", "empty"), ("--pattern", r"\m\w+|\W+|\w", "tiktoken"),
+    ("--pattern", "x*", "skips"), ("--format", "bpe", "invalid choice"),
+]:
+    case(f"tokenizer-train{flag}={value.replace('{w}/', '')[:20]}",
+         _with(TOK_TRAIN, flag, value), needle)
+
+# --- tokenizer encode / decode: hostile tokenizer files ----------------------------------------
+for name, needle in [
+    ("empty", "empty"), ("not-json", "json"), ("deep-json", "deep"), ("array", "not a"),
+    ("no-merges", "merges"), ("merges-a-string", "merges"), ("merge-not-a-pair", "merge 0"),
+    ("merge-undefined", "not defined"), ("merge-negative", "not defined"),
+    ("merge-bool", "merge 0"), ("base-short", "base"), ("base-repeated", "base"),
+    ("version", "version"), ("special-mixed-ids", "special token"),
+    ("special-duplicate-ids", "special token"), ("special-low-id", "special token"),
+    ("special-empty-text", "empty"), ("pattern-capture", "capture"),
+    ("pattern-skips", "skips"), ("pattern-broken", "compile"),
+    ("doubling-merges", "mib"), ("long-chain", "mib"), ("huge-special-id", "limit"),
+    ("tiktoken-garbage", "base64"), ("tiktoken-long-tokens", "too long"),
+    ("hf-wrong-model", "bpe"), ("hf-added-token-id", "integer id"),
+    ("binary", "utf-8"),
+]:
+    case(f"tokenizer-encode-file-{name}", _with(ENC, "--tokenizer", f"{{w}}/bad-tok/{name}"),
+         needle)
+for flag, value, needle in [
+    ("--tokenizer", "{w}/nope.json", "does not exist"), ("--tokenizer", "{w}/sub", "directory"),
+    ("--input", "{w}/nope.txt", "does not exist"), ("--input", "{w}/sub", "directory"),
+    ("--input", "{w}/latin1.txt", "utf-8"), ("--output", "{w}/sub", "directory"),
+    ("--output", "{w}/nope/out.txt", "does not exist"), ("--output", "/proc/out.txt",
+                                                         "cannot write"),
+    ("--output", "{w}/" + LONG, "longer"),
+]:
+    case(f"tokenizer-encode{flag}={value.replace('{w}/', '')[:20]}", _with(ENC, flag, value),
+         needle)
+for name, needle in [("words", "not an integer"), ("open-list", "not closed"),
+                     ("negative", "-1"), ("huge", "id"), ("float", "not an integer"),
+                     ("out-of-range", "id")]:
+    case(f"tokenizer-decode-ids-{name}", _with(DEC, "--input", f"{{w}}/bad-ids/{name}"), needle)
+case("tokenizer-decode-output-dir", _with(DEC, "--output", "{w}/sub"), "directory")
+
+# --- info ----------------------------------------------------------------------------------------
+for argv, needle in [
+    (["info", "gpt-17"], "preset"), (["info", "tiny", "--batch", "0"], "batch"),
+    (["info", "tiny", "--batch", "-1"], "batch"), (["info", "tiny", "--seq-len", "0"], "seq-len"),
+    (["info", "tiny", "--bytes", "0"], "bytes"), (["info", "tiny", "--batch", "x"], "batch"),
+    (["info", "{w}/sub"], "neither a preset nor a checkpoint"),
+    (["info", "{w}/text.txt"], "not found"), (["info", "{w}/corrupt-model"], "safetensors"),
+    (["info", "{w}/model-bad-config"], "model-bad-config"),
+    (["info", "{w}/no-config-metadata"], "metadata"),
+]:
+    case(f"info-{'-'.join(argv[1:]).replace('{w}/', '')}", argv, needle)
+
+# --- convert --------------------------------------------------------------------------------
+for direction, source, out, needle in [
+    ("--to-hf", "{w}/nope", "{w}/hf-new", "does not exist"),
+    ("--to-hf", "{w}/text.txt", "{w}/hf-new", "not a directory"),
+    ("--to-hf", "{w}/sub", "{w}/hf-new", "not found"),
+    ("--to-hf", "{w}/nan-model", "{w}/hf-new", "nan"),
+    ("--to-hf", "{w}/corrupt-model", "{w}/hf-new", "safetensors"),
+    ("--to-hf", CKPT, "{w}/text.txt", "not a directory"),
+    ("--to-hf", CKPT, "{w}/text.txt/sub", "file"),
+    ("--to-hf", CKPT, "/proc/hf-out", "cannot write"),
+    ("--to-hf", CKPT, "{w}/" + LONG, "longer"),
+    ("--to-hf", CKPT, RUN, "already exists"),
+    ("--to-hf", "{w}/model-bad-tokenizer", "{w}/hf-new", "tokenizer"),
+    ("--from-hf", "{w}/nope", "{w}/gs-new", "does not exist"),
+    ("--from-hf", "{w}/text.txt", "{w}/gs-new", "not a directory"),
+    ("--from-hf", "{w}/sub", "{w}/gs-new", "config.json"),
+    ("--from-hf", "{w}/hf/missing-tensor", "{w}/gs-new", "missing"),
+    ("--from-hf", "{w}/hf/more-layers", "{w}/gs-new", "missing"),
+    ("--from-hf", "{w}/hf/fewer-layers", "{w}/gs-new", "not part"),
+    ("--from-hf", "{w}/hf/wider", "{w}/gs-new", "shape"),
+    ("--from-hf", "{w}/hf/extra-tensor", "{w}/gs-new", "not part"),
+    ("--from-hf", "{w}/hf/nan-weights", "{w}/gs-new", "nan"),
+    ("--from-hf", "{w}/hf/config-not-json", "{w}/gs-new", "config.json"),
+    ("--from-hf", "{w}/hf/pickle-only", "{w}/gs-new", "pickle"),
+    ("--from-hf", "{w}/hf/corrupt-weights", "{w}/gs-new", "safetensors"),
+    ("--from-hf", "{w}/hf/good", "{w}/text.txt", "not a directory"),
+    ("--from-hf", "{w}/hf/good", "/proc/gs-out", "cannot write"),
+    ("--from-hf", "{w}/hf/good", CKPT, "already exists"),
+]:
+    case(f"convert{direction}-{source.replace('{w}/', '')}-to-{out.replace('{w}/', '')[:20]}",
+         ["convert", direction, source, out], needle)
+case("convert-bfloat16-from-hf", ["convert", "--from-hf", "{w}/hf/good", "{w}/gs-new",
+                                  "--dtype", "bfloat16"], "bfloat16")
+case("convert-both-directions", ["convert", "--from-hf", "--to-hf", CKPT, "{w}/x"], "not allowed")
+
+# --- conformance -------------------------------------------------------------------------------
+for flag, value, needle in [
+    ("--timeout", "nan", "timeout"), ("--timeout", "-1", "timeout"),
+    ("--timeout", "inf", "timeout"), ("--check", "no-such-check*", "matches no check"),
+    ("--area", "bogus", "no checks"), ("--report", "{w}/sub", "directory"),
+    ("--report", "{w}/nope/r.json", "does not exist"), ("--report", "/proc/r.json",
+                                                        "cannot write"),
+    ("--markdown", "{w}/sub", "directory"), ("--save-failures", "{w}/text.txt", "not a dir"),
+    ("--device", "foo", "device"), ("--device", "cuda:5", "cuda"),
+    ("--profile", "slow", "invalid choice"), ("--dtype", "int4", "invalid choice"),
+]:
+    case(f"conformance{flag}={value.replace('{w}/', '')}", _with(CONF, flag, value), needle)
+case("conformance-backend-missing-module",
+     CONF + ["--backend", "no_such_module_xyz:Backend", "--no-isolate"], "no_such_module_xyz")
+
+
+# --- the world of inputs -----------------------------------------------------------------------
+
+
+def _write_model(folder: Path, params: dict, config_json: str, digest: str | None = None,
+                 with_tokenizer: bool = True) -> None:
+    """A model.safetensors written directly (save_model would refuse these)."""
+    from safetensors.numpy import save
+
+    from gptspec.fast.checkpoint import tensors_digest
+
+    folder.mkdir(parents=True)
+    metadata = {"gptspec_config": config_json,
+                "gptspec_sha256": digest or tensors_digest(params)}
+    (folder / "model.safetensors").write_bytes(save(params, metadata=metadata))
+    if with_tokenizer:
+        from gptspec.fast.tokenizer import Tokenizer
+
+        Tokenizer.byte_level(["<|endoftext|>"]).save(folder / "tokenizer.json")
+
+
+def _gptspec_tok(**fields) -> str:
+    doc = {"format": "gptspec-tokenizer", "version": 1, "pattern": "gpt2",
+           "base": list(range(256)), "special_tokens": {}, "merges": []}
+    doc.update(fields)
+    return json.dumps(doc)
+
+
+def _hostile_tokenizers(folder: Path) -> None:
+    folder.mkdir()
+    n = 200_000
+    files = {
+        "empty": "", "not-json": "{\"format\": \"gptspec-tokenizer\", ",
+        "deep-json": "[" * 100_000 + "]" * 100_000, "array": "[1, 2, 3]",
+        "no-merges": json.dumps({"format": "gptspec-tokenizer", "version": 1,
+                                 "pattern": "gpt2", "base": list(range(256)),
+                                 "special_tokens": {}}),
+        "merges-a-string": _gptspec_tok(merges="abc"),
+        "merge-not-a-pair": _gptspec_tok(merges=[[1, 2, 3]]),
+        "merge-undefined": _gptspec_tok(merges=[[1, 999]]),
+        "merge-negative": _gptspec_tok(merges=[[-1, 2]]),
+        "merge-bool": _gptspec_tok(merges=[[True, 2]]),
+        "base-short": _gptspec_tok(base=list(range(200))),
+        "base-repeated": _gptspec_tok(base=[0] * 256),
+        "version": _gptspec_tok(version=99),
+        "special-mixed-ids": _gptspec_tok(special_tokens={"<a>": 300, "<b>": "301"}),
+        "special-duplicate-ids": _gptspec_tok(special_tokens={"<a>": 300, "<b>": 300}),
+        "special-low-id": _gptspec_tok(special_tokens={"<a>": 5}),
+        "special-empty-text": _gptspec_tok(special_tokens={"": 300}),
+        "pattern-capture": _gptspec_tok(pattern=r"(\w+)|\s+|."),
+        "pattern-skips": _gptspec_tok(pattern=r"\w+"),
+        "pattern-broken": _gptspec_tok(pattern="[a-"),
+        # each merge joins the last token with itself: token k has 2^k bytes
+        "doubling-merges": _gptspec_tok(merges=[[97, 97]] + [[256 + k, 256 + k]
+                                                             for k in range(80)]),
+        # each merge adds one byte to the last token: quadratic in the number of merges
+        "long-chain": _gptspec_tok(merges=[[97, 97]] + [[256 + k, 97] for k in range(n)]),
+        "huge-special-id": _gptspec_tok(special_tokens={"<a>": 10**12}),
+        "tiktoken-garbage": "this is not base64 at all\n",
+        "tiktoken-long-tokens": "".join(
+            f"{__import__('base64').b64encode(bytes([k])).decode()} {k}\n" for k in range(256))
+        + "".join(f"{__import__('base64').b64encode(b'a' * (10_000 + k)).decode()} {256 + k}\n"
+                  for k in range(400)),
+        "hf-wrong-model": json.dumps({"model": {"type": "WordPiece", "vocab": {}}}),
+        "hf-added-token-id": json.dumps({"model": {"type": "BPE", "vocab": {}, "merges": []},
+                                         "pre_tokenizer": {"type": "ByteLevel",
+                                                           "add_prefix_space": False,
+                                                           "use_regex": True},
+                                         "added_tokens": [{"content": "<a>", "id": "7",
+                                                           "special": True}]}),
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    (folder / "binary").write_bytes(b"{\xff\xfe\x00garbage")
+
+
+def _damage_runs(world: Path) -> None:
+    """Copies of the finished run, each with one thing wrong."""
+    def damaged(name: str, edit=None, state=None) -> Path:
+        run = world / "damaged" / name
+        shutil.copytree(world / "run", run)
+        state_file = run / "checkpoint" / "state.json"
+        if state is not None:
+            doc = json.loads(state_file.read_text())
+            state(doc)
+            state_file.write_text(json.dumps(doc))
+        if edit is not None:
+            edit(run)
+        return run
+
+    damaged("no-step", state=lambda d: d.pop("step"))
+    damaged("step-huge", state=lambda d: d.update(step=10**30))
+    damaged("step-a-string", state=lambda d: d.update(step="12"))
+    damaged("no-rng", state=lambda d: d.pop("rng"))
+    damaged("rng-wrong", state=lambda d: d.update(rng={"torch": 5}))
+    damaged("no-history", state=lambda d: d.pop("history"))
+    damaged("history-wrong", state=lambda d: d.update(history={"train": "x", "val": []}))
+    damaged("no-settings", state=lambda d: d.pop("settings"))
+    damaged("no-data", state=lambda d: d.pop("data"))
+    damaged("data-wrong", state=lambda d: d.update(data={"tokens": 3}))
+    damaged("settings-bad", state=lambda d: d["settings"].update(batch_size=-4))
+    damaged("format", state=lambda d: d.update(format="other"))
+    damaged("not-json", lambda r: (r / "checkpoint" / "state.json").write_text("{\"step\": "))
+    damaged("deep-json", lambda r: (r / "checkpoint" / "state.json").write_text(
+        "[" * 100_000 + "]" * 100_000))
+    damaged("not-an-object", lambda r: (r / "checkpoint" / "state.json").write_text("[]"))
+    damaged("tokens-missing", lambda r: (r / "tokens.bin").unlink())
+    damaged("tokens-changed", lambda r: (r / "tokens.bin").write_bytes(b"\x01\x00" * 10))
+    damaged("model-missing", lambda r: (r / "checkpoint" / "model.safetensors").unlink())
+    damaged("model-corrupt", lambda r: (r / "checkpoint" / "model.safetensors").write_bytes(
+        b"\x00" * 64))
+
+    def nan_weights(run: Path) -> None:
+        from safetensors.numpy import load_file
+
+        from gptspec.fast.checkpoint import CONFIG_KEY
+
+        file = run / "checkpoint" / "model.safetensors"
+        params = load_file(str(file))
+        params["wte"][0, 0] = np.nan
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="numpy") as f:
+            config_json = f.metadata()[CONFIG_KEY]
+        file.unlink()
+        _write_model(run / "nan", params, config_json, with_tokenizer=False)
+        (run / "nan" / "model.safetensors").rename(file)
+        (run / "nan").rmdir()
+
+    damaged("nan-weights", nan_weights)
+
+
+def _hf_variants(world: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    assert main(["convert", "--to-hf", str(world / "run" / "checkpoint"),
+                 str(world / "hf" / "good")]) == 0
+    good = world / "hf" / "good"
+    weights = next(good.glob("*.safetensors"))
+    config = json.loads((good / "config.json").read_text())
+
+    def variant(name: str, tensors=None, cfg=None) -> Path:
+        folder = world / "hf" / name
+        shutil.copytree(good, folder)
+        if tensors is not None:
+            arrays = load_file(str(weights))
+            tensors(arrays)
+            save_file(arrays, str(folder / weights.name), metadata={"format": "pt"})
+        if cfg is not None:
+            doc = dict(config)
+            cfg(doc)
+            (folder / "config.json").write_text(json.dumps(doc))
+        return folder
+
+    first = sorted(load_file(str(weights)))
+    bias = next(n for n in first if n.endswith("mlp.c_fc.bias"))
+    variant("missing-tensor", tensors=lambda a: a.pop(bias))
+    variant("more-layers", cfg=lambda c: c.update(n_layer=c["n_layer"] + 1))
+    variant("fewer-layers", cfg=lambda c: c.update(n_layer=c["n_layer"] - 1))
+    variant("n-embd-a-string", cfg=lambda c: c.update(n_embd="big"))
+    variant("billion-layers", cfg=lambda c: c.update(n_layer=10**9))
+    variant("wider", cfg=lambda c: c.update(n_embd=c["n_embd"] * 2, n_inner=None))
+    variant("extra-tensor", tensors=lambda a: a.update(
+        {"transformer.h.0.attn.rotary": np.zeros(3, dtype=np.float32)}))
+    variant("nan-weights", tensors=lambda a: a[bias].__setitem__(0, np.nan))
+    folder = variant("config-not-json")
+    (folder / "config.json").write_text("{ not json")
+    folder = variant("pickle-only")
+    next(folder.glob("*.safetensors")).rename(folder / "pytorch_model.bin")
+    folder = variant("corrupt-weights")
+    next(folder.glob("*.safetensors")).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from gptspec.fast.checkpoint import load_model, save_model
+    from gptspec.fast.tokenizer import Tokenizer
+
+    w = tmp_path_factory.mktemp("world")
+    (w / "text.txt").write_text(TEXT)
+    (w / "empty.txt").write_text("")
+    (w / "latin1.txt").write_bytes(b"caf\xe9 au lait")
+    (w / "sub").mkdir()
+    os.mkfifo(w / "fifo")
+    os.symlink("loop", w / "loop")  # a link to itself
+    np.save(w / "ids.npy", np.arange(100) % 256)
+    np.save(w / "big-ids.npy", np.full(100, 70_000, dtype=np.uint32))
+    Tokenizer.train(TEXT, 300).save(w / "tok.json")
+    (w / "tok-corrupt.json").write_text('{"format": "gptspec-tokenizer", "merges": [')
+    (w / "ids.txt").write_text("1 2 3\n")
+    (w / "png-folder-run" / "loss.png").mkdir(parents=True)
+    (w / "ckpt-file-run").mkdir()
+    (w / "ckpt-file-run" / "checkpoint").write_text("")
+    assert main(["train", "--preset", "tiny", "--vocab-size", "256", "--data",
+                 str(w / "text.txt"), "--out", str(w / "run"), "--no-progress", "--steps", "2",
+                 "--batch-size", "2", "--eval-interval", "2", "--eval-batches", "1"]) == 0
+    _damage_runs(w)
+    _hostile_tokenizers(w / "bad-tok")
+    ids = w / "bad-ids"
+    ids.mkdir()
+    for name, text in {"words": "1 two 3", "open-list": "[1, 2", "negative": "-1",
+                       "huge": str(10**30), "float": "1.5", "out-of-range": "300 301"}.items():
+        (ids / name).write_text(text)
+    config, params = load_model(w / "run" / "checkpoint")
+    save_model(w / "model-no-tokenizer", config, params)
+    save_model(w / "model-bad-tokenizer", config, params)
+    (w / "model-bad-tokenizer" / "tokenizer.json").write_text("{ broken")
+    nan = {k: v.copy() for k, v in params.items()}
+    nan["wpe"][1, 2] = np.inf
+    _write_model(w / "nan-model", nan, config.to_json())
+    _write_model(w / "model-flipped", params, config.to_json(), digest="0" * 64)
+    _write_model(w / "model-bad-config", params, '{"d_model": -3}')
+    _write_model(w / "no-config-metadata", params, config.to_json())
+    from safetensors.numpy import save
+
+    (w / "no-config-metadata" / "model.safetensors").write_bytes(save(params))
+    (w / "corrupt-model").mkdir()
+    (w / "corrupt-model" / "model.safetensors").write_bytes(b"\xff" * 100)
+    _hf_variants(w)
+    return w
+
+
+def _snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root``: kind, permissions and, for files, a hash of the bytes."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if path.is_symlink():
+            out[str(path.relative_to(root))] = ("link", os.readlink(path), None)
+            continue
+        kind = "dir" if path.is_dir() else "fifo" if path.is_fifo() else "file"
+        digest = (hashlib.sha256(path.read_bytes()).hexdigest()
+                  if kind == "file" else None)
+        out[str(path.relative_to(root))] = (kind, info.st_mode, digest)
+    return out
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exit_:  # argparse's errors
+        return int(exit_.code or 0)
+
+
+def test_the_corpus_is_large():
+    assert len(CASES) >= 150
+    assert len({name for name, _, _ in CASES}) == len(CASES), "case ids must be distinct"
+
+
+@pytest.mark.parametrize(("argv", "needle"), [(a, n) for _, a, n in CASES],
+                         ids=[name for name, _, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(world, capsys, argv, needle):
+    argv = [a.replace("{w}", str(world)) for a in argv]
+    before = _snapshot(world)
+    started = time.perf_counter()
+    status = _run(argv)
+    elapsed = time.perf_counter() - started
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert status == 2, f"exit status {status}; stderr: {err[-2000:]}"
+    assert len(lines) == 1, f"stderr has {len(lines)} lines: {err[-2000:]}"
+    assert "Traceback" not in err + out
+    assert lines[0].startswith("gptspec") and "error" in lines[0]
+    assert needle.lower() in lines[0].lower(), lines[0]
+    assert _snapshot(world) == before, "the command changed files"
+    assert elapsed < 20, f"took {elapsed:.1f} s to refuse"
+
+
+# --- hostile tokenizer files: time and memory bounds ------------------------------------------
+
+_LOAD_IN_A_BOUNDED_PROCESS = r"""
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a runaway allocation fails
+from gptspec.fast.tokenizer import Tokenizer, TokenizerError
+started = time.perf_counter()
+try:
+    tok = Tokenizer.load(sys.argv[1])
+    outcome = f"loaded {tok.vocab_size}"
+except TokenizerError as err:
+    outcome = f"refused: {err}"
+elapsed = time.perf_counter() - started
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+print(f"{elapsed:.3f} {peak} {outcome}")
+"""
+
+
+def _bounded_load(path: Path) -> tuple[float, int, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _LOAD_IN_A_BOUNDED_PROCESS, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seconds, peak_kib, outcome = done.stdout.strip().split(" ", 2)
+    return float(seconds), int(peak_kib), outcome
+
+
+@pytest.mark.parametrize("n_merges", [20_000, 200_000])
+def test_a_long_chain_of_merges_is_refused_in_linear_time_and_bounded_memory(tmp_path,
+                                                                            n_merges):
+    """Token k of the chain is one byte longer than token k − 1: its bytes grow as k², so
+    building them would take 900 MB at 20 k merges and 80 GB at 200 k; the lengths are
+    counted first, and the load stops where they pass the limit."""
+    path = tmp_path / "chain.json"
+    path.write_text(_gptspec_tok(merges=[[97, 97]] + [[256 + k, 97] for k in range(n_merges)]))
+    seconds, peak_kib, outcome = _bounded_load(path)
+    assert outcome.startswith("refused") and "MiB" in outcome, outcome
+    assert seconds < 15 and peak_kib < 1_500_000, (seconds, peak_kib)
+
+
+def test_doubling_merges_are_refused_before_building_a_token(tmp_path):
+    path = tmp_path / "doubling.json"
+    path.write_text(_gptspec_tok(merges=[[97, 97]] + [[256 + k, 256 + k] for k in range(200)]))
+    seconds, peak_kib, outcome = _bounded_load(path)
+    assert outcome.startswith("refused") and seconds < 10 and peak_kib < 1_000_000
+
+
+def test_a_large_honest_tokenizer_loads_in_time_linear_in_its_size(tmp_path):
+    """Merges of short tokens (every pair of bytes in turn): 10 times the merges costs
+    about 10 times the time, not 100."""
+    def honest(n: int) -> Path:
+        pairs = [[a, b] for a in range(256) for b in range(256)][:n]
+        path = tmp_path / f"honest{n}.json"
+        path.write_text(_gptspec_tok(merges=pairs))
+        return path
+
+    small_s, _, small = _bounded_load(honest(6_000))
+    large_s, peak_kib, large = _bounded_load(honest(60_000))
+    assert small.startswith("loaded") and large.startswith("loaded"), (small, large)
+    assert large_s < 30 * max(small_s, 0.05) and peak_kib < 1_500_000, (small_s, large_s)
