@@ -25,6 +25,7 @@ HOLTZMAN_2020 = "Holtzman et al. 2020, The Curious Case of Neural Text Degenerat
 FAN_2018 = "Fan, Lewis & Dauphin 2018, Hierarchical Neural Story Generation"
 HIGHAM_MARY_2019 = "Higham & Mary 2019, A New Approach to Probabilistic Rounding Error Analysis"
 KAPLAN_2020 = "Kaplan et al. 2020, Scaling Laws for Neural Language Models"
+MICIKEVICIUS_2018 = "Micikevicius et al. 2018, Mixed Precision Training"
 
 DOCUMENTS = (NOTES, GUIDE, BLUEPRINT, POST)
 
