@@ -124,15 +124,19 @@ def adamw(backend, ctx):
     schedule's learning rates, the backend's parameters after each step equal
     ``adamw_step``'s, with decoupled weight decay and bias correction. In 16 bit the
     step is the spec's (float32 state and update, the parameter stored in the dtype):
-    a backend whose state or update is 16-bit fails it."""
+    a backend whose state or update is 16-bit fails it. Small gradients (10⁻⁵: g² is 0
+    in float16) and small parameters (10⁻³: the update's own error is then larger than
+    the parameter's storage) are drawn, where 16-bit state shows."""
     p = ctx.precision
 
     @ctx.given(n=st.integers(1, 8), steps=st.integers(1, 6), seed=st.integers(0, 2**16),
-               weight_decay=st.sampled_from([0.0, 0.1]))
-    def _(n, steps, seed, weight_decay):
+               weight_decay=st.sampled_from([0.0, 0.1]),
+               theta_scale=st.sampled_from([1.0, 1e-3]), grad_scale=st.sampled_from([1.0, 1e-5]))
+    def _(n, steps, seed, weight_decay, theta_scale, grad_scale):
         rng = np.random.default_rng(seed)
-        theta = {"w": B.round_to(rng.normal(size=(n, 3)), p.dtype)}
-        grads = [{"w": B.round_to(rng.normal(size=(n, 3)), p.dtype)} for _ in range(steps)]
+        theta = {"w": B.round_to(theta_scale * rng.normal(size=(n, 3)), p.dtype)}
+        grads = [{"w": B.round_to(grad_scale * rng.normal(size=(n, 3)), p.dtype)}
+                 for _ in range(steps)]
         lrs = [ref.lr_schedule(t, 1e-2, 1e-3, 2, steps + 2) for t in range(steps)]
         beta1, beta2, eps = 0.9, 0.95, 1e-8
         got = ctx.op("adamw_trajectory")(theta, grads, lrs, beta1, beta2, eps, weight_decay)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sympy as sp
 
 from gptspec.spec.equation import Decision, Reading, Symbol, Tolerance, equation
-from gptspec.spec.sources import (BLUEPRINT, KINGMA_2015, LOSHCHILOV_2019, MICIKEVICIUS_2018,
-                                  Source)
+from gptspec.spec.sources import BLUEPRINT, KINGMA_2015, LOSHCHILOV_2019, MICIKEVICIUS_2018, Source
 
 # Defaults of the sympy forms (exact rationals; the trainer's settings override them).
 LR, BETA1, BETA2, EPS = sp.Rational(1, 1000), sp.Rational(9, 10), sp.Rational(95, 100), sp.Rational(1, 10**8)

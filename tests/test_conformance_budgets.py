@@ -123,15 +123,23 @@ class SixteenBitAdamW(TorchBackend):
         return out
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_16_bit_adamw_passes_with_float32_state_and_fails_with_16_bit_state(dtype):
-    def result(backend):
-        suite = run_suite(backend, profile="quick", seed=0,
-                          select=lambda c: c.id == "adamw_step.trajectory")
-        return suite.results[0]
+def _adamw_check(backend):
+    suite = run_suite(backend, profile="quick", seed=0, area=None,
+                      select=lambda c: c.id == "adamw_step.trajectory")
+    return suite.results[0]
 
-    assert result(TorchBackend(dtype=dtype)).status == "pass"
-    assert result(SixteenBitAdamW(dtype=dtype)).status == "fail"
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_adamw_with_float32_state_passes(dtype):
+    assert _adamw_check(TorchBackend(dtype=dtype)).status == "pass"
+
+
+def test_float16_adamw_with_float16_state_fails():
+    """g² of a gradient of 10⁻⁵ is 0 in float16, and so is ε: the step divides by 0.
+    (In bfloat16 the 16-bit state's errors are of the size of the stored parameter's
+    rounding, which the budget allows, so no check can tell the two apart there.)"""
+    result = _adamw_check(SixteenBitAdamW(dtype="float16"))
+    assert result.status == "fail", result.detail
 
 
 def test_a_huge_fraction_of_budget_reads_in_scientific_form():
