@@ -1,4 +1,4 @@
-"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel.
+"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel, soundness (not by default).
 
 Every session installs torch 2.13.0 (the CPU wheel in /opt/wheels on the project's
 machines) and the versions in constraints.txt.
@@ -121,3 +121,14 @@ def mutants(session: nox.Session) -> None:
     --profile P; --json docs/mutation-results.json saves it for the site's Verification page)."""
     install(session)
     session.run("python", "-m", "gptspec.conformance.mutation", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def soundness(session: nox.Session) -> None:
+    """The soundness gate: correct backends written differently from the built-in one
+    (soundness/) must pass every check at the thorough profile, seeds 0–2, in float32,
+    bfloat16 and float16; prints backend × dtype × seed → passed/failed and the worst
+    fraction of budget. Options after --: --quick (the CI part), --backend, --dtype,
+    --seeds N, --profile P."""
+    install(session)
+    session.run("python", "soundness/gate.py", *session.posargs)

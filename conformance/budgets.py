@@ -173,7 +173,14 @@ class Comparison:
         return (f"worst at {self.worst_index}: got {self.actual:.9g}, reference "
                 f"{self.expected:.9g}, "
                 f"|diff| {abs(self.actual - self.expected):.3g} vs budget {self.bound:.3g} "
-                f"({100 * self.fraction:.1f}% of budget)")
+                f"({percent_of_budget(self.fraction)})")
+
+
+def percent_of_budget(fraction: float) -> str:
+    """A fraction of budget as a percentage: fixed-point while readable, scientific when
+    huge (a result off by 10⁵ budgets reads 1e+07%, not a 10-digit number)."""
+    percent = 100 * fraction
+    return f"{percent:.1f}% of budget" if percent < 1e4 else f"{percent:.2g}% of budget"
 
 
 def compare(actual, expected, bound) -> Comparison:
@@ -299,28 +306,65 @@ def activation_bound(name: str, x, ex, p: Precision) -> tuple[Array, Array]:
     return y, _q(slope * ex, local, p.store(y))
 
 
+def log_exp_factor(delta: Array) -> Array:
+    """log((exp(λ·δ) − 1)/λ), finite for any δ > 0 (−∞ at δ = 0): the logarithm of the
+    scale of the relative error exp(δ') − 1 that an error δ' of scale δ in an exponent
+    causes. At the budget's level (λ·scale) the factor is exact: exp(λδ) − 1 is the
+    relative effect of an exponent moved by λδ. For small δ it is δ, the first-order rule;
+    for large δ it grows as the exponential does, so a score moved by several units (as a
+    16-bit rounding of a large score is) is not budgeted linearly."""
+    t = LAMBDA * np.asarray(delta, dtype=np.float64)
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(t > 30, t, np.log(np.expm1(np.minimum(t, 30)))) - math.log(LAMBDA)
+
+
 def softmax_bound(z, ez, p: Precision, axis: int = -1) -> tuple[Array, Array]:
-    """y = softmax(z) computed as exp(z − max z)/Σ: δy_i = y_i(δz_i − Σ_j y_j δz_j), of
-    scale y_i·√(δz_i² + Σ_j y_j² δz_j²). The shift z − max z is rounded (u|z − max z|),
-    each exponential and the division add a few roundings, the sum √n·u."""
+    """y = softmax(z) computed as exp(z − max z)/Σ: y_i' = y_i·e^{δz_i}/Σ_j y_j e^{δz_j}.
+    The numerator's relative error has scale r_i = (exp(λδz_i) − 1)/λ (log_exp_factor;
+    δz_i when δz is small); the normaliser's ν = √(Σ_j (y_j r_j)²) (to first order
+    Σ_j y_j δz_j, independent terms); the ratio (1 + r_i)/(1 + ν) then has relative error
+    √(r_i² + ν²)/(1 − λν), the last factor the normaliser's own nonlinearity (1 to first
+    order). Where λν ≥ 1 the normaliser, and so y_i, may be anything: both results lie in
+    [0, 1], so the error is at most max(y_i, 1 − y_i), where every error scale is capped
+    (over λ). All in logarithms, so a weight that underflows (y_i = 0 in float64) while
+    its exponent's error is large gets its budget. δz includes the rounding of the shift
+    z − max z (u_acc|z − max z|); each exponential and the division add a few roundings,
+    the sum √n·u_acc."""
     z = np.asarray(z, dtype=np.float64)
     y = ref.softmax(z, axis=axis)
     finite = np.isfinite(z)
     shift = np.where(finite, np.abs(z - np.max(z, axis=axis, keepdims=True)), 0.0)
     dz = np.where(finite, _q(ez, p.u_acc * shift), 0.0)
-    inherited = y * _q(dz, np.sqrt(np.sum(np.square(y * dz), axis=axis, keepdims=True)))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_y = np.where(finite, ref.log_softmax(np.where(finite, z, -np.inf), axis=axis),
+                         -np.inf)
+        log_r = log_exp_factor(dz)
+        log_nu = 0.5 * _logsumexp(2 * (log_y + log_r), axis)
+        lam_nu = LAMBDA * np.exp(np.minimum(log_nu, 0.0))
+        log_rel = 0.5 * np.logaddexp(2 * log_r, 2 * log_nu) - np.log1p(-np.minimum(lam_nu, 1.0))
+        inherited = np.where(~finite, 0.0, np.where(lam_nu < 1, np.exp(np.minimum(
+            log_y + log_rel, 0.0)), np.inf))
     n = z.shape[axis]
     local = y * ((ROUNDINGS["exp"] + ROUNDINGS["softmax_normalise"]) * p.u_acc + p.sum_scale(n))
-    return y, _q(inherited, local, p.store(y))
+    cap = np.where(finite, np.maximum(y, 1 - y) / LAMBDA, 0.0)
+    return y, _q(np.minimum(inherited, cap), local, p.store(y))
 
 
-def layer_norm_bound(x, ex, gamma, beta, eps: float, p: Precision) -> tuple[Array, Array]:
-    """y = γ x̂ + β, x̂ = (x − μ)/s, s = √(σ² + ε). First order:
-    δx̂ = (δx − mean δx − x̂·mean(x̂ δx))/s, plus the roundings of μ (√n·u mean|x|), of
-    x − μ, of σ² (√n·u relative) and of the square root and the division."""
+def _logsumexp(a: Array, axis: int) -> Array:
+    """log Σ exp(a) along ``axis`` (kept), −∞ for an all −∞ row."""
+    top = np.max(a, axis=axis, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return safe + np.log(np.sum(np.exp(a - safe), axis=axis, keepdims=True))
+
+
+def layer_norm_parts(x, ex, eps: float, p: Precision) -> tuple[Array, Array, Array, Array]:
+    """x̂ = (x − μ)/s, s = √(σ² + ε), and their error scales (x̂'s absolute, s's relative).
+    First order: δx̂ = (δx − mean δx − x̂·mean(x̂ δx))/s, plus the roundings of μ
+    (√n·u mean|x|), of x − μ, of σ² (√n·u relative) and of the square root and the
+    division. Returns (x̂, its error scale, s, s's relative error scale)."""
     x = np.asarray(x, dtype=np.float64)
     ex = np.asarray(ex, dtype=np.float64)
-    y = ref.layer_norm(x, gamma, beta, eps)
     n = x.shape[-1]
     mu = x.mean(axis=-1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
@@ -334,6 +378,14 @@ def layer_norm_bound(x, ex, gamma, beta, eps: float, p: Precision) -> tuple[Arra
                (p.sum_scale(n) + 2 * p.u_acc) * var)
     rel_s = _q(0.5 * e_var / (var + eps), 2 * p.u_acc)  # the root, and ε's addition
     e_xhat = _q(e_centered / s, np.abs(xhat) * rel_s, p.u_acc * np.abs(xhat))
+    return xhat, e_xhat, s, rel_s
+
+
+def layer_norm_bound(x, ex, gamma, beta, eps: float, p: Precision) -> tuple[Array, Array]:
+    """y = γ x̂ + β (x̂ and its error from layer_norm_parts): γ scales x̂'s error, and the
+    product and the sum each round."""
+    y = ref.layer_norm(np.asarray(x, dtype=np.float64), gamma, beta, eps)
+    xhat, e_xhat, _, _ = layer_norm_parts(x, ex, eps, p)
     e = _q(np.abs(gamma) * e_xhat, p.u_acc * (np.abs(gamma * xhat) + np.abs(beta)))
     return y, _q(e, p.store(y))
 

@@ -6,23 +6,26 @@ and ``train_losses(config, params, tokens, steps, seed, resume_at=None) -> [loss
 
 Budgets (λ = budgets.LAMBDA, u the backend's unit roundoff, u_acc its accumulation's):
 
-* a gradient passes through D sequential stages (D = 12 per block + 6: embedding, the
-  block's LayerNorms, matrix products, softmax, activation and residual sums in both
-  directions, the loss), each a reduction of length at most n = max(B·T, V, d_ff, d)
-  whose relative rounding error has scale √n·u_acc (Higham & Mary 2019), and whose result
-  is stored once in the backend's dtype (u); independent stages add in quadrature, so a
-  gradient tensor g is within λ·(√(D·n)·u_acc + √D·u)·max|g| of the exact one, entry by
-  entry, max|g| the largest gradient entry of the whole model —
-  errors reach every entry through the upstream gradients ∂L/∂H, whose scale that is,
-  and a LayerNorm's backward can cancel a gradient to far below its rounding error
-  (e.g. over d_model = 2 features, where x̂ = ±1 whatever x is), so an entry's own size
-  is no measure of its error;
+* a gradient's error is propagated through the reference's backward pass stage by stage
+  (gradient_budgets.gpt_backward_bound, which mirrors gpt_backward): at each backward
+  equation the upstream gradient's error and the forward activations' errors are
+  carried through the equation to first order, each reduction of length n adds
+  √n·u_acc·Σ|terms| and each stored result u·|g|, independent contributions in
+  quadrature. This sees what one scale for the whole model cannot: a LayerNorm's
+  backward amplifies the errors reaching it by |γ|/s, s = √(σ² + ε), which is large
+  for a row of nearly equal features, and the amplification compounds through the
+  layers below;
 * the loss is a mean of −log p over N positions: an error e in the logits moves it by at
-  most 2 max e (|∂L/∂z| sums to at most 2 per row, divided by N), plus the rounding of
-  its own length-N·V reductions;
+  most 2 max e (|∂L/∂z| sums to at most 2 per row, divided by N; log-softmax is
+  2-Lipschitz in the largest entry, so this holds for errors of any size, p → 0
+  included), plus the rounding of its own length-N·V reductions and of the stored loss
+  (u·|L|: a 16-bit backend may return it in its dtype);
 * AdamW's update m̂/(√v̂ + ε) is computed with about 10 roundings per element per step
   (the two moment updates, the two bias corrections, the square root, the division, the
-  decay and the subtraction); over k steps they add in quadrature.
+  decay and the subtraction); over k steps they add in quadrature. They are float32
+  roundings (u_acc) in every dtype: a 16-bit backend keeps m, v and the update in
+  float32 and stores the parameter in its dtype (the spec's decision on adamw_step), so
+  it adds one rounding u·|θ_t| per step, carried unchanged (to first order) to the end.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from hypothesis import strategies as st
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.context import NotImplementedOp
+from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import model_cases
 from gptspec.spec import GPTConfig, init_parameters
@@ -48,21 +52,7 @@ GRADIENT_ENTRIES = ("cross_entropy_gradient", "linear_backward", "token_embeddin
                     "ffn_gelu_backward", "ffn_gelu_tanh_backward", "ffn_guide_product_backward",
                     "residual_backward", "block_pre_ln_backward", "block_post_ln_backward",
                     "block_guide_backward", "gpt_backward")
-STAGES_PER_BLOCK, STAGES_OUTSIDE = 12, 6
 ADAMW_ROUNDINGS = 10
-
-
-def largest_gradient(grads: dict) -> float:
-    return max(float(np.max(np.abs(g))) for g in grads.values())
-
-
-def gradient_scale(largest: float, config, tokens: np.ndarray, p: B.Precision) -> float:
-    """(√(D·n)·u_acc + √D·u)·max|g|, max|g| the model's largest gradient entry: the error
-    scale of every gradient entry (see the module doc); √D·u is each stage's result
-    stored once in the backend's dtype (it matters for 16-bit dtypes)."""
-    D = STAGES_PER_BLOCK * config.n_layers + STAGES_OUTSIDE
-    n = max(tokens.size, config.vocab_size, config.d_ff, config.d_model)
-    return (math.sqrt(D * n) * p.u_acc + math.sqrt(D) * p.u) * largest + p.tiny
 
 
 def _case(case, dtype: str, data):
@@ -76,8 +66,8 @@ def _case(case, dtype: str, data):
 
 @check("gpt_backward.differential", entries=GRADIENT_ENTRIES, ops=("gpt_backward",),
        depends_on=("gpt_forward.differential",), area="training",
-       budget="λ·(√(D·n)·u_acc + √D·u)·max|g| (D stages, reductions of length n, the "
-              "largest gradient)")
+       budget="λ × the error scale propagated through the reference's backward pass stage "
+              "by stage (gradient_budgets.gpt_backward_bound)")
 def gradients(backend, ctx):
     """Every gradient against the reference's hand-written backward pass, by parameter
     name: the backend's ∂L/∂θ of the mean cross-entropy equals ``gpt_backward``'s for
@@ -95,62 +85,75 @@ def gradients(backend, ctx):
         ctx.require(set(grads) == set(expected),
                     f"gradients named {sorted(set(grads) ^ set(expected))} do not match the "
                     "schema")
-        scale = gradient_scale(largest_gradient(expected), config, tokens, ctx.precision)
+        scales = gpt_backward_bound(tokens, targets, params, config, ctx.precision)
         for name, g in expected.items():
-            ctx.record(name, B.compare(grads[name], g, B.budget(scale)))
+            ctx.record(name, B.compare(grads[name], g, B.budget(scales[name][1])))
 
 
 @check("cross_entropy_mean.differential", entries=("cross_entropy_mean", "cross_entropy_sum",
                                                   "log_softmax"),
        ops=("gpt_backward",), depends_on=("gpt_forward.differential",), area="training",
-       budget="2·max(logit error) + √(N·V)·u_acc·|L|")
+       budget="(2·max(logit error) + √(N·V)·u_acc·|L|) ⊕ u·|L|")
 def loss(backend, ctx):
     """The loss equals −log of the reference's probabilities: the backend's mean
     cross-entropy equals −(1/N) Σ_t log P_ref(y_t | x_≤t), with P_ref the reference's
     ``next_token_distribution`` of its logits; N times it is the Blueprint's eq 10 sum
-    −Σ_t log P_ref(y_t | x_≤t), within N times the budget."""
+    −Σ_t log P_ref(y_t | x_≤t), within N times the budget. log P_ref is taken as the
+    reference's ``log_softmax`` (the same number), since log of a probability that
+    underflows to 0 (a logit gap past 745) would be −∞ where a correct loss is finite."""
     @ctx.given(case=model_cases(ctx.precision.dtype), data=st.data())
     def _(case, data):
         config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
-        probs = ref.next_token_distribution(ref.gpt_forward(tokens, params, config))
-        expected = -np.mean(np.log(np.take_along_axis(probs, targets[..., None], -1)))
+        log_probs = ref.log_softmax(ref.gpt_forward(tokens, params, config))
+        picked = np.take_along_axis(log_probs, targets[..., None], -1)
+        expected = -np.mean(picked)
         got, _ = ctx.op("gpt_backward")(tokens, targets, params, config)
         logit_error = float(np.max(B.gpt_forward_bound(tokens, params, config, ctx.precision)))
-        scale = 2 * logit_error + ctx.precision.sum_scale(probs.size) * abs(expected)
+        # the loss may be returned in the dtype: one more rounding, u·|L|
+        scale = np.hypot(2 * logit_error + ctx.precision.sum_scale(log_probs.size) * abs(expected),
+                         ctx.precision.store(expected))
         ctx.record("loss", B.compare(np.float64(got), expected, B.budget(scale)))
         N = targets.size
-        picked = np.take_along_axis(probs, targets[..., None], -1)
-        total = -np.sum(np.log(picked))
         ctx.record("N · loss vs the eq 10 sum",
-                   B.compare(N * np.float64(got), total, N * B.budget(scale)))
+                   B.compare(N * np.float64(got), -np.sum(picked), N * B.budget(scale)))
 
 
 @check("adamw_step.trajectory", entries=("adamw_step", "lr_schedule"),
        ops=("adamw_trajectory",), area="training",
-       budget="√(10·k)·u·(|θ_k| + Σ_t η_t(|update_t| + λ|θ_t|)) after k steps")
+       budget="λ·(√(10·k)·u_acc·(|θ_k| + Σ_t η_t(|update_t| + λ|θ_t|)) ⊕ u·√(Σ_t θ_t²)) "
+              "after k steps (the second term in 16 bit only)")
 def adamw(backend, ctx):
     """N AdamW steps against the reference's trajectory: fed the same gradients at the
     schedule's learning rates, the backend's parameters after each step equal
-    ``adamw_step``'s, with decoupled weight decay and bias correction."""
+    ``adamw_step``'s, with decoupled weight decay and bias correction. In 16 bit the
+    step is the spec's (float32 state and update, the parameter stored in the dtype):
+    a backend whose state or update is 16-bit fails it. Small gradients (10⁻⁵: g² is 0
+    in float16) and small parameters (10⁻³: the update's own error is then larger than
+    the parameter's storage) are drawn, where 16-bit state shows."""
     p = ctx.precision
 
     @ctx.given(n=st.integers(1, 8), steps=st.integers(1, 6), seed=st.integers(0, 2**16),
-               weight_decay=st.sampled_from([0.0, 0.1]))
-    def _(n, steps, seed, weight_decay):
+               weight_decay=st.sampled_from([0.0, 0.1]),
+               theta_scale=st.sampled_from([1.0, 1e-3]), grad_scale=st.sampled_from([1.0, 1e-5]))
+    def _(n, steps, seed, weight_decay, theta_scale, grad_scale):
         rng = np.random.default_rng(seed)
-        theta = {"w": B.round_to(rng.normal(size=(n, 3)), p.dtype)}
-        grads = [{"w": B.round_to(rng.normal(size=(n, 3)), p.dtype)} for _ in range(steps)]
+        theta = {"w": B.round_to(theta_scale * rng.normal(size=(n, 3)), p.dtype)}
+        grads = [{"w": B.round_to(grad_scale * rng.normal(size=(n, 3)), p.dtype)}
+                 for _ in range(steps)]
         lrs = [ref.lr_schedule(t, 1e-2, 1e-3, 2, steps + 2) for t in range(steps)]
         beta1, beta2, eps = 0.9, 0.95, 1e-8
         got = ctx.op("adamw_trajectory")(theta, grads, lrs, beta1, beta2, eps, weight_decay)
         th, m, v = theta["w"], np.zeros((n, 3)), np.zeros((n, 3))
-        moved = np.zeros((n, 3))
+        moved, stored = np.zeros((n, 3)), np.zeros((n, 3))
         for t in range(steps):
             before = th
             th, m, v = ref.adamw_step(th, grads[t]["w"], m, v, t + 1, lrs[t], beta1, beta2,
                                       eps, weight_decay)
             moved = moved + np.abs(th - before) + lrs[t] * weight_decay * np.abs(before)
-            scale = math.sqrt(ADAMW_ROUNDINGS * (t + 1)) * p.u * (np.abs(th) + moved) + p.tiny
+            if p.u > p.u_acc:  # 16 bit: the float32 θ_t stored in the dtype
+                stored = np.hypot(stored, p.u * np.abs(th) + p.tiny)
+            update = math.sqrt(ADAMW_ROUNDINGS * (t + 1)) * p.u_acc * (np.abs(th) + moved)
+            scale = np.hypot(update, stored) + p.tiny
             ctx.record(f"θ after step {t + 1}", B.compare(got[t]["w"], th, B.budget(scale)))
 
 
@@ -385,7 +388,7 @@ def loop_matches_reference(backend, ctx):
             ctx.record(f"loss at step {s + 1}",
                        B.compare(np.float64(losses[s]), trace.loss,
                                  B.budget(_loss_scale(trace, batches, theta, config, p))))
-            dg = _clipped_gradient_bound(trace, batches, config, settings, p)
+            dg = _clipped_gradient_bound(trace, batches, theta, config, settings, p)
             t = s + 1
             cap = adam_direction_cap(t, b1, b2)
             for name, got in trajectory[s].items():
@@ -418,13 +421,15 @@ def _loss_scale(trace, batches, theta, config, p: B.Precision) -> float:
     return float(np.mean(scales)) + (p.sum_scale(len(batches)) + p.u) * abs(trace.loss) + p.tiny
 
 
-def _clipped_gradient_bound(trace, batches, config, settings, p: B.Precision) -> dict:
+def _clipped_gradient_bound(trace, batches, theta, config, settings, p: B.Precision) -> dict:
     """δĝ by name: the bound on the error of the gradient AdamW is fed (see
     loop_matches_reference), λ included."""
     k = len(batches)
-    micro = [B.budget(gradient_scale(largest_gradient(g), config, x, p))
-             for (x, _), g in zip(batches, trace.micro_grads, strict=True)]
-    dg = {name: float(np.mean(micro))
+    # each micro-batch's gradient error, stage by stage through the backward pass
+    # (gradient_budgets.gpt_backward_bound, as gpt_backward.differential), at the state the
+    # backend reported
+    micro = [gpt_backward_bound(x, y, theta, config, p) for x, y in batches]
+    dg = {name: sum(B.budget(bound[name][1]) for bound in micro) / k
           + B.budget((p.sum_scale(k) + p.u) * sum(np.abs(g[name]) for g in trace.micro_grads) / k)
           for name in trace.grads}
     if settings.grad_clip <= 0:

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from gptspec.atomic_files import replacing
+from gptspec.fast import ops
 from gptspec.fast.checkpoint import load_training_checkpoint, save_training_checkpoint
 from gptspec.fast.data import TokenData
 from gptspec.fast.model import GPT
@@ -548,8 +549,15 @@ def adamw_trajectory(params: dict, grads: list[dict], lrs: list[float], beta1: f
                      beta2: float, eps: float, weight_decay: float, device: str = "cpu",
                      dtype: torch.dtype = torch.float32) -> list[dict[str, np.ndarray]]:
     """The parameters after each of len(grads) steps of torch's AdamW (fused on CUDA) fed
-    the given gradients at the given learning rates, every parameter decayed."""
-    tensors = {k: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype, device=device))
+    the given gradients at the given learning rates, every parameter decayed.
+
+    In a 16-bit dtype the step follows the spec's decision on ``adamw_step``: the
+    optimizer state and the update are float32 (the optimizer works on float32 copies),
+    and after each step the parameter is stored in the dtype, one rounding, and read back
+    from it for the next step."""
+    compute = ops.accumulation_dtype(dtype)
+    tensors = {k: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype, device=device)
+                                     .to(compute))
                for k, v in params.items()}  # a copy: the caller's arrays stay as they are
     fused = torch.device(device).type == "cuda"
     opt = torch.optim.AdamW(list(tensors.values()), lr=lrs[0], betas=(beta1, beta2), eps=eps,
@@ -557,10 +565,13 @@ def adamw_trajectory(params: dict, grads: list[dict], lrs: list[float], beta1: f
     out = []
     for g, lr in zip(grads, lrs, strict=True):
         for k, p in tensors.items():
-            p.grad = torch.tensor(np.asarray(g[k]), dtype=dtype, device=device)
+            p.grad = torch.tensor(np.asarray(g[k]), dtype=dtype, device=device).to(compute)
         for group in opt.param_groups:
             group["lr"] = lr
         opt.step()
+        with torch.no_grad():
+            for p in tensors.values():  # the parameter as the backend stores it
+                p.copy_(p.to(dtype))
         out.append({k: p.detach().to("cpu", torch.float64).numpy().copy()
                     for k, p in tensors.items()})
     return out

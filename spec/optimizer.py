@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy as sp
 
 from gptspec.spec.equation import Decision, Reading, Symbol, Tolerance, equation
-from gptspec.spec.sources import BLUEPRINT, KINGMA_2015, LOSHCHILOV_2019, Source
+from gptspec.spec.sources import BLUEPRINT, KINGMA_2015, LOSHCHILOV_2019, MICIKEVICIUS_2018, Source
 
 # Defaults of the sympy forms (exact rationals; the trainer's settings override them).
 LR, BETA1, BETA2, EPS = sp.Rational(1, 1000), sp.Rational(9, 10), sp.Rational(95, 100), sp.Rational(1, 10**8)
@@ -58,6 +58,28 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
                      "or LayerNorm gains; adamw_step itself takes λ per parameter.",
             why="Decaying a LayerNorm gain towards 0 or a bias towards 0 is not a prior "
                 "anyone wants; GPT-2/3 recipes exclude them.",
+        ),
+        Decision(
+            question="In what precision does a 16-bit (float16, bfloat16) backend take a step?",
+            readings=(
+                Reading(Source(KINGMA_2015, "Algorithm 1"),
+                        r"real arithmetic, with $\epsilon = 10^{-8}$"),
+                Reading(Source(MICIKEVICIUS_2018, "sec. 3.1"),
+                        "the optimizer updates a float32 master copy of the weights; a "
+                        "16-bit copy of it is used by the forward and backward passes"),
+            ),
+            decision=r"The optimizer state $m, v$ and the whole update are float32; the "
+                     r"parameter is read from and stored to the backend's dtype, one "
+                     r"rounding per step. The conformance check budgets exactly that: the "
+                     r"update's float32 roundings plus one rounding of the stored "
+                     r"parameter per step (no master copy: the parameter the backend "
+                     r"holds is the 16-bit one).",
+            why=r"In 16 bit the step is not computable as written: $\epsilon = 10^{-8}$ "
+                r"is 0 in float16, $g^2$ underflows (float16) or keeps 8 bits (bfloat16), "
+                r"and $\hat m/\sqrt{\hat v}$ divides two such numbers, so the update may be "
+                r"off by its own size, or infinite where $v$ underflows. Float32 state is "
+                r"what mixed-precision training does, and it keeps one contract for every "
+                r"backend rather than failing them all.",
         ),
     ),
     sympy_inputs=(("theta", "(1, n)"), ("g", "(1, n)"), ("m", "(1, n)"), ("v", "(1, n)")),

@@ -26,6 +26,7 @@ FAN_2018 = "Fan, Lewis & Dauphin 2018, Hierarchical Neural Story Generation"
 HIGHAM_MARY_2019 = "Higham & Mary 2019, A New Approach to Probabilistic Rounding Error Analysis"
 KAPLAN_2020 = "Kaplan et al. 2020, Scaling Laws for Neural Language Models"
 UNICODE_15 = "The Unicode Standard, Version 15.0 (Unicode Consortium 2022)"
+MICIKEVICIUS_2018 = "Micikevicius et al. 2018, Mixed Precision Training"
 
 DOCUMENTS = (NOTES, GUIDE, BLUEPRINT, POST)
 

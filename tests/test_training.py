@@ -13,7 +13,7 @@ import torch
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.checks_training import gradient_scale, largest_gradient
+from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.fast import train
 from gptspec.fast.checkpoint import CheckpointError, load_training_checkpoint
 from gptspec.fast.data import DataError, TokenData, open_tokens, write_tokens
@@ -38,15 +38,12 @@ def _case(config: GPTConfig, seed: int = 0):
     return params, tokens, targets
 
 
-def _within_budget(got: dict, expected: dict, config, tokens, dtype: str) -> float:
+def _within_budget(got: dict, expected: dict, params, config, tokens, targets,
+                   dtype: str) -> float:
     """The largest fraction of its budget any gradient entry uses."""
-    p = B.Precision.of(dtype)
-    worst = 0.0
-    scale = gradient_scale(largest_gradient(expected), config, tokens, p)
-    for name, g in expected.items():
-        c = B.compare(got[name], g, B.budget(scale))
-        worst = max(worst, c.fraction)
-    return worst
+    bounds = gpt_backward_bound(tokens, targets, params, config, B.Precision.of(dtype))
+    return max(B.compare(got[name], g, B.budget(bounds[name][1])).fraction
+               for name, g in expected.items())
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -59,7 +56,7 @@ def test_fast_gradients_equal_the_reference_by_name(config, dtype):
     got_loss, got = train.gpt_backward(tokens, targets, params, config,
                                        dtype=getattr(torch, dtype))
     assert list(got) == list(expected)
-    assert _within_budget(got, expected, config, tokens, dtype) <= 1.0
+    assert _within_budget(got, expected, params, config, tokens, targets, dtype) <= 1.0
     assert abs(got_loss - loss) <= 1e-5 * abs(loss)
 
 
@@ -70,7 +67,8 @@ def test_gradient_comparison_catches_a_planted_bug():
     _, expected = ref.gpt_backward(tokens, targets, params, config)
     broken = dict(expected)
     broken["blocks.1.ln_2.weight"] = expected["blocks.1.ln_2.weight"] * 1.001
-    assert _within_budget(broken, expected, config, tokens, "float32") > 1.0
+    assert _within_budget(broken, expected, params, config, tokens, targets,
+                          "float32") > 1.0
 
 
 def test_adamw_trajectory_equals_the_reference():
