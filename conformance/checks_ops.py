@@ -221,7 +221,14 @@ def softmax_shifted(backend, ctx):
         c = z.max(axis=-1, keepdims=True) + B.round_to(
             data.draw(st.floats(0, 5), label="extra shift"), ctx.precision.dtype)
         y = ref.softmax_shifted(z, c)
-        _, e = B.softmax_bound(z, ctx.precision.u * np.abs(z - c), ctx.precision)
+        p = ctx.precision
+        _, e = B.softmax_bound(z, p.u * np.abs(z - c), p)
+        # An exponential below the smallest normal number may be flushed to zero (XLA on
+        # the CPU flushes subnormals) or rounded at that absolute floor; dividing by
+        # Σ exp(z − c), which the extra shift can make as small as e⁻⁵, scales that floor
+        # by 1/Σ, unlike softmax's Σ ≥ 1.
+        total = np.sum(np.exp(np.where(np.isfinite(z), z - c, -np.inf)), axis=-1, keepdims=True)
+        e = np.hypot(e, p.tiny / total)
         _check_against(ctx, "softmax_shifted", (z, c), y, e)
 
 
