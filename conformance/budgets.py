@@ -102,6 +102,14 @@ class Precision:
         """√n·u_acc: the error scale of a length-n sum, relative to Σ|terms|."""
         return math.sqrt(n) * self.u_acc
 
+    def same_sign_sum_scale(self, n: int) -> float:
+        """The error scale of a length-n sum of terms of one sign (softmax's normaliser,
+        LayerNorm's mean and variance): where the terms are nearly equal, a sequential sum
+        rounds the same way at every step, so its errors are not mean-zero as Higham &
+        Mary's model assumes; only the worst case (n − 1)·u_acc·Σ|terms| bounds it. As a
+        scale (the budget multiplies by λ): max(√n, (n − 1)/λ)·u_acc."""
+        return max(math.sqrt(n), (n - 1) / LAMBDA) * self.u_acc
+
     def store(self, y: Array) -> Array:
         """The rounding of a stored result: u·|y| plus the subnormal floor."""
         return self.u * np.abs(y) + self.tiny
@@ -345,7 +353,8 @@ def softmax_bound(z, ez, p: Precision, axis: int = -1) -> tuple[Array, Array]:
         inherited = np.where(~finite, 0.0, np.where(lam_nu < 1, np.exp(np.minimum(
             log_y + log_rel, 0.0)), np.inf))
     n = z.shape[axis]
-    local = y * ((ROUNDINGS["exp"] + ROUNDINGS["softmax_normalise"]) * p.u_acc + p.sum_scale(n))
+    local = y * ((ROUNDINGS["exp"] + ROUNDINGS["softmax_normalise"]) * p.u_acc
+                 + p.same_sign_sum_scale(n))
     cap = np.where(finite, np.maximum(y, 1 - y) / LAMBDA, 0.0)
     return y, _q(np.minimum(inherited, cap), local, p.store(y))
 
@@ -371,11 +380,12 @@ def layer_norm_parts(x, ex, eps: float, p: Precision) -> tuple[Array, Array, Arr
     s = np.sqrt(var + eps)
     xhat = (x - mu) / s
     rms = lambda a: np.sqrt(np.mean(np.square(a), axis=-1, keepdims=True))
-    e_mu = _q(rms(ex) / math.sqrt(n), p.sum_scale(n) * np.mean(np.abs(x), -1, keepdims=True))
+    e_mu = _q(rms(ex) / math.sqrt(n),
+              p.same_sign_sum_scale(n) * np.mean(np.abs(x), -1, keepdims=True))
     e_centered = _q(ex, e_mu, p.u_acc * np.abs(x - mu))
     # σ² = mean((x − μ)²): first order 2·mean((x − μ)·δ(x − μ)), plus the sum's rounding.
     e_var = _q(2 * rms(np.abs(x - mu) * e_centered) / math.sqrt(n),
-               (p.sum_scale(n) + 2 * p.u_acc) * var)
+               (p.same_sign_sum_scale(n) + 2 * p.u_acc) * var)
     rel_s = _q(0.5 * e_var / (var + eps), 2 * p.u_acc)  # the root, and ε's addition
     e_xhat = _q(e_centered / s, np.abs(xhat) * rel_s, p.u_acc * np.abs(xhat))
     return xhat, e_xhat, s, rel_s
@@ -413,6 +423,23 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision) -> tuple[Array, Array,
     A, eA = softmax_bound(S, eS, p)
     eA = np.where(masked, 0.0, eA)
     O, eO = matmul_bound(A, eA, V, eV, p)
+    # Where a row's weights are only known to lie in [0, 1] (softmax_bound's cap: the
+    # scores' error moves them by O(1)), their errors are not independent: they sum to 0,
+    # so a weight moving from key a to key b moves the output by V_b − V_a, up to the
+    # range of V over the visible keys, √2 more than the quadrature sum allows. Both the
+    # exact and the computed row are convex combinations of those V rows: the range (with
+    # V's own error) bounds the output's error there, and is what such rows get.
+    masked = np.broadcast_to(masked, np.shape(A))
+    capped = ~masked & (LAMBDA * eA >= np.maximum(A, 1 - A))
+    saturated = np.any(capped, axis=-1, keepdims=True)
+    if np.any(saturated):
+        visible = ~masked[..., :, :, None]
+        Vb = np.broadcast_to(np.asarray(V, dtype=np.float64)[..., None, :, :],
+                             visible.shape[:-1] + V.shape[-1:])
+        eVb = np.broadcast_to(np.asarray(eV, dtype=np.float64)[..., None, :, :], Vb.shape)
+        top = np.max(np.where(visible, Vb + LAMBDA * eVb, -np.inf), axis=-2)
+        bottom = np.min(np.where(visible, Vb - LAMBDA * eVb, np.inf), axis=-2)
+        eO = np.where(saturated, np.maximum(eO, (top - bottom) / LAMBDA), eO)
     return A, eA, O, eO
 
 

@@ -33,6 +33,8 @@ Scope and safety:
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -60,8 +62,19 @@ def supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     if dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     if dtype == torch.float16:
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()) and _reorders(dtype)
     return False
+
+
+@functools.cache
+def _reorders(dtype: torch.dtype) -> bool:
+    """Whether oneDNN really reorders a weight of this dtype here: its fp16 check passes on
+    AVX-512 CPUs whose reorder then refuses fp16 without avx_ne_convert or avx512_fp16."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

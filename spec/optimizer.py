@@ -153,14 +153,24 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
     group="optimizer",
     latex=r"\begin{aligned} (x^{(j)}, y^{(j)}) &= \operatorname{batches}(\text{seed}, "
           r"\text{rank}, s)_j, \quad j = 1, \dots, k, \\ "
-          r"\bar L_s &= \frac1k \sum_{j=1}^{k} \bar L(x^{(j)}, y^{(j)}; \theta_s), \quad "
-          r"g_s = \nabla_\theta \bar L_s, \\ "
-          r"\hat g_s &= g_s \cdot \min\!\left(1, \frac{c}{\|g_s\| + \epsilon_c}\right), \quad "
-          r"\eta_s = \eta\!\left(s;\ W' = \min(W, S'),\ S'' = \max(S', W + 1)\right), \\ "
-          r"\theta_{s+1, p} &= \operatorname{AdamW}\!\left(\theta_{s,p}, \hat g_{s,p};\ "
-          r"t = s + 1,\ \eta_s,\ \lambda\,[\theta_p \text{ is a matrix}]\right) \end{aligned}",
+          r"\bar L_s &= \frac1k \sum_{j=1}^{k} \bar L(x^{(j)}, y^{(j)}; \theta_s), \\ "
+          r"g_s &= \nabla_\theta \bar L_s, \\ "
+          r"\hat g_s &= g_s \cdot \min\!\left(1, \frac{c}{\|g_s\| + \epsilon_c}\right), \\ "
+          r"\eta_s &= \eta\!\left(s;\ W' = \min(W, S'),\ S'' = \max(S', W + 1)\right), \\ "
+          r"\theta_{s+1, p} &= \operatorname{AdamW}\!\big(\theta_{s,p}, \hat g_{s,p};\ "
+          r"t = s + 1,\ \eta_s, \\ &\qquad \lambda\,[\theta_p \text{ is a matrix}]\big) "
+          r"\end{aligned}",
     symbols=(
+        Symbol("s", "()", "the step, counted from 0"),
         Symbol(r"\theta_s", "every parameter", "the parameters before step s (from 0)"),
+        Symbol(r"\theta_{s,p}", "parameter p's shape", "parameter p before step s"),
+        Symbol(r"\theta_{s+1,p}", "parameter p's shape", "parameter p after step s"),
+        Symbol(r"\theta_p", "parameter p's shape", "parameter p (its shape decides its decay)"),
+        Symbol(r"\theta", "every parameter", "the parameters the gradient is taken in"),
+        Symbol("g_s", "every parameter", "step s's gradient, averaged over the micro-batches"),
+        Symbol(r"g_{s,p}", "parameter p's shape", "parameter p's part of g_s"),
+        Symbol(r"\eta_s", "()", "step s's learning rate (lr_schedule under the horizon rule)"),
+        Symbol(r"\eta", "()", "the schedule lr_schedule, as a function of the step"),
         Symbol("k", "()", "micro-batches per step (gradient accumulation)"),
         Symbol(r"x^{(j)}, y^{(j)}", "(B, T)", "micro-batch j's sequences and targets"),
         Symbol(r"\bar L", "()", "the mean cross-entropy per token (cross_entropy_mean)"),

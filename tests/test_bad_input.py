@@ -563,6 +563,9 @@ _LOAD_IN_A_BOUNDED_PROCESS = r"""
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a runaway allocation fails
 from gptspec.fast.tokenizer import Tokenizer, TokenizerError
+# what the load itself costs: the peak above the interpreter and its imports (torch's
+# import alone is several hundred MB, and depends on what else is installed)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.perf_counter()
 try:
     tok = Tokenizer.load(sys.argv[1])
@@ -570,12 +573,14 @@ try:
 except TokenizerError as err:
     outcome = f"refused: {err}"
 elapsed = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
 print(f"{elapsed:.3f} {peak} {outcome}")
 """
 
 
 def _bounded_load(path: Path) -> tuple[float, int, str]:
+    """Load a tokenizer file in a fresh process under a 2 GiB address-space limit: the
+    seconds it took, the peak memory it added (KiB) and the outcome."""
     import subprocess
     import sys
 

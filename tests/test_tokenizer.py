@@ -323,6 +323,9 @@ PLANTED = {
     "token_bytes.concatenation": Planted(
         encode=lambda tok, s, a=(): [i + 1 if i < 255 else i for i in tok.encode(s)]),
     "bytes_to_unicode.alphabet": SwappedAlphabet(),
+    # bytes that are not UTF-8 dropped instead of replaced by U+FFFD
+    "decode.invalid_utf8": Planted(
+        decode=lambda tok, ids: tok.decode_bytes(ids).decode("utf-8", errors="ignore")),
 }
 
 

@@ -151,7 +151,9 @@ def _check(backend, check_id: str, profile: str = "quick"):
 def test_the_loop_checks_pass_the_built_in_backend(check_id, dtype):
     result = _check(TorchBackend("cpu", dtype), check_id)
     assert result.status == "pass", result.detail
-    assert result.worst_fraction is not None and 0 < result.worst_fraction <= 1
+    assert result.worst_fraction is not None and result.worst_fraction <= 1
+    if check_id == "train_loop.matches_reference":  # the schedule may match to the bit
+        assert result.worst_fraction > 0, "no comparison used any of its budget"
 
 
 def test_the_loop_check_is_declared_float32_and_float64_only():

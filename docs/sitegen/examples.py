@@ -69,6 +69,11 @@ CHOSEN: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "block_guide_backward": (_guide('d_ff=4, norm="guide", ffn="guide_product")')
                              + ("dY = np.ones_like(H)",),
                              "dY, H, block_parameters(params, 0), config", "result[0]"),
+    "train_loop": (TINY + ("from gptspec.reference.training import TrainLoopSettings",
+                           "tokens = np.array([1, 4, 2, 0, 3, 1, 2, 4, 0, 3, 2, 1])",
+                           "settings = TrainLoopSettings(max_steps=3, batch_size=2, "
+                           "warmup_steps=1, seed=0)"),
+                   "config, params, tokens, settings", "[round(loss, 6) for loss in result[0]]"),
     "gpt_backward": (TINY, "np.array([1, 4, 2]), np.array([4, 2, 0]), params, config",
                      'result[0], result[1]["wte"]'),
     "adamw_step": (("theta = np.array([1.0, -2.0])", "g = np.array([0.5, 0.5])",
