@@ -34,7 +34,6 @@ Scope and safety:
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar

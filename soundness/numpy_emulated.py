@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from gptspec.conformance.budgets import round_to
+from gptspec.conformance.protocol import NotApplicable
 from gptspec.spec.config import GPTConfig
 
 F32 = np.float32
@@ -51,15 +52,23 @@ class EmulatedNumpy:
             acc = acc + term
         return acc
 
-    def _matmul(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        """A B with the inner sum reversed (float32 accumulation), not rounded."""
-        return self._sum(A[..., :, :, None] * B[..., None, :, :], axis=-2)
+    @staticmethod
+    def _matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        """A B with the inner sum reversed (float32 accumulation), not rounded: the same
+        sums as ``_sum`` over the products, one inner index at a time, so no array of all
+        the products is ever held (at V = 50257, T = 1024 that would be 147 GiB)."""
+        A, B = np.asarray(A, dtype=F32), np.asarray(B, dtype=F32)
+        acc = np.zeros(np.broadcast_shapes(A.shape[:-1] + (1,), B.shape[:-2] + (1, B.shape[-1])),
+                       dtype=F32)
+        for k in range(A.shape[-1] - 1, -1, -1):
+            acc = acc + A[..., :, k, None] * B[..., k, None, :]
+        return acc
 
     # --- the operations ----------------------------------------------------------------
 
     def linear(self, x, W, b=None):
         x, W = self._in(x), self._in(W)
-        y = self._sum(x[..., :, None] * W, axis=-2)
+        y = self._matmul(x, W)
         return self._store(y if b is None else y + self._in(b))
 
     def softmax(self, z, axis=-1):
@@ -133,9 +142,17 @@ class EmulatedNumpy:
 
     # --- the model ---------------------------------------------------------------------
 
+    # Products of the unembedding beyond which explicit float32 loops take minutes per
+    # forward (GPT-2 small at T = 1024: 4·10¹⁰); the backend declares them not applicable.
+    MAX_UNEMBEDDING_PRODUCTS = 2**32
+
     def forward(self, config: GPTConfig, params: dict, tokens) -> np.ndarray:
-        p = {k: self._in(v) for k, v in params.items()}
         tokens = np.asarray(tokens)
+        products = tokens.size * config.d_model * config.vocab_size
+        if products > self.MAX_UNEMBEDDING_PRODUCTS:
+            raise NotApplicable(f"{products:.1e} multiply-adds in the unembedding: too slow "
+                                "for explicit float32 loops")
+        p = {k: self._in(v) for k, v in params.items()}
         H = self._store(p["wte"][tokens] + p["wpe"][: tokens.shape[-1]])
         for layer in range(config.n_layers):
             q = {k.removeprefix(f"blocks.{layer}."): v for k, v in p.items()
