@@ -101,6 +101,19 @@ def _generate(ctx, params, config, prompts, max_new, **options):
 # --- greedy decoding, the KV cache, batches ----------------------------------------------------
 
 
+def _greedy_matches_reference(ctx, case, label) -> None:
+    """Greedy generation of ``case`` by the backend and by the reference, compared
+    sequence by sequence (``_compare_greedy``); ``label(b, prompts)`` names sequence b."""
+    config, params, prompts, max_new, eot = case
+    got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
+                                eot_token=eot, return_logits=True)
+    want, want_logits = ref.generate(params, config, prompts, max_new, temperature=0.0,
+                                     eot_token=eot, return_logits=True)
+    for b, prompt in enumerate(prompts):
+        _compare_greedy(ctx, label(b, prompts), prompt, got[b], got_logits[b], want[b],
+                        want_logits[b], params, config, factor=1.0)
+
+
 @check("generate.greedy_reference", entries=("generate", "greedy_token", "crop_context",
                                              "stop_condition"),
        ops=("generate",), depends_on=DEPENDS, area=AREA, budget=MODEL)
@@ -112,14 +125,7 @@ def greedy_reference(backend, ctx):
     an end-of-text id stops a sequence."""
     @ctx.given(case=generation_cases(ctx.precision.dtype))
     def _(case):
-        config, params, prompts, max_new, eot = case
-        got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
-                                    eot_token=eot, return_logits=True)
-        want, want_logits = ref.generate(params, config, prompts, max_new, temperature=0.0,
-                                         eot_token=eot, return_logits=True)
-        for b, prompt in enumerate(prompts):
-            _compare_greedy(ctx, f"sequence {b}", prompt, got[b], got_logits[b], want[b],
-                            want_logits[b], params, config, factor=1.0)
+        _greedy_matches_reference(ctx, case, lambda b, prompts: f"sequence {b}")
 
 
 @check("kv_cache_attention.cache_vs_no_cache", entries=("kv_cache_attention", "generate"),
@@ -265,15 +271,9 @@ def ragged_batch(backend, ctx):
     budget of the reference's."""
     @ctx.given(case=ragged_cases(ctx.precision.dtype))
     def _(case):
-        config, params, prompts, max_new, eot = case
-        got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
-                                    eot_token=eot, return_logits=True)
-        want, want_logits = ref.generate(params, config, prompts, max_new, temperature=0.0,
-                                         eot_token=eot, return_logits=True)
-        for b, prompt in enumerate(prompts):
-            _compare_greedy(ctx, f"sequence {b} (length {len(prompt)}) of lengths "
-                            f"{[len(p) for p in prompts]}", prompt, got[b], got_logits[b],
-                            want[b], want_logits[b], params, config, factor=1.0)
+        _greedy_matches_reference(
+            ctx, case, lambda b, prompts: f"sequence {b} (length {len(prompts[b])}) of "
+                                          f"lengths {[len(p) for p in prompts]}")
 
 
 # --- the sampling distribution -----------------------------------------------------------------
