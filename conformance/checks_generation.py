@@ -9,6 +9,11 @@ Greedy tokens are compared exactly, with one allowance: where the reference's tw
 logits lie within the logits' budget of each other, a backend may legitimately pick the
 other one (its logits are only known to that budget); from that step on the sequences
 differ and are not compared further. A divergence anywhere else fails.
+
+A quarter of the examples of the greedy checks (GENERATION_SHARE) run a model that is big
+in one concern: a context around a kernel block (63 … 1025) whose prompts end just below
+the block and are generated across it, heads 64–128 wide, or a vocabulary of 1025 to
+128256.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from gptspec import reference as ref
@@ -23,6 +29,8 @@ from gptspec.conformance import budgets as B
 from gptspec.conformance.budgets import Precision
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import (
+    DRAWN_IDS,
+    KERNEL_BLOCKS,
     ParameterRecipe,
     arrays,
     configs,
@@ -38,19 +46,59 @@ DEPENDS = ("gpt_forward.differential",)
 
 # --- cases -------------------------------------------------------------------------------------
 
+# The share of examples whose model is big in one concern (a context around a kernel block,
+# heads of a real width, a real vocabulary; strategies.configs), as for the model checks.
+# A big context is exercised where caches and tiles change behaviour: each prompt ends just
+# below a block boundary and generation runs across it (or the prompt is longer than n_ctx).
+GENERATION_SHARE = 1 / 4
+
 
 @st.composite
-def generation_cases(draw, dtype: str):
+def prompt_tokens(draw, V: int, length: int, label: str) -> list[int]:
+    """``length`` ids below V: drawn one by one up to DRAWN_IDS (so that they shrink),
+    made from a drawn seed beyond (a long prompt)."""
+    if length <= DRAWN_IDS:
+        return draw(st.lists(st.integers(0, V - 1), min_size=length, max_size=length),
+                    label=label)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label=f"{label} seed"))
+    return [int(t) for t in rng.integers(0, V, length)]
+
+
+@st.composite
+def crossing(draw, n_ctx: int) -> tuple[int, int]:
+    """A prompt length L and a number of new tokens N for a context of n_ctx > 8: the
+    context grows from just below a block boundary b < n_ctx (L = b − k, k of 1–2) to
+    b + 1 (N = k + 2), within the cache; without such a b, across n_ctx (cropping). Or,
+    a quarter of the time, the prompt is one longer than n_ctx: the first step crops."""
+    if draw(st.integers(0, 3), label="prompt past n_ctx") == 3:  # shrinks to crossing
+        return n_ctx + 1, draw(st.integers(1, 3), label="max_new_tokens")
+    reached = [b for b in KERNEL_BLOCKS if b < n_ctx] or [n_ctx]
+    b = draw(st.sampled_from(reached), label="boundary crossed")
+    k = draw(st.integers(1, 2), label="tokens below the boundary")
+    return b - k, k + 2
+
+
+@st.composite
+def generation_cases(draw, dtype: str, share: float | None = 0.0):
     """A small model, its parameters (rounded to the dtype), 1–3 prompts (some longer
-    than n_ctx), a number of new tokens that runs past n_ctx, and maybe an end-of-text id."""
-    config = draw(configs(max_layers=2, max_ctx=6, max_vocab=16))
+    than n_ctx), a number of new tokens that runs past n_ctx, and maybe an end-of-text id.
+    With probability ``share`` (None: strategies.BIG_SHARE) the model is big in one
+    concern; with a context past 8, 1–2 prompts cross a block boundary (``crossing``)."""
+    config = draw(configs(max_layers=2, max_ctx=6, max_vocab=16, share=share))
     recipe = draw(parameter_recipes(config, dtype))
     params = {k: B.round_to(v, dtype) for k, v in recipe.make().items()}
-    n_prompts = draw(st.integers(1, 3), label="prompts")
-    prompts = [draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
-                             max_size=config.n_ctx + 2), label=f"prompt {b}")
-               for b in range(n_prompts)]
-    max_new = draw(st.integers(1, config.n_ctx + 3), label="max_new_tokens")
+    if config.n_ctx > 8:
+        plans = [draw(crossing(config.n_ctx), label=f"prompt {b} plan")
+                 for b in range(draw(st.integers(1, 2), label="prompts"))]
+        prompts = [draw(prompt_tokens(config.vocab_size, length, f"prompt {b}"))
+                   for b, (length, _) in enumerate(plans)]
+        max_new = max(n for _, n in plans)
+    else:
+        n_prompts = draw(st.integers(1, 3), label="prompts")
+        prompts = [draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
+                                 max_size=config.n_ctx + 2), label=f"prompt {b}")
+                   for b in range(n_prompts)]
+        max_new = draw(st.integers(1, config.n_ctx + 3), label="max_new_tokens")
     eot = draw(st.one_of(st.none(), st.integers(0, config.vocab_size - 1)), label="eot")
     return config, params, prompts, max_new, eot
 
@@ -123,7 +171,7 @@ def greedy_reference(backend, ctx):
     reference's, which recomputes the full forward on the cropped context every step.
     Prompts longer than n_ctx and generations past n_ctx are included (cropping), and
     an end-of-text id stops a sequence."""
-    @ctx.given(case=generation_cases(ctx.precision.dtype))
+    @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
         _greedy_matches_reference(ctx, case, lambda b, prompts: f"sequence {b}")
 
@@ -135,7 +183,7 @@ def cache_vs_no_cache(backend, ctx):
     """The KV-cache identity in the backend: the logits its generation step used equal
     its own forward pass over the whole (cropped) context within twice the model's budget,
     and the greedy token is that forward pass's arg-max (up to a near tie)."""
-    @ctx.given(case=generation_cases(ctx.precision.dtype))
+    @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
         config, params, prompts, max_new, _ = case
         got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
@@ -159,7 +207,7 @@ def cache_vs_no_cache(backend, ctx):
 def batch_invariance(backend, ctx):
     """Batch invariance: a prompt generated alone and inside a batch of other prompts (of
     other lengths) gives the same greedy tokens (up to a near tie of its logits)."""
-    @ctx.given(case=generation_cases(ctx.precision.dtype))
+    @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
         config, params, prompts, max_new, eot = case
         together, together_logits = _generate(ctx, params, config, prompts, max_new,
@@ -189,19 +237,20 @@ def variants(shift: int) -> list[tuple[str, str]]:
 
 @st.composite
 def decoding_cases(draw, dtype: str):
-    """A base configuration (n_ctx 5–7) and its parameters' seed and scale, which
+    """A base configuration (n_ctx 5–7, or with probability GENERATION_SHARE one big in
+    one concern, e.g. n_ctx 63 … 1025) and its parameters' seed and scale, which
     variants to run, 1–2 prompts of one length L (n_ctx − 4 ≤ L ≤ n_ctx − 3), and
     n_ctx − L + 1 new tokens (4 or 5): at least two steps in which every sequence adds
     one token at one position (the uniform decoding step), then one past n_ctx
     (cropping). No end-of-text: every sequence runs to the length."""
-    base = draw(configs(max_layers=2, max_ctx=7, max_vocab=16, ffns=("relu",), norms=("pre",))
-                .filter(lambda c: c.n_ctx >= 5))
+    base = draw(configs(max_layers=2, max_ctx=7, max_vocab=16, ffns=("relu",), norms=("pre",),
+                        share=GENERATION_SHARE).filter(lambda c: c.n_ctx >= 5))
     recipe = draw(parameter_recipes(base, dtype))
     shift = draw(st.integers(0, len(FFNS) - 1), label="variants shift")
     length = draw(st.integers(max(1, base.n_ctx - 4), base.n_ctx - 3), label="prompt length")
     n_prompts = draw(st.integers(1, 2), label="prompts")
-    prompts = [draw(st.lists(st.integers(0, base.vocab_size - 1), min_size=length,
-                             max_size=length), label=f"prompt {b}") for b in range(n_prompts)]
+    prompts = [draw(prompt_tokens(base.vocab_size, length, f"prompt {b}"))
+               for b in range(n_prompts)]
     return base, recipe, variants(shift), prompts, base.n_ctx - length + 1
 
 
@@ -245,12 +294,28 @@ def every_variant(backend, ctx):
 @st.composite
 def ragged_cases(draw, dtype: str):
     """A small model (n_ctx 4–8), 2–3 prompts of at least two different lengths, all
-    shorter than n_ctx, new tokens up to past n_ctx, and maybe an end-of-text id."""
-    config = draw(configs(max_layers=2, max_ctx=8, max_vocab=16).filter(lambda c: c.n_ctx >= 4))
+    shorter than n_ctx, new tokens up to past n_ctx, and maybe an end-of-text id. With
+    probability GENERATION_SHARE the model is big in one concern; with a context past 8,
+    one prompt ends 1–2 tokens below a block boundary b and is generated across it while
+    a short one (1–8 tokens) runs beside it, maybe with a third just past b."""
+    config = draw(configs(max_layers=2, max_ctx=8, max_vocab=16, share=GENERATION_SHARE)
+                  .filter(lambda c: c.n_ctx >= 4))
     recipe = draw(parameter_recipes(config, dtype))
     params = {k: B.round_to(v, dtype) for k, v in recipe.make().items()}
-    prompts = draw(ragged_prompts(config, max_prompts=3), label="prompts")
-    max_new = draw(st.integers(2, config.n_ctx + 1), label="max_new_tokens")
+    if config.n_ctx > 8:
+        reached = [b for b in KERNEL_BLOCKS if b < config.n_ctx] or [config.n_ctx - 1]
+        b = draw(st.sampled_from(reached), label="boundary crossed")
+        k = draw(st.integers(1, 2), label="tokens below the boundary")
+        lengths = [b - k, draw(st.integers(1, 8), label="short prompt")]
+        if b + 1 < config.n_ctx and draw(st.booleans(), label="a third just past it"):
+            lengths.append(b + 1)
+        assume(len(set(lengths)) > 1)
+        prompts = [draw(prompt_tokens(config.vocab_size, n, f"prompt {i}"))
+                   for i, n in enumerate(lengths)]
+        max_new = k + 2
+    else:
+        prompts = draw(ragged_prompts(config, max_prompts=3), label="prompts")
+        max_new = draw(st.integers(2, config.n_ctx + 1), label="max_new_tokens")
     eot = draw(st.one_of(st.none(), st.integers(0, config.vocab_size - 1)), label="eot")
     return config, params, prompts, max_new, eot
 

@@ -793,6 +793,16 @@ def _unembed_tied_drops_partial_vocab_tile(H: Tensor, W_E: Tensor) -> Tensor:
     return logits
 
 
+def _decode_step_drops_partial_key_tile(self: Any, layer: int, K: Tensor, V: Tensor) -> Any:
+    # the decoding step reads the cache in tiles of 64 slots; past the first tile, the
+    # last partial tile (the newest keys, the token's own among them) is never loaded
+    k, v = _ORIGINAL_APPEND(self, layer, K, V)
+    n = k.shape[-2]
+    if n > KEY_TILE and n % KEY_TILE:
+        n -= n % KEY_TILE
+    return k[:, :, :n], v[:, :, :n]
+
+
 def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable[..., Any]
          ) -> Mutant:
     return Mutant(name, (breaks,) if isinstance(breaks, str) else breaks, "forward", doc,
@@ -934,6 +944,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "The decoding step's residual form for a post-LN block is the pre-LN one.",
            elsewhere={"gptspec.fast.decode.DecodeStep.__init__":
                       _decode_step_post_ln_as_pre_ln}),
+    _gen("decode_step_drops_partial_key_tile", ("kv_cache_attention", "generate"),
+         "The decoding step reads the cache in tiles of 64 slots and, past the first tile, "
+         "never loads the last partial one (only contexts past 64 tokens).",
+         gptspec__fast__kv_cache__KVCache__append=_decode_step_drops_partial_key_tile),
     _gen("ragged_positions_from_padded_length", ("kv_cache_attention", "generate"),
          "Once a batch's sequences differ in length, every new token takes the position "
          "after the longest one (counted from the padded start).",
