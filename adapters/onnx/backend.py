@@ -4,7 +4,7 @@ dtype=...)``, run by ONNX Runtime's CPU execution provider.
 ``forward`` runs the model's graph (:func:`gptspec.adapters.onnx.ops.gpt_forward`); every
 other function of :mod:`gptspec.adapters.onnx.ops` is exposed under its reference name,
 each as a graph of that one operation (NumPy float64 in, rounded to the backend's dtype
-on the way in; NumPy out, float16 widened to float32, exactly). ``sampling_distribution`` is a graph
+on the way in; NumPy out, 16-bit results widened to float32, exactly). ``sampling_distribution`` is a graph
 too (:mod:`gptspec.adapters.onnx.sampling`); ``generate`` decodes by repeated ``forward``
 (no KV cache) and draws each token from that distribution's graph on the host.
 
@@ -31,7 +31,7 @@ import gptspec
 from gptspec.adapters.onnx import ops, sampling
 from gptspec.adapters.onnx.graph import ELEM_TYPES, FLOAT, INT64, NUMPY_TYPES, OPSET, Graph
 from gptspec.spec.config import GPTConfig
-from gptspec.spec.parameters import check_parameters
+from gptspec.spec.parameters import check_parameters, parameter_schema
 
 # Operations with no array argument to read a size from: their graphs take none.
 _NOT_EXPOSED = {"gpt_forward"}
@@ -43,7 +43,8 @@ def _is_array(value: Any) -> bool:
 
 class OnnxRuntimeBackend:
     """The decoder-only GPT as ONNX graphs written from the spec's equations, run by ONNX
-    Runtime on the CPU, in float32 or float16 (float16 storage, float32 arithmetic)."""
+    Runtime on the CPU, in float32 or a 16-bit dtype (float16, bfloat16: 16-bit storage,
+    float32 arithmetic)."""
 
     name = "onnxruntime"
     KEEP_SESSIONS = 64
@@ -184,15 +185,8 @@ class OnnxRuntimeBackend:
                      config.tied_embeddings, config.bias, config.output_bias,
                      config.final_norm, config.ln_eps)
         names = sorted(params)
-
-        def build() -> onnx.ModelProto:
-            g = self.graph()
-            ids = g.input("tokens", INT64, 2)
-            weights = {k: g.input(k, g.store_type, np.ndim(params[k])) for k in names}
-            g.output(ops.gpt_forward(g, ids, weights, config))
-            return g.model("gpt_forward")
-
-        session = self._session(("gpt_forward", structure, tuple(names)), build)
+        session = self._session(("gpt_forward", structure, tuple(names)),
+                                lambda: model_graph(config, self.dtype))
         feeds = {k: self._feed(params[k]) for k in names}
         # any leading axes fold into one batch axis and come back after
         feeds["tokens"] = tokens.reshape(-1, tokens.shape[-1]).astype(np.int64)
@@ -218,11 +212,11 @@ class OnnxRuntimeBackend:
             session = self._session(("greedy", logits.ndim), build_greedy)
             return session.run(None, {"z": logits})[0]
         with_k, with_p = top_k is not None, top_p is not None and top_p < 1
-        feeds = {"z": logits, "temperature": np.float32(temperature)}
-        if with_k:  # TopK needs k ≤ the row length; a larger k keeps every token anyway
-            feeds["k"] = np.array([min(int(top_k), logits.shape[-1])], dtype=np.int64)
+        feeds = {"z": logits, "temperature": np.asarray(temperature, dtype=np.float32)}
+        if top_k is not None:  # TopK needs k ≤ the row length; a larger k keeps every token
+            feeds["k"] = np.array([min(top_k, logits.shape[-1])], dtype=np.int64)
         if with_p:
-            feeds["p"] = np.float32(top_p)
+            feeds["p"] = np.asarray(top_p, dtype=np.float32)
 
         def build() -> onnx.ModelProto:
             g = self.graph()
@@ -234,7 +228,7 @@ class OnnxRuntimeBackend:
             return g.model("sampling_distribution")
 
         session = self._session(("sampling_distribution", logits.ndim, with_k, with_p), build)
-        return session.run(None, {k: np.asarray(v) for k, v in feeds.items()})[0]
+        return session.run(None, feeds)[0]
 
     def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
                  max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
@@ -279,6 +273,18 @@ class OnnxRuntimeBackend:
             return new
         return new, [np.stack(r) if r else np.zeros((0, config.vocab_size), np.float32)
                      for r in rows]
+
+
+def model_graph(config: GPTConfig, dtype: str = "float32") -> onnx.ModelProto:
+    """The whole model's ONNX graph for ``config``'s structure: inputs ``tokens`` (int64,
+    (B, T)) and every parameter of the schema under its own name, stored in ``dtype``;
+    output the logits (B, T, V). Every size is a dynamic dimension."""
+    g = Graph(dtype)
+    ids = g.input("tokens", INT64, 2)
+    weights = {s.name: g.input(s.name, g.store_type, len(s.shape))
+               for s in parameter_schema(config)}
+    g.output(ops.gpt_forward(g, ids, weights, config))
+    return g.model("gpt_forward")
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ sizes stay dynamic, so one graph, and one ONNX Runtime session, serves every siz
 configuration's structure allows), because splitting heads swaps two axes counted from
 the end and ONNX's Transpose needs the full permutation.
 
-Precision: a graph stores its values in one dtype (``store``: float32 or float16) and
-computes in float32. ``wide`` casts a stored value to float32 (exact), ``stored`` casts a
-float32 result back to the stored dtype (the operation's one rounding); both are no-ops
-in float32.
+Precision: a graph stores its values in one dtype (``store``: float32, float16 or
+bfloat16) and computes in float32. ``wide`` casts a stored value to float32 (exact),
+``stored`` casts a float32 result back to the stored dtype (the operation's one
+rounding); both are no-ops in float32.
 """
 
 from __future__ import annotations
@@ -28,13 +28,16 @@ IR_VERSION = 10
 
 FLOAT = TensorProto.FLOAT
 INT64 = TensorProto.INT64
-ELEM_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
-NUMPY_TYPES = {"float32": np.float32, "float16": np.float16}
+ELEM_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+              "bfloat16": TensorProto.BFLOAT16}
+# How NumPy hands each dtype to ONNX Runtime: NumPy has no bfloat16, so bfloat16 values
+# travel as float32 and the graph casts them (see Graph.input, Graph.output).
+NUMPY_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.float32}
 
 
 class Graph:
-    """An ONNX graph under construction; values stored in ``store`` ("float32" or
-    "float16"), arithmetic in float32."""
+    """An ONNX graph under construction; values stored in ``store`` ("float32",
+    "float16" or "bfloat16"), arithmetic in float32."""
 
     def __init__(self, store: str = "float32") -> None:
         self.store = store
@@ -55,8 +58,11 @@ class Graph:
     def input(self, name: str, elem_type: int, rank: int) -> str:
         """A graph input of dynamic sizes (one symbolic dimension per axis)."""
         dims = [f"{name}:{i}" for i in range(rank)]
-        self.inputs.append(helper.make_tensor_value_info(name, elem_type, dims))
         self.rank[name] = rank
+        if elem_type == TensorProto.BFLOAT16:  # fed as float32, rounded here, once
+            self.inputs.append(helper.make_tensor_value_info(name, FLOAT, dims))
+            return self.op("Cast", name, to=elem_type)
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, dims))
         return name
 
     def const(self, value: Any, dtype: Any = None, hint: str = "const") -> str:
@@ -98,6 +104,8 @@ class Graph:
 
     def output(self, name: str, elem_type: int | None = None) -> None:
         elem = self.store_type if elem_type is None else elem_type
+        if elem == TensorProto.BFLOAT16:  # handed back as float32 (exact)
+            name, elem = self.op("Cast", name, to=FLOAT), FLOAT
         dims = [f"out:{len(self.outputs)}:{i}" for i in range(self.rank[name])]
         self.outputs.append(helper.make_tensor_value_info(name, elem, dims))
 
