@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gptspec.adapters.onnx.graph import FLOAT, INT64, Graph
+from gptspec.adapters.onnx.graph import FLOAT, Graph
 from gptspec.spec.config import GPTConfig
 
 Name = str
@@ -344,7 +344,7 @@ def next_token_distribution(g: Graph, logits: Name) -> Name:
 
 def sequence_log_probability(g: Graph, tokens: Name, logits: Name) -> Name:
     """log P(x_2 … x_T | x_1) = Σ_{t=2}^{T} log P(x_t | x_{<t}) (Blueprint eq 1): ONNX's
-    LogSoftmax on rows 1 … T−1 of the logits, the next token's entry picked from each, summed.
+    LogSoftmax on the rows that predict x_2 … x_T, each row's next-token entry picked, summed.
     The result stays in float32."""
     r = g.rank[logits]
     rows = g.op("Slice", g.wide(logits), g.ints(0), g.ints(-1), g.ints(r - 2))
@@ -381,6 +381,3 @@ def gpt_forward(g: Graph, tokens: Name, params: dict, config: GPTConfig) -> Name
         return unembed_tied(g, H, params["wte"])
     return unembed_untied(g, H, params["w_u"], params.get("b_u"))
 
-
-# the element type of a graph input that holds token ids
-TOKEN_TYPE = INT64
