@@ -34,7 +34,7 @@ def install(session: nox.Session, extras: str = "") -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The project's own tests: spec ↔ reference, traceability, every component."""
-    install(session, "interop,docs,jax")
+    install(session, "interop,docs,jax,onnx")
     session.run("pytest", "tests", *session.posargs)
 
 

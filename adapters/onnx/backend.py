@@ -1,0 +1,344 @@
+"""The ONNX graphs under the conformance protocol: ``OnnxRuntimeBackend(device="cpu",
+dtype=...)``, run by ONNX Runtime's CPU execution provider.
+
+``forward`` runs the model's graph (:func:`gptspec.adapters.onnx.ops.gpt_forward`); every
+other function of :mod:`gptspec.adapters.onnx.ops` is exposed under its reference name,
+each as a graph of that one operation (NumPy float64 in, rounded to the backend's dtype
+on the way in; NumPy out, 16-bit results widened to float32, exactly). ``sampling_distribution`` is a graph
+too (:mod:`gptspec.adapters.onnx.sampling`); ``generate`` decodes by repeated ``forward``
+(no KV cache) and draws each token from that distribution's graph on the host.
+
+Sessions: building an ``InferenceSession`` for a small two-layer model costs about 7 ms,
+running it about 0.2 ms, and the suite calls ``forward`` with hundreds of (configuration,
+parameters) pairs. So the
+weights are graph inputs, not initializers, and every size (vocabulary, context, widths,
+sequence length, batch) is a dynamic dimension: a graph depends only on the
+configuration's structure (layers, heads, norm placement, FFN, tied output, biases,
+final norm, ε). One session is kept per structure, and per operation and fixed arguments.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import gptspec
+from gptspec.adapters.onnx import ops, sampling
+from gptspec.adapters.onnx.graph import ELEM_TYPES, FLOAT, INT64, NUMPY_TYPES, OPSET, Graph
+from gptspec.spec.config import GPTConfig
+from gptspec.spec.parameters import check_parameters, parameter_schema
+
+# Operations with no array argument to read a size from: their graphs take none.
+_NOT_EXPOSED = {"gpt_forward"}
+
+
+
+
+class OnnxRuntimeBackend:
+    """The decoder-only GPT as ONNX graphs written from the spec's equations, run by ONNX
+    Runtime on the CPU, in float32 or a 16-bit dtype (float16, bfloat16: 16-bit storage,
+    float32 arithmetic)."""
+
+    name = "onnxruntime"
+    KEEP_SESSIONS = 64
+
+    def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
+        if dtype not in ELEM_TYPES:
+            raise ValueError(f"the ONNX Runtime backend computes in {', '.join(ELEM_TYPES)}, "
+                             f"not {dtype!r}")
+        if device != "cpu":
+            raise ValueError(f"the ONNX Runtime backend runs on the CPU only, not on {device!r}")
+        self.dtype, self.device = dtype, device
+        self.np_dtype = NUMPY_TYPES[dtype]
+        self.version = (f"gptspec {gptspec.__version__}, onnxruntime {ort.__version__} "
+                        f"(CPUExecutionProvider), onnx {onnx.__version__}, opset {OPSET}")
+        self._sessions: OrderedDict[Any, ort.InferenceSession] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"OnnxRuntimeBackend(device={self.device!r}, dtype={self.dtype!r})"
+
+    # --- sessions ------------------------------------------------------------------------
+
+    def _session(self, key: Any, build: Callable[[], onnx.ModelProto]) -> ort.InferenceSession:
+        """The session for ``key``, built from ``build()`` the first time; the most recent
+        ``KEEP_SESSIONS`` are kept."""
+        session = self._sessions.pop(key, None)
+        if session is None:
+            options = ort.SessionOptions()
+            options.log_severity_level = 4  # fatal only: an error comes back as a ValueError (_run)
+            # no busy-waiting worker threads between the suite's many small calls
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            session = ort.InferenceSession(build().SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+        self._sessions[key] = session
+        while len(self._sessions) > self.KEEP_SESSIONS:
+            self._sessions.popitem(last=False)
+        return session
+
+    def graph(self) -> Graph:
+        return Graph(self.dtype)
+
+    def _feed(self, value: Any) -> np.ndarray:
+        """A NumPy input: floats rounded once to the backend's dtype, integers as int64."""
+        array = np.asarray(value)
+        if array.dtype.kind in "iu":
+            return array.astype(np.int64)
+        return array.astype(self.np_dtype)
+
+    @staticmethod
+    def _out(value: np.ndarray) -> np.ndarray:
+        return value.astype(np.float32) if value.dtype == np.float16 else value
+
+    # --- the operations ------------------------------------------------------------------
+
+    @staticmethod
+    def implemented_ops() -> list[str]:
+        """The reference functions this backend implements, by name."""
+        return [n for n in ops.__all__ if n not in _NOT_EXPOSED]
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name in ops.__all__ and name not in _NOT_EXPOSED:
+            return self._op(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute or operation {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self.implemented_ops()))
+
+    def _op(self, name: str) -> Callable[..., Any]:
+        emit = getattr(ops, name)
+        # the reference's signature: the emitter's without its leading graph
+        params = list(inspect.signature(emit).parameters.values())[1:]
+        signature = inspect.Signature(params)
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = list(bound.arguments.values())
+            if name in ("one_hot", "token_embedding"):
+                vocab = values[1] if name == "one_hot" else np.shape(values[1])[0]
+                _check_ids(np.asarray(values[0]), vocab)
+            return self._run_op(name, emit, values)
+
+        op.__name__ = op.__qualname__ = name
+        op.__doc__ = emit.__doc__
+        return op
+
+    def _run_op(self, name: str, emit: Callable[..., Any], values: list[Any]) -> Any:
+        """One operation's graph: arrays (and dicts of arrays) become graph inputs, the
+        other arguments are fixed in the graph and in its session's key."""
+        feeds: dict[str, np.ndarray] = {}
+        layout: list[Any] = []  # per argument: how it enters the graph
+        for i, value in enumerate(values):
+            if isinstance(value, np.generic):  # a NumPy scalar (T, n_heads, ε): fixed
+                value = value.item()
+            if isinstance(value, Mapping):
+                arrays = {k: self._feed(v) for k, v in value.items()}
+                feeds.update({f"a{i}.{k}": a for k, a in arrays.items()})
+                layout.append(("dict", tuple(sorted((k, a.ndim, a.dtype.kind)
+                                                    for k, a in arrays.items()))))
+            elif isinstance(value, np.ndarray):
+                array = self._feed(value)
+                feeds[f"a{i}"] = array
+                layout.append(("array", array.ndim, array.dtype.kind))
+            else:
+                layout.append(("fixed", value))
+
+        def build() -> onnx.ModelProto:
+            g = self.graph()
+            args: list[Any] = []
+            for i, how in enumerate(layout):
+                if how[0] == "dict":
+                    args.append({k: g.input(f"a{i}.{k}", _elem(g, kind), rank)
+                                 for k, rank, kind in how[1]})
+                elif how[0] == "array":
+                    args.append(g.input(f"a{i}", _elem(g, how[2]), how[1]))
+                else:
+                    args.append(how[1])
+            result = emit(g, *args)
+            for out in result if isinstance(result, tuple) else (result,):
+                g.output(out, _out_type(g, name))
+            return g.model(name)
+
+        session = self._session((name, tuple(layout)), build)
+        outputs = [self._out(o) for o in _run(session, feeds, name)]
+        return tuple(outputs) if len(outputs) > 1 else outputs[0]
+
+    # --- the whole model -----------------------------------------------------------------
+
+    @staticmethod
+    def supports(config: GPTConfig) -> str | None:
+        """None: every configuration of the spec has its graph (each norm placement, FFN,
+        tied or untied output with or without bias, biases on or off, final norm or not)."""
+        return None
+
+    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+        tokens = np.asarray(tokens)
+        _check_tokens(tokens, config)
+        check_parameters(config, dict(params))
+        # one graph per structure: the sizes are dynamic, so the key leaves them out
+        structure = (config.n_layers, config.n_heads, config.norm, config.ffn,
+                     config.tied_embeddings, config.bias, config.output_bias,
+                     config.final_norm, config.ln_eps)
+        names = sorted(params)
+        session = self._session(("gpt_forward", structure, tuple(names)),
+                                lambda: model_graph(config, self.dtype))
+        feeds = {k: self._feed(params[k]) for k in names}
+        # any leading axes fold into one batch axis and come back after
+        feeds["tokens"] = tokens.reshape(-1, tokens.shape[-1]).astype(np.int64)
+        (logits,) = _run(session, feeds, "gpt_forward")
+        return self._out(logits).reshape(*tokens.shape, -1)
+
+    # --- generation --------------------------------------------------------------------
+
+    def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
+                              top_p: float | None = None) -> np.ndarray:
+        """The distribution a token is drawn from (:mod:`gptspec.adapters.onnx.sampling`),
+        computed by its graph in float32 from logits in the backend's dtype."""
+        top_k = int(top_k) if isinstance(top_k, np.integer) else top_k
+        sampling.check_settings(temperature, top_k, top_p)
+        logits = self._feed(np.asarray(z, dtype=np.float64))
+        if temperature == 0:
+            def build_greedy() -> onnx.ModelProto:
+                g = self.graph()
+                g.output(sampling.greedy(g, g.wide(g.input("z", g.store_type, logits.ndim))),
+                         FLOAT)
+                return g.model("greedy")
+
+            session = self._session(("greedy", logits.ndim), build_greedy)
+            return _run(session, {"z": logits}, "greedy")[0]
+        with_k, with_p = top_k is not None, top_p is not None and top_p < 1
+        feeds = {"z": logits, "temperature": np.asarray(temperature, dtype=np.float32)}
+        if top_k is not None:  # TopK needs k ≤ the row length; a larger k keeps every token
+            feeds["k"] = np.array([min(top_k, logits.shape[-1])], dtype=np.int64)
+        if with_p:
+            feeds["p"] = np.asarray(top_p, dtype=np.float32)
+
+        def build() -> onnx.ModelProto:
+            g = self.graph()
+            q = sampling.sampling_distribution(
+                g, g.input("z", g.store_type, logits.ndim), g.input("temperature", FLOAT, 0),
+                g.input("k", INT64, 1) if with_k else None,
+                g.input("p", FLOAT, 0) if with_p else None)
+            g.output(q, FLOAT)
+            return g.model("sampling_distribution")
+
+        session = self._session(("sampling_distribution", logits.ndim, with_k, with_p), build)
+        return _run(session, feeds, "sampling_distribution")[0]
+
+    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+                 max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, eot_token: int | None = None,
+                 rng: np.random.Generator | None = None, return_logits: bool = False) -> Any:
+        """Up to ``max_new_tokens`` new tokens after each prompt, by repeated ``forward``:
+        each step runs the model graph on every unfinished sequence's last n_ctx tokens (no
+        cache: the graph is the forward pass and nothing else) and draws from the last
+        row's ``sampling_distribution`` (its graph) by the spec's sample_token, one
+        uniform of ``rng`` per token, step by step, then sequence by sequence."""
+        top_k = int(top_k) if isinstance(top_k, np.integer) else top_k
+        sampling.check_settings(temperature, top_k, top_p)
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
+        if temperature > 0 and rng is None:
+            raise ValueError("sampling (temperature > 0) needs an explicit seeded rng")
+        sequences = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+        for b, seq in enumerate(sequences):
+            if not seq:
+                raise ValueError(f"prompt {b} is empty: generation needs at least one token")
+            _check_ids(np.asarray(seq), config.vocab_size)
+        check_parameters(config, dict(params))
+        new: list[list[int]] = [[] for _ in sequences]
+        rows: list[list[np.ndarray]] = [[] for _ in sequences]
+        active = list(range(len(sequences))) if max_new_tokens > 0 else []
+        while active:
+            still = []
+            for b in active:
+                context = np.asarray([sequences[b][-config.n_ctx:]], dtype=np.int64)
+                row = self.forward(config, params, context)[0, -1]
+                q = np.asarray(self.sampling_distribution(row, temperature, top_k, top_p),
+                               dtype=np.float64)
+                token = int(np.argmax(q)) if temperature == 0 else _draw(q, rng)
+                sequences[b].append(token)
+                new[b].append(token)
+                rows[b].append(np.asarray(row, dtype=np.float32))
+                if not ((eot_token is not None and token == eot_token)
+                        or len(new[b]) >= max_new_tokens):
+                    still.append(b)
+            active = still
+        if not return_logits:
+            return new
+        return new, [np.stack(r) if r else np.zeros((0, config.vocab_size), np.float32)
+                     for r in rows]
+
+
+def model_graph(config: GPTConfig, dtype: str = "float32") -> onnx.ModelProto:
+    """The whole model's ONNX graph for ``config``'s structure: inputs ``tokens`` (int64,
+    (B, T)) and every parameter of the schema under its own name, stored in ``dtype``;
+    output the logits (B, T, V). Every size is a dynamic dimension."""
+    g = Graph(dtype)
+    ids = g.input("tokens", INT64, 2)
+    weights = {s.name: g.input(s.name, g.store_type, len(s.shape))
+               for s in parameter_schema(config)}
+    g.output(ops.gpt_forward(g, ids, weights, config))
+    return g.model("gpt_forward")
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _elem(g: Graph, kind: str) -> int:
+    """A graph input's element type from its NumPy kind: ids int64, floats stored."""
+    return INT64 if kind in "iu" else g.store_type
+
+
+def _out_type(g: Graph, op_name: str) -> int:
+    """The element type of an operation's output: the stored dtype, except the log
+    probability, which stays in float32 (the accumulation dtype)."""
+    return FLOAT if op_name == "sequence_log_probability" else g.store_type
+
+
+def _run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], what: str) -> list:
+    """``session.run``, with ONNX Runtime's refusal of an input (shapes that do not fit
+    together, say) as a one-line ValueError naming the operation."""
+    try:
+        return session.run(None, feeds)
+    except Exception as err:  # onnxruntime's Fail, InvalidArgument, RuntimeException …
+        if type(err).__module__.startswith("onnxruntime"):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"{what}: ONNX Runtime refused the input: {first}") from None
+        raise
+
+
+def _draw(q: np.ndarray, rng: Any) -> int:
+    """The spec's sample_token: the first token whose cumulative mass exceeds one uniform of
+    ``rng``; where the total falls just short of it, the last token with mass."""
+    u = rng.random()
+    mass = 0.0
+    for i, q_i in enumerate(q):
+        mass += q_i
+        if mass > u:
+            return i
+    return int(np.flatnonzero(q > 0)[-1])
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int) -> None:
+    """ONNX Runtime's Gather fails on an id outside [0, V) with a long message; refuse it
+    first, in one line."""
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
+                         f"[{ids.min()}, {ids.max()}]")
+
+
+def _check_tokens(tokens: np.ndarray, config: GPTConfig) -> None:
+    if tokens.ndim < 1:
+        raise ValueError(f"tokens must be an array (…, T), got shape {tokens.shape}")
+    if tokens.shape[-1] > config.n_ctx:
+        raise ValueError(f"sequence length {tokens.shape[-1]} exceeds n_ctx={config.n_ctx}")
+    _check_ids(tokens, config.vocab_size)
