@@ -49,7 +49,7 @@ def test_parameter_count_follows_the_variants() -> None:
     assert parameter_count(base.replace(final_norm=False)) == parameter_count(base) - 2 * d
     # Per layer: the Q/K/V, output and FFN biases.
     biases = 3 * d + d + base.d_ff + d
-    assert parameter_count(base.replace(bias=False)) == parameter_count(base) \
+    assert parameter_count(base.replace(attn_bias=False, ffn_bias=False)) == parameter_count(base) \
         - base.n_layers * biases
 
 

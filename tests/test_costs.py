@@ -21,7 +21,7 @@ PUBLISHED = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_
 # Variants that exercise every structural switch, beyond the presets.
 VARIANTS = {
     **PRESETS,
-    "no-bias": PRESETS["tiny"].replace(bias=False),
+    "no-bias": PRESETS["tiny"].replace(attn_bias=False, ffn_bias=False),
     "untied": PRESETS["tiny"].replace(tied_embeddings=False),
     "untied-bias": PRESETS["tiny"].replace(tied_embeddings=False, output_bias=True),
     "odd": GPTConfig(vocab_size=37, n_ctx=11, d_model=12, n_layers=3, n_heads=3, d_ff=20,

@@ -162,7 +162,10 @@ CONFIGS = {
     "post": GPTConfig(**SMALL, norm="post", ffn="relu", final_norm=False),
     "guide": GPTConfig(**{**SMALL, "d_ff": 4}, norm="guide", ffn="guide_product",
                        tied_embeddings=False, output_bias=True, final_norm=False),
-    "gelu-untied-nobias": GPTConfig(**SMALL, ffn="gelu", tied_embeddings=False, bias=False),
+    "gelu-untied-nobias": GPTConfig(**SMALL, ffn="gelu", tied_embeddings=False,
+                                    attn_bias=False, ffn_bias=False),
+    "blueprint-free-head-no-wpe": GPTConfig(**SMALL, norm="post", ffn="relu", attn_bias=False,
+                                            d_head=3, positional_embedding=False),
 }
 
 

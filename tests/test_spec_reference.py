@@ -56,7 +56,7 @@ CONFIGS: dict[str, list[GPTConfig]] = {
         tiny(norm="post", ffn="relu", final_norm=False, ln_eps=0.25),
         tiny(norm="guide", ffn="guide_product", d_ff=SIZES["d_model"], tied_embeddings=False,
              output_bias=True, final_norm=False),
-        tiny(ffn="gelu", tied_embeddings=False, bias=False),
+        tiny(ffn="gelu", tied_embeddings=False, attn_bias=False, ffn_bias=False),
         tiny(n_layers=2),  # the layers must be applied in order, each with its own parameters
     ],
 }
@@ -146,7 +146,7 @@ def cases(entry: Equation, rng: np.random.Generator) -> Iterator[tuple[list, lis
 
 
 def _describe(config: GPTConfig) -> str:
-    return (f"norm={config.norm} ffn={config.ffn} bias={config.bias} "
+    return (f"norm={config.norm} ffn={config.ffn} attn_bias={config.attn_bias} ffn_bias={config.ffn_bias} "
             f"tied={config.tied_embeddings} final_norm={config.final_norm} eps={config.ln_eps}")
 
 
