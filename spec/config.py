@@ -97,6 +97,8 @@ class GPTConfig:
         n_heads (d_head = d_model / h again); a free one stays unless given."""
         if "bias" in changes:  # the old single switch: both kinds of bias at once
             both = changes.pop("bias")
+            if not isinstance(both, bool):
+                raise ConfigError(f"config field 'bias' must be true or false, got {both!r}")
             changes.setdefault("attn_bias", both)
             changes.setdefault("ffn_bias", both)
         if ("d_model" in changes or "n_heads" in changes) and "d_head" not in changes \
@@ -105,7 +107,12 @@ class GPTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields; d_head is null where it is derived (d_model / h), so that an edited
+        d_model or n_heads in a written config derives it again."""
+        data = dataclasses.asdict(self)
+        if self.head_width_is_derived:
+            data["d_head"] = None
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
