@@ -122,7 +122,8 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
             d_ff=c.n_inner if c.n_inner is not None else 4 * c.n_embd,
             norm="pre", ffn=ACTIVATION_ALIASES[activation],
             tied_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
-            attn_bias=True, ffn_bias=True, output_bias=False, final_norm=True, ln_eps=float(c.layer_norm_epsilon),
+            attn_bias=True, ffn_bias=True, output_bias=False, final_norm=True,
+            ln_eps=float(c.layer_norm_epsilon),
         )
     except ConfigError as err:
         raise InteropError(f"GPT2Config does not describe a valid model: {err}") from None

@@ -46,7 +46,8 @@ def tiny(**changes: Any) -> GPTConfig:
 # The configurations each config-taking entry is checked under: every FFN variant, with and
 # without biases, a large eps (so its place in the formula shows), tied and untied.
 CONFIGS: dict[str, list[GPTConfig]] = {
-    "block_pre_ln": [tiny(), tiny(ffn="relu", attn_bias=False, ffn_bias=False), tiny(ffn="gelu", ln_eps=0.25)],
+    "block_pre_ln": [tiny(), tiny(ffn="relu", attn_bias=False, ffn_bias=False),
+                     tiny(ffn="gelu", ln_eps=0.25)],
     "block_post_ln": [tiny(norm="post", ffn="relu", ln_eps=0.25, attn_bias=False),  # Blueprint
                       tiny(norm="post", ffn="gelu_tanh")],
     "block_guide": [tiny(norm="guide", ffn="guide_product", d_ff=SIZES["d_model"]),
