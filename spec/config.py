@@ -248,7 +248,7 @@ PRESET_DECISIONS: dict[str, Decision] = {
     "notes": Decision(
         question="Is the head width d_H tied to d_model?",
         readings=(
-            Reading(Source(NOTES, "sec. 3"), "d_H is a parameter of its own (the attention "
+            Reading(Source(NOTES, "sec. 3.1"), "d_H is a parameter of its own (the attention "
                     "head dimension), with W_O mapping the h concatenated heads back to d"),
             Reading(Source(BLUEPRINT, "eq 2"), "W_Q ∈ R^{d_model × d_k}, d_k not fixed further"),
             Reading(Source(RADFORD_2019, "sec. 2.3"), "GPT-2: d_k = d_model / h"),
@@ -266,7 +266,7 @@ PRESET_DECISIONS: dict[str, Decision] = {
         readings=(
             Reading(Source(BROWN_2020, "Table 2.1"), "XL: d_model 2048, 24 heads, d_head 128, "
                     "1.3B parameters; 13B: d_model 5140, 40 heads, d_head 128, 13.0B"),
-            Reading(Source(NOTES, "sec. 3"), "d_H is free; W_O maps h·d_H back to d_model"),
+            Reading(Source(NOTES, "sec. 3.1"), "d_H is free; W_O maps h·d_H back to d_model"),
         ),
         decision="The table's columns as printed, with d_head free: gpt3-xl has h·d_H = 3072, "
                  "gpt3-13b has h·d_H = 5120.",
@@ -283,7 +283,7 @@ PRESET_DECISIONS: dict[str, Decision] = {
         readings=(
             Reading(Source(BROWN_2020, "sec. 2.1"), "alternating dense and locally banded "
                     "sparse attention patterns in the layers, as in the Sparse Transformer"),
-            Reading(Source(NOTES, "sec. 3"), "dense causal attention in every layer"),
+            Reading(Source(NOTES, "sec. 3.1"), "dense causal attention in every layer"),
         ),
         decision="Dense causal attention in every layer: the gpt3-* presets have GPT-3's "
                  "sizes and parameter counts, not its sparse layers' attention pattern.",

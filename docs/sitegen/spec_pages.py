@@ -387,7 +387,10 @@ def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]
 
 def gpt3_counts_table(gpt3_table: dict[str, Any], parameter_count: Callable[[Any], int]) -> str:
     """GPT-3's Table 2.1: each preset's parameter count against the published one."""
-    rows = [[code(name), f"{parameter_count(c):,}", f"{published / 1e9:g}B",
+    def figure(n: int) -> str:  # as the table prints them: 125M … 1.3B … 175.0B
+        return f"{n / 1e6:g}M" if n < 10**9 else f"{n / 1e9:g}B"
+
+    rows = [[code(name), f"{parameter_count(c):,}", figure(published),
              f"{parameter_count(c) / published:.3f}"]
             for name, (c, published) in gpt3_table.items()]
     return table(["preset", "our count", "published (Table 2.1)", "ratio"], rows)
