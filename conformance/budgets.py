@@ -507,8 +507,10 @@ def hidden_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> tuple
     tokens = np.asarray(tokens)
     T = tokens.shape[-1]
     E = ref.token_embedding(tokens, params["wte"])
-    P = ref.positional_embedding(T, params["wpe"])
-    H, eH = add_bound(E, _zero(E), np.broadcast_to(P, E.shape), _zero(E), p)
+    H, eH = E, _zero(E)  # a row copy: exact
+    if config.positional_embedding:
+        P = ref.positional_embedding(T, params["wpe"])
+        H, eH = add_bound(E, _zero(E), np.broadcast_to(P, E.shape), _zero(E), p)
     for layer in range(config.n_layers):
         H, eH = block_bound(H, eH, block_parameters(params, layer), config, p)
     if config.final_norm:

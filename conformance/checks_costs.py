@@ -81,7 +81,7 @@ def flops(backend, ctx):
 
     For every configuration and batch B of full-context sequences (T = n_ctx), the
     FLOPs the backend performs in a forward pass equal
-    B·T·forward_flops_per_token + B·2·L·T²·d_model: the spec counts attention over the
+    B·T·forward_flops_per_token + B·2·L·T²·h·d_H: the spec counts attention over the
     causal window (on average half of the T × T products), while a dense kernel also
     computes the masked half. The projections alone are 2·B·T·matmul_weights_per_token.
     A forward and backward pass performs exactly training_flops_per_token/
@@ -90,12 +90,13 @@ def flops(backend, ctx):
     @ctx.given(config=configs(max_layers=2, max_heads=3, max_d_head=6, max_ctx=12,
                               max_vocab=40), batch=st.integers(1, 3))
     def _(config, batch):
-        T, L, d = config.n_ctx, config.n_layers, config.d_model
+        T, L = config.n_ctx, config.n_layers
+        a = config.n_heads * config.d_head  # the width of Q, K, V: d_model unless d_H is free
         forward = ctx.op("count_flops")(config, batch, T)
-        want = batch * T * ref.forward_flops_per_token(config) + batch * 2 * L * T * T * d
+        want = batch * T * ref.forward_flops_per_token(config) + batch * 2 * L * T * T * a
         ctx.require(forward == want, f"forward: backend counts {forward} FLOPs, spec gives "
                                      f"{want} for B={batch}, {config}")
-        dense_attention = batch * 4 * L * T * T * d
+        dense_attention = batch * 4 * L * T * T * a
         projections = forward - dense_attention
         ctx.require(projections == 2 * batch * T * ref.matmul_weights_per_token(config),
                     f"projections: {projections} FLOPs, spec gives "

@@ -28,7 +28,7 @@ from gptspec.conformance.strategies import (
     parameter_recipes,
     sequence_lengths,
 )
-from gptspec.reference.forward import BLOCK, block_parameters
+from gptspec.reference.forward import BLOCK, block_parameters, embed
 from gptspec.spec.config import PRESETS, GPTConfig
 
 # Big model cases cost a big reference each: a quarter of the cases (7 or 8 at the
@@ -160,8 +160,7 @@ LOGIT_ROWS = 128  # positions compared at a time: a block of float64 logits is 5
 def _reference_hidden(tokens: np.ndarray, params: dict, config: GPTConfig) -> np.ndarray:
     """LN_f(block_L(… block_1(W_E[x] + W_P[:T]))): gpt_forward's composition up to the
     unembedding, from the reference functions of its entries."""
-    H = ref.input_representation(ref.token_embedding(tokens, params["wte"]),
-                                 ref.positional_embedding(tokens.shape[-1], params["wpe"]))
+    H = embed(tokens, params, config)
     for layer in range(config.n_layers):
         H = BLOCK[config.norm](H, block_parameters(params, layer), config)
     if config.final_norm:

@@ -23,7 +23,7 @@ from gptspec.conformance.strategies import (
     parameter_recipes,
     token_arrays,
 )
-from gptspec.reference.forward import block_parameters
+from gptspec.reference.forward import block_parameters, embed
 
 MANTISSA_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 
@@ -167,9 +167,10 @@ def residual_identity(backend, ctx):
             for name, value in _zero_branch_outputs(block_parameters(params, layer), "pre").items():
                 params[prefix + name] = value
         tokens = data.draw(token_arrays(config))
-        H = ref.input_representation(ref.token_embedding(tokens, params["wte"]),
-                                     ref.positional_embedding(tokens.shape[1], params["wpe"]))
-        H, eH = B.add_bound(H, 0 * H, 0 * H, 0 * H, p)  # the one rounding of e + p
+        H = embed(tokens, params, config)
+        eH = 0 * H  # e alone is a copy, exact
+        if config.positional_embedding:
+            H, eH = B.add_bound(H, 0 * H, 0 * H, 0 * H, p)  # the one rounding of e + p
         if config.final_norm:
             H, eH = B.layer_norm_bound(H, eH, params["ln_f.weight"], params["ln_f.bias"],
                                        config.ln_eps, p)

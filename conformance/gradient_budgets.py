@@ -315,8 +315,10 @@ def gpt_backward_bound(tokens, targets, params: dict, config: GPTConfig,
     tokens, targets = np.asarray(tokens), np.asarray(targets)
     T = tokens.shape[-1]
     E = ref.token_embedding(tokens, params["wte"])
-    P = np.broadcast_to(ref.positional_embedding(T, params["wpe"]), E.shape)
-    H, eH = B.add_bound(E, _zero(E), P, _zero(E), p)
+    H, eH = E, _zero(E)  # a row copy: exact
+    if config.positional_embedding:
+        P = np.broadcast_to(ref.positional_embedding(T, params["wpe"]), E.shape)
+        H, eH = B.add_bound(E, _zero(E), P, _zero(E), p)
     inputs = []
     for layer in range(config.n_layers):
         inputs.append((H, eH))
@@ -347,5 +349,6 @@ def gpt_backward_bound(tokens, targets, params: dict, config: GPTConfig,
     if config.tied_embeddings:  # W_U = W_Eᵀ: the unembedding's use, transposed, is added
         wte = B.add_bound(*wte, dW_U[0].T, dW_U[1].T, p)
     grads["wte"] = wte
-    grads["wpe"] = positional_embedding_backward_bound(*dH, config.n_ctx, p)
+    if config.positional_embedding:
+        grads["wpe"] = positional_embedding_backward_bound(*dH, config.n_ctx, p)
     return {s.name: grads[s.name] for s in parameter_schema(config)}

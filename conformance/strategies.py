@@ -229,7 +229,10 @@ def configs(draw, max_layers: int = 2, max_heads: int = 3, max_d_head: int = 6,
             ) -> GPTConfig:
     """Configurations of every variant: small ones, and with probability ``share`` (None:
     BIG_SHARE) one that is big in one of MODEL_CONCERNS: n_ctx one of BOUNDARY_LENGTHS; or one or two
-    heads of a width in HEAD_WIDTHS with n_ctx up to 129; or a vocabulary in VOCAB_SIZES."""
+    heads of a width in HEAD_WIDTHS with n_ctx up to 129; or a vocabulary in VOCAB_SIZES.
+    A quarter of the small ones have a free head width (h·d_H ≠ d_model in general, the
+    Notes' d_H and GPT-3's XL and 13B rows), and a quarter no positional embedding (the
+    Guide); attention and FFN biases are drawn apart (the Blueprint has only the FFN's)."""
     concern = None
     if share != 0 and draw(big(share), label="a big configuration"):
         concern = draw(st.sampled_from(concerns), label="big in")
@@ -239,6 +242,11 @@ def configs(draw, max_layers: int = 2, max_heads: int = 3, max_d_head: int = 6,
     else:
         n_heads = draw(st.integers(1, max_heads))
         d_model = n_heads * draw(st.integers(1, max_d_head))
+    d_head = None  # d_model / h
+    if concern != "head_width" and draw(st.sampled_from((False, False, False, True)),
+                                        label="free head width"):
+        d_head = draw(st.integers(1, max_d_head), label="d_head")
+        d_model = draw(st.integers(1, max_heads * max_d_head), label="d_model")
     if concern == "context":
         n_ctx = draw(st.sampled_from(BOUNDARY_LENGTHS), label="n_ctx")
     elif concern == "head_width":
@@ -258,11 +266,15 @@ def configs(draw, max_layers: int = 2, max_heads: int = 3, max_d_head: int = 6,
         d_model=d_model,
         n_layers=draw(st.integers(1, max_layers if concern is None else 1)),
         n_heads=n_heads,
+        d_head=d_head,
         d_ff=d_model if ffn == "guide_product" else draw(st.integers(1, 4 * d_model)),
         norm=norm,
         ffn=ffn,
         tied_embeddings=tied,
-        bias=draw(st.booleans()),
+        attn_bias=draw(st.booleans(), label="attn_bias"),
+        ffn_bias=draw(st.booleans(), label="ffn_bias"),
+        positional_embedding=draw(st.sampled_from((True, True, True, False)),
+                                  label="positional_embedding"),
         output_bias=(not tied) and draw(st.booleans()),
         final_norm=draw(st.booleans()),
         ln_eps=draw(st.sampled_from((1e-5, 1e-6, 1e-3))),

@@ -46,6 +46,8 @@ GENERATED = DOCS / "generated"
 KATEX_FILES = ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js")
 DIAGRAM_MARKER = "<!-- gptspec:dataflow -->"
 PRESETS_MARKER = "<!-- gptspec:presets -->"
+GPT3_COUNTS_MARKER = "<!-- gptspec:gpt3-counts -->"
+PRESET_DECISIONS_MARKER = "<!-- gptspec:preset-decisions -->"
 FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
 CROSSWALK_MARKER = "<!-- gptspec:crosswalk -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
@@ -75,7 +77,9 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     from gptspec.spec import GROUPS, REGISTRY
 
     checks_for, checks_problem = load_checks_for()
-    views = spec_pages.build_views(REGISTRY, gptspec.reference, checks_for, root)
+    # the reference functions' source links: repo_url (a placeholder, see mkdocs.yml)
+    source_base = f"{config.repo_url.rstrip('/')}/blob/main/" if config.repo_url else ""
+    views = spec_pages.build_views(REGISTRY, gptspec.reference, checks_for, root, source_base)
     planned = set(spec_pages.render_pages(views, GROUPS, []))
     gaps = spec_pages.traceability_gaps(views, planned, checks_problem)
     if gaps:
@@ -137,6 +141,17 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
 
         markdown = markdown.replace(PRESETS_MARKER,
                                     spec_pages.presets_table(PRESETS, parameter_count))
+    if GPT3_COUNTS_MARKER in markdown:
+        from gptspec.spec import parameter_count
+        from gptspec.spec.config import GPT3_TABLE
+
+        markdown = markdown.replace(GPT3_COUNTS_MARKER,
+                                    spec_pages.gpt3_counts_table(GPT3_TABLE, parameter_count))
+    if PRESET_DECISIONS_MARKER in markdown:
+        from gptspec.spec.config import PRESET_DECISIONS
+
+        markdown = markdown.replace(PRESET_DECISIONS_MARKER,
+                                    spec_pages.preset_decisions(PRESET_DECISIONS))
     if CROSSWALK_MARKER in markdown:
         from gptspec.spec import REGISTRY
 

@@ -125,8 +125,9 @@ class DecodeStep:
         assert self.applies_to(cache)
         t = cache.uniform_length  # every new token's position and cache slot
         assert t is not None
-        x = ops.input_representation(ops.token_embedding(tokens[:, None], self.wte),
-                                     self.wpe[t : t + 1])
+        x = ops.token_embedding(tokens[:, None], self.wte)
+        if self.wpe is not None:
+            x = ops.input_representation(x, self.wpe[t : t + 1])
         for index, layer in enumerate(self.layers):
 
             def ln_1(h: Tensor, p: tuple[Tensor, Tensor] = layer.ln_1) -> Tensor:
@@ -137,7 +138,7 @@ class DecodeStep:
                 return ops.layer_norm(h, p[0], p[1], eps)
 
             def attend(h: Tensor, layer: _Layer = layer, index: int = index) -> Tensor:
-                Q, K, V = (ops.split_heads(X, c.n_heads) for X in layer.qkv(h).split(c.d_model, -1))
+                Q, K, V = (ops.split_heads(X, c.n_heads) for X in layer.qkv(h).split(c.d_attn, -1))
                 K, V = cache.append(index, K, V)  # every slot 0 … t is visible: no mask
                 return layer.out(ops.merge_heads(ops.scaled_dot_product_attention(Q, K, V)))
 

@@ -63,7 +63,13 @@ def check_expressible(config: GPTConfig) -> None:
         (config.norm != "pre", f"norm={config.norm!r} (GPT-2 blocks are pre-LN)"),
         (config.ffn not in ACTIVATIONS, f"ffn={config.ffn!r} (GPT-2's FFN is "
                                         f"W_2 act(W_1 x); act one of {sorted(ACTIVATIONS)})"),
-        (not config.bias, "bias=False (GPT-2's linear maps all have biases)"),
+        (not config.attn_bias, "attn_bias=False (GPT-2's c_attn and c_proj have biases)"),
+        (not config.ffn_bias, "ffn_bias=False (GPT-2's c_fc and mlp.c_proj have biases)"),
+        (not config.positional_embedding,
+         "positional_embedding=False (GPT-2 always adds its learned wpe)"),
+        (not config.head_width_is_derived,
+         f"d_head={config.d_head} (GPT-2's heads are n_embd / n_head = "
+         f"{config.d_model / config.n_heads:g} wide; n_heads × d_head must equal d_model)"),
         (config.output_bias, "output_bias=True (GPT-2's lm_head has no bias)"),
         (not config.final_norm, "final_norm=False (GPT-2 always applies ln_f)"),
     ]
@@ -116,7 +122,8 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
             d_ff=c.n_inner if c.n_inner is not None else 4 * c.n_embd,
             norm="pre", ffn=ACTIVATION_ALIASES[activation],
             tied_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
-            bias=True, output_bias=False, final_norm=True, ln_eps=float(c.layer_norm_epsilon),
+            attn_bias=True, ffn_bias=True, output_bias=False, final_norm=True,
+            ln_eps=float(c.layer_norm_epsilon),
         )
     except ConfigError as err:
         raise InteropError(f"GPT2Config does not describe a valid model: {err}") from None

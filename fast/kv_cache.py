@@ -80,7 +80,8 @@ class KVCache:
         self.config = config
         self.batch_size = batch_size
         self.max_len = max_len
-        shape = (config.n_layers, batch_size, config.n_heads, max_len + 1, config.d_head)
+        shape = (config.n_layers, batch_size, config.n_heads, max_len + 1,
+                 config.d_attn // config.n_heads)
         self._k = torch.zeros(shape, device=device, dtype=resolve_dtype(dtype))
         self._v = torch.zeros_like(self._k)
         self.k = self._k[:, :, :, :max_len]  # views without the scratch slot

@@ -64,12 +64,12 @@ class Attention(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        d = config.d_model
+        d, a = config.d_model, config.d_attn  # a = h·d_H (d unless the head width is free)
         self.n_heads = config.n_heads
-        self.w_qkv = _empty(d, 3 * d)
-        self.b_qkv = _empty(3 * d) if config.bias else None
-        self.w_o = _empty(d, d)
-        self.b_o = _empty(d) if config.bias else None
+        self.w_qkv = _empty(d, 3 * a)
+        self.b_qkv = _empty(3 * a) if config.attn_bias else None
+        self.w_o = _empty(a, d)
+        self.b_o = _empty(d) if config.attn_bias else None
 
     def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0,
                 step: Step | None = None) -> Tensor:
@@ -97,9 +97,9 @@ class FeedForward(nn.Module):
         d, f = config.d_model, config.d_ff
         second_in = d if config.ffn == "guide_product" else f  # the Guide's W_2 also reads x
         self.w_1 = _empty(d, f)
-        self.b_1 = _empty(f) if config.bias else None
+        self.b_1 = _empty(f) if config.ffn_bias else None
         self.w_2 = _empty(second_in, d)
-        self.b_2 = _empty(d) if config.bias else None
+        self.b_2 = _empty(d) if config.ffn_bias else None
         self.ffn = ops.FFN[config.ffn]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -145,7 +145,8 @@ class GPT(nn.Module):
         c = config
         with torch.device(device if device is not None else "cpu"):
             self.wte = _empty(c.vocab_size, c.d_model)
-            self.wpe = _empty(c.n_ctx, c.d_model)
+            # no W_P for a model without positional embedding (the Guide as written)
+            self.wpe = _empty(c.n_ctx, c.d_model) if c.positional_embedding else None
             self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
             self.ln_f = LayerNorm(c.d_model, c.ln_eps) if c.final_norm else None
             self.w_u = _empty(c.d_model, c.vocab_size) if not c.tied_embeddings else None
@@ -237,8 +238,9 @@ class GPT(nn.Module):
     def _forward(self, tokens: Tensor, last_only: bool = False) -> Tensor:
         """The whole sequence at once (what ``compile_model`` compiles)."""
         T = tokens.shape[1]
-        x = ops.input_representation(ops.token_embedding(tokens, self.wte),
-                                     ops.positional_embedding(T, self.wpe))
+        x = ops.token_embedding(tokens, self.wte)
+        if self.wpe is not None:
+            x = ops.input_representation(x, ops.positional_embedding(T, self.wpe))
         for block in self.blocks:
             x = block(x)
         return self._unembed(x[:, -1:] if last_only else x)
@@ -246,8 +248,9 @@ class GPT(nn.Module):
     def _forward_cached(self, tokens: Tensor, cache: KVCache, step: Step,
                         last_only: bool = False) -> Tensor:
         """New tokens at their own positions, attending to the cached ones."""
-        x = ops.input_representation(ops.token_embedding(tokens, self.wte),
-                                     ops.positional_embedding_at(step.positions, self.wpe))
+        x = ops.token_embedding(tokens, self.wte)
+        if self.wpe is not None:
+            x = ops.input_representation(x, ops.positional_embedding_at(step.positions, self.wpe))
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer, step)
         cache.advance(step)

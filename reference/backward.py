@@ -320,8 +320,7 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig) -> tuple[floa
             raise ValueError(f"{name} must lie in [0, {config.vocab_size}), got "
                              f"[{ids.min()}, {ids.max()}]")
     block_inputs = []
-    H = F.input_representation(F.token_embedding(tokens, params["wte"]),
-                               F.positional_embedding(T, params["wpe"]))
+    H = F.embed(tokens, params, config)
     for layer in range(config.n_layers):
         block_inputs.append(H)
         H = F.BLOCK[config.norm](H, F.block_parameters(params, layer), config)
@@ -353,5 +352,6 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig) -> tuple[floa
     dW_embed = token_embedding_backward(dE, tokens, config.vocab_size)
     grads["wte"] = (tied_embedding_accumulation(dW_embed, dW_unembed)
                     if config.tied_embeddings else dW_embed)
-    grads["wpe"] = positional_embedding_backward(dP, config.n_ctx)
+    if config.positional_embedding:
+        grads["wpe"] = positional_embedding_backward(dP, config.n_ctx)
     return loss, {s.name: grads[s.name] for s in parameter_schema(config)}

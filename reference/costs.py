@@ -32,21 +32,21 @@ def param_count_token_embedding(config: GPTConfig) -> int:
 
 
 def param_count_positional_embedding(config: GPTConfig) -> int:
-    """W_P: n_ctx × d_model."""
-    return config.n_ctx * config.d_model
+    """W_P: n_ctx × d_model; none without a positional embedding (the Guide)."""
+    return config.n_ctx * config.d_model if config.positional_embedding else 0
 
 
 def param_count_attention(config: GPTConfig) -> int:
-    """[W_Q | W_K | W_V] (d × 3d), W_O (d × d), and their biases (3d, d)."""
-    d = config.d_model
-    return d * 3 * d + d * d + (3 * d + d if config.bias else 0)
+    """[W_Q | W_K | W_V] (d × 3a), W_O (a × d), and their biases (3a, d), a = h·d_H."""
+    d, a = config.d_model, config.d_attn
+    return d * 3 * a + a * d + (3 * a + d if config.attn_bias else 0)
 
 
 def param_count_ffn(config: GPTConfig) -> int:
     """W_1 (d × d_ff), W_2 (d_ff × d, or d × d for the Guide's product), and biases."""
     d, f = config.d_model, config.d_ff
     w_2_rows = d if config.ffn == "guide_product" else f
-    return d * f + w_2_rows * d + (f + d if config.bias else 0)
+    return d * f + w_2_rows * d + (f + d if config.ffn_bias else 0)
 
 
 def param_count_block_norms(config: GPTConfig) -> int:
@@ -79,16 +79,16 @@ def param_count_total(config: GPTConfig) -> int:
 
 
 def matmul_weights_per_token(config: GPTConfig) -> int:
-    """Q, K, V, O (4 d²), W_1 and W_2 in each block, and the unembedding d·V."""
-    d, f = config.d_model, config.d_ff
+    """Q, K, V, O (4 d·h·d_H), W_1 and W_2 in each block, and the unembedding d·V."""
+    d, f, a = config.d_model, config.d_ff, config.d_attn
     w_2_rows = d if config.ffn == "guide_product" else f
-    return config.n_layers * (4 * d * d + d * f + w_2_rows * d) + d * config.vocab_size
+    return config.n_layers * (4 * d * a + d * f + w_2_rows * d) + d * config.vocab_size
 
 
 def forward_flops_per_token(config: GPTConfig) -> int:
     """2 FLOPs per weight met, plus Q Kᵀ and A V over a causal window of n_ctx."""
     return (2 * matmul_weights_per_token(config)
-            + 2 * config.n_layers * config.n_ctx * config.d_model)
+            + 2 * config.n_layers * config.n_ctx * config.d_attn)
 
 
 def training_flops_per_token(config: GPTConfig) -> int:
@@ -97,8 +97,8 @@ def training_flops_per_token(config: GPTConfig) -> int:
 
 
 def kv_cache_bytes(config: GPTConfig, batch: int = 1, bytes_per_element: int = 2) -> int:
-    """K and V, each (B, h, n_ctx, d_k), in every layer."""
-    per_layer = 2 * batch * config.n_heads * config.n_ctx * config.d_head
+    """K and V, each (B, h, n_ctx, d_H), in every layer."""
+    per_layer = 2 * batch * config.n_ctx * config.d_attn
     return config.n_layers * per_layer * bytes_per_element
 
 
@@ -107,9 +107,9 @@ def activation_memory_bytes(config: GPTConfig, batch: int = 1, seq_len: int | No
     """The tensors a training step keeps for its backward pass, under the assumptions of
     the spec entry (no recomputation, no dropout, attention weights materialised)."""
     T = config.n_ctx if seq_len is None else seq_len
-    d, f, h = config.d_model, config.d_ff, config.n_heads
+    d, f, h, a = config.d_model, config.d_ff, config.n_heads, config.d_attn
     norms = 1 if config.norm == "guide" else 2
-    attention = T * d + 3 * T * d + h * T * T + T * d  # input, Q K V, weights, merged heads
+    attention = T * d + 3 * T * a + h * T * T + T * a  # input, Q K V, weights, merged heads
     ffn = T * d + 2 * T * f  # input and the two hidden tensors
     per_block = attention + ffn + norms * T * d  # plus each LayerNorm's input
     head = (2 * T * d if config.final_norm else T * d) + T * config.vocab_size

@@ -329,6 +329,15 @@ def block_parameters(params: dict, layer: int) -> dict:
     return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
 
 
+def embed(tokens, params: dict, config: GPTConfig) -> Array:
+    """H⁽⁰⁾ = W_E[x] + W_P[:T] (Blueprint sec. 2.1), or W_E[x] alone for a model without
+    positional embedding (the Guide's z_i = E(x_i), sec. 2)."""
+    E = token_embedding(tokens, params["wte"])
+    if not config.positional_embedding:
+        return E
+    return input_representation(E, positional_embedding(np.shape(tokens)[-1], params["wpe"]))
+
+
 def gpt_forward(tokens, params: dict, config: GPTConfig) -> Array:
     """logits = unembed(LN_f(block_L(… block_1(W_E[x] + W_P[:T])))): (…, T) → (…, T, V)."""
     tokens = np.asarray(tokens)
@@ -338,8 +347,7 @@ def gpt_forward(tokens, params: dict, config: GPTConfig) -> Array:
     if tokens.size and (tokens.min() < 0 or tokens.max() >= config.vocab_size):
         raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got "
                          f"[{tokens.min()}, {tokens.max()}]")
-    H = input_representation(token_embedding(tokens, params["wte"]),
-                             positional_embedding(T, params["wpe"]))
+    H = embed(tokens, params, config)
     for layer in range(config.n_layers):
         H = BLOCK[config.norm](H, block_parameters(params, layer), config)
     if config.final_norm:

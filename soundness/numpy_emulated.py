@@ -153,7 +153,9 @@ class EmulatedNumpy:
             raise NotApplicable(f"{products:.1e} multiply-adds in the unembedding: too slow "
                                 "for explicit float32 loops")
         p = {k: self._in(v) for k, v in params.items()}
-        H = self._store(p["wte"][tokens] + p["wpe"][: tokens.shape[-1]])
+        H = p["wte"][tokens]
+        if config.positional_embedding:
+            H = self._store(H + p["wpe"][: tokens.shape[-1]])
         for layer in range(config.n_layers):
             q = {k.removeprefix(f"blocks.{layer}."): v for k, v in p.items()
                  if k.startswith(f"blocks.{layer}.")}

@@ -144,7 +144,7 @@ def _mask(T: int, dtype: torch.dtype) -> Tensor:
 def multi_head_attention(H: Tensor, W_qkv: Tensor, b_qkv: Tensor | None, W_O: Tensor,
                          b_O: Tensor | None, n_heads: int) -> Tensor:
     """One head at a time, the heads' outputs concatenated."""
-    d = H.shape[-1]
+    d = W_O.shape[0]  # h·d_k, the width of Q, K and V
     dk = d // n_heads
     QKV = linear(H, W_qkv, b_qkv)
     M = _mask(H.shape[-2], H.dtype)
@@ -165,7 +165,7 @@ def ffn(variant: str, x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor,
 
 def gpt_forward(tokens: Tensor, p: Mapping[str, Tensor], config: GPTConfig) -> Tensor:
     T = tokens.shape[-1]
-    H = p["wte"][tokens] + p["wpe"][:T]
+    H = p["wte"][tokens] + p["wpe"][:T] if config.positional_embedding else p["wte"][tokens]
     for layer in range(config.n_layers):
         q = {k.removeprefix(f"blocks.{layer}."): v for k, v in p.items()
              if k.startswith(f"blocks.{layer}.")}

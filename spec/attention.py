@@ -61,10 +61,30 @@ QKV_BIASES = Decision(
                 "one fused map with a bias, c_attn: x W + b with W of shape (d, 3d)"),
     ),
     decision=r"One fused map $[Q\,|\,K\,|\,V] = H\,[W_Q\,|\,W_K\,|\,W_V] + [b_Q\,|\,b_K\,|\,b_V]$; "
-             "the biases exist when config.bias is true (GPT-2) and are absent otherwise "
-             "(the Blueprint's eq 2 is config.bias = false).",
-    why="Both readings are kept as one switch; the fused layout is GPT-2's and is the "
+             "the biases exist when config.attn_bias is true (GPT-2) and are absent otherwise "
+             "(the Blueprint's eq 2 is config.attn_bias = false, its preset's setting).",
+    why="Both readings are kept as one switch, separate from the FFN's biases (the "
+        "Blueprint's eq 6 has b_1 and b_2); the fused layout is GPT-2's and is the "
         "canonical parameter schema (attn.w_qkv, attn.b_qkv).",
+)
+
+
+HEAD_WIDTH = Decision(
+    question="Is the head width d_k (the Notes' d_H) tied to d_model / h?",
+    readings=(
+        Reading(Source(NOTES, "sec. 3.1"), "the head dimension d_H is a parameter of its own; "
+                "W_O maps the h concatenated heads (h·d_H) back to d_model"),
+        Reading(Source(BLUEPRINT, "eq 2"), r"$W_Q \in \mathbb{R}^{d_{model} \times d_k}$, d_k "
+                "not tied to d_model"),
+        Reading(Source(VASWANI_2017, "sec. 3.2.2"), "d_k = d_v = d_model / h"),
+        Reading(Source(BROWN_2020, "Table 2.1"), "d_head listed per model; in two rows "
+                "n_heads × d_head ≠ d_model"),
+    ),
+    decision="d_k = d_H is free (config.d_head, default d_model / h): W_QKV is "
+             "(d_model, 3 h d_k), the heads' concatenation is h·d_k wide and W_O is "
+             "(h d_k, d_model). Every backend must accept h·d_k ≠ d_model.",
+    why="The Notes treat d_H as free and GPT-3's table needs it; with d_k = d_model / h "
+        "(GPT-2, the default) nothing changes.",
 )
 
 
@@ -76,18 +96,18 @@ QKV_BIASES = Decision(
           r"[\,Q \mid K \mid V\,] = H\,[\,W_Q \mid W_K \mid W_V\,] + [\,b_Q \mid b_K \mid b_V\,]",
     symbols=(
         Symbol("H", "(T, d_model)", "the (normalised) residual stream"),
-        Symbol(r"[W_Q \mid W_K \mid W_V]", "(d_model, 3 d_model)", "attn.w_qkv"),
-        Symbol(r"[b_Q \mid b_K \mid b_V]", "(3 d_model,)", "attn.b_qkv (if config.bias)"),
-        Symbol("Q, K, V", "(T, d_model)", "queries, keys, values of all heads side by side"),
+        Symbol(r"[W_Q \mid W_K \mid W_V]", "(d_model, 3 h d_k)", "attn.w_qkv"),
+        Symbol(r"[b_Q \mid b_K \mid b_V]", "(3 h d_k,)", "attn.b_qkv (if config.attn_bias)"),
+        Symbol("Q, K, V", "(T, h d_k)", "queries, keys, values of all heads side by side"),
     ),
     sources=(Source(BLUEPRINT, "eq 2"), Source(VASWANI_2017, "sec. 3.2.2"),
              Source(NOTES, "sec. 3.1"), Source(RADFORD_2019, "sec. 2.3")),
     reference="qkv_projection",
     tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,|H|\,|W_{QKV}| + u\,|b_{QKV}|",
                         reduction="d_model"),
-    decisions=(QKV_BIASES, ROW_VECTORS),
-    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*d_model)"),
-                  ("b_qkv", "(1, 3*d_model)")),
+    decisions=(QKV_BIASES, ROW_VECTORS, HEAD_WIDTH),
+    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*h*d_k)"),
+                  ("b_qkv", "(1, 3*h*d_k)")),
 )
 def qkv_projection(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None = None
                    ) -> tuple[sp.Matrix, sp.Matrix, sp.Matrix]:
@@ -101,9 +121,9 @@ def qkv_projection(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None = Non
     title="Splitting into heads",
     group="attention",
     latex=r"X^{(i)} = X_{:,\;(i-1) d_k + 1 \,\ldots\, i\, d_k}, \qquad i = 1, \ldots, h,"
-          r"\quad d_k = d_{\mathrm{model}} / h",
+          r"\quad d_k = d_{\mathrm{model}} / h \text{ unless the head width is free}",
     symbols=(
-        Symbol("X", "(T, d_model)", "queries, keys or values of all heads"),
+        Symbol("X", "(T, h d_k)", "queries, keys or values of all heads"),
         Symbol("X^{(i)}", "(T, d_k)", "head i's columns, for each of the h heads"),
     ),
     sources=(Source(BLUEPRINT, "eq 5"), Source(VASWANI_2017, "sec. 3.2.2")),
@@ -111,7 +131,8 @@ def qkv_projection(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None = Non
     tolerance=Tolerance("0", reduction="1", note="data movement: exact"),
     notes="Head i's projection W_Q^{(i)} of the Blueprint's eq 5 is columns (i−1)d_k+1 … i d_k "
           "of W_Q, so splitting H W_Q by columns equals H W_Q^{(i)} for each head.",
-    sympy_inputs=(("X", "(T, d_model)"), ("n_heads", "int h")),
+    decisions=(HEAD_WIDTH,),
+    sympy_inputs=(("X", "(T, h*d_k)"), ("n_heads", "int h")),
 )
 def split_heads(X: sp.Matrix, n_heads: int) -> list[sp.Matrix]:
     d_k = X.cols // n_heads
@@ -126,7 +147,7 @@ def split_heads(X: sp.Matrix, n_heads: int) -> list[sp.Matrix]:
           r"[\,\mathrm{head}_1 \mid \cdots \mid \mathrm{head}_h\,]",
     symbols=(
         Symbol(r"\mathrm{head}_i", "(T, d_k)", "head i's output, i = 1, …, h"),
-        Symbol(r"\operatorname{Concat}", "(T, d_model)", "the heads side by side"),
+        Symbol(r"\operatorname{Concat}", "(T, h d_k)", "the heads side by side"),
     ),
     sources=(Source(BLUEPRINT, "eq 4"), Source(VASWANI_2017, "sec. 3.2.2")),
     reference="merge_heads",
@@ -374,7 +395,7 @@ MULTI_HEAD = Decision(
         Reading(Source(BROWN_2020, "sec. 2.1"),
                 "as GPT-2, but alternating dense and locally banded sparse attention layers"),
     ),
-    decision=r"Dense causal attention in every layer; $+\,b_O$ when config.bias is true "
+    decision=r"Dense causal attention in every layer; $+\,b_O$ when config.attn_bias is true "
              "(GPT-2), none otherwise (the Blueprint).",
     why="Dense attention is what the Blueprint, the Notes and GPT-2 describe and what GPT-2's "
         "checkpoints compute; GPT-3's sparse pattern is an efficiency measure outside the "
@@ -391,11 +412,11 @@ MULTI_HEAD = Decision(
           r"(H W_Q^{(i)} + b_Q^{(i)},\, H W_K^{(i)} + b_K^{(i)},\, H W_V^{(i)} + b_V^{(i)})",
     symbols=(
         Symbol("H", "(T, d_model)", "the input rows"),
-        Symbol(r"[W_Q \mid W_K \mid W_V]", "(d_model, 3 d_model)", "attn.w_qkv"),
-        Symbol(r"[b_Q \mid b_K \mid b_V]", "(3 d_model,)", "attn.b_qkv"),
-        Symbol("W_O", "(d_model, d_model)", "attn.w_o"),
+        Symbol(r"[W_Q \mid W_K \mid W_V]", "(d_model, 3 h d_k)", "attn.w_qkv"),
+        Symbol(r"[b_Q \mid b_K \mid b_V]", "(3 h d_k,)", "attn.b_qkv"),
+        Symbol("W_O", "(h d_k, d_model)", "attn.w_o"),
         Symbol("b_O", "(d_model,)", "attn.b_o"),
-        Symbol("h", "()", "number of heads; d_k = d_model / h"),
+        Symbol("h", "()", "number of heads; d_k = d_model / h unless the head width is free"),
         Symbol(r"\mathrm{head}_i", "(T, d_k)", "head i's output, i = 1, …, h"),
         Symbol(r"\operatorname{MultiHead}(H)", "(T, d_model)", "the attention sub-layer's output"),
     ),
@@ -408,9 +429,9 @@ MULTI_HEAD = Decision(
                         reduction="d_model",
                         note="the projection, scores, softmax and A V budgets compounded through "
                              "W_O; the longest inner sum is over d_model (or T if longer)"),
-    decisions=(MULTI_HEAD, QKV_BIASES, MODIFIED_SOFTMAX),
-    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*d_model)"),
-                  ("b_qkv", "(1, 3*d_model)"), ("W_O", "(d_model, d_model)"),
+    decisions=(MULTI_HEAD, QKV_BIASES, MODIFIED_SOFTMAX, HEAD_WIDTH),
+    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*h*d_k)"),
+                  ("b_qkv", "(1, 3*h*d_k)"), ("W_O", "(h*d_k, d_model)"),
                   ("b_O", "(1, d_model)"), ("n_heads", "int h")),
 )
 def multi_head_attention(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None,
@@ -444,8 +465,8 @@ def multi_head_attention(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None
     notes="Equal to multi_head_attention: multiplying the concatenation [head_1 | … | head_h] "
           "by W_O cut into h row blocks is the sum of the block products. The Notes read each "
           "head as adding its own contribution to the residual stream.",
-    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*d_model)"),
-                  ("b_qkv", "(1, 3*d_model)"), ("W_O", "(d_model, d_model)"),
+    sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*h*d_k)"),
+                  ("b_qkv", "(1, 3*h*d_k)"), ("W_O", "(h*d_k, d_model)"),
                   ("b_O", "(1, d_model)"), ("n_heads", "int h")),
 )
 def multi_head_attention_head_sum(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None,

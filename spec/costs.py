@@ -3,7 +3,8 @@
 Every entry's meaning is a sympy expression of the configuration. Called with no
 configuration it returns the formula in the size symbols (V, n_ctx, d_model, L, h,
 d_ff) for the GPT-2 structure (pre-LN, biases, tied embeddings, final LayerNorm);
-called with a :class:`GPTConfig` it substitutes that configuration's sizes and
+the head width d_H is a size of its own (h·d_H = d_model in GPT-2; the Notes and GPT-3's
+Table 2.1 let it differ); called with a :class:`GPTConfig` it substitutes that configuration's sizes and
 structure and returns an exact integer.
 
 FLOP convention (stated once, used by every FLOP entry; Kaplan et al. 2020, table 1):
@@ -18,7 +19,8 @@ FLOP convention (stated once, used by every FLOP entry; Kaplan et al. 2020, tabl
   because at GPT-2's sizes it is 29% of the forward pass (GPT-2 small, n_ctx = 1024);
 * the attention term is a full causal window of n_ctx tokens: on average a token
   attends to n_ctx/2 positions, and Q Kᵀ and A V each cost 2·d_model per position,
-  so 2·L·n_ctx·d_model per token (Kaplan's "attention: mask" row);
+  so 2·L·n_ctx·d_model per token (Kaplan's "attention: mask" row; with a free head width
+  the products are h·d_H wide, Kaplan's d_attn);
 * a training step is a forward and a backward pass, the backward costing twice the
   forward (a product's gradient needs two products of the same size): 3× forward.
 """
@@ -36,6 +38,7 @@ from gptspec.spec.sources import BLUEPRINT, GUIDE, KAPLAN_2020, RADFORD_2019, So
 V, n_ctx, d_model, L, h, d_ff = sp.symbols("V n_ctx d_model L h d_ff", positive=True,
                                            integer=True)
 B, T, s = sp.symbols("B T s", positive=True, integer=True)
+d_H = sp.Symbol("d_H", positive=True, integer=True)
 
 SIZE_SYMBOLS = (
     Symbol("V", "()", "vocabulary size"),
@@ -49,6 +52,7 @@ _SIZE_ROWS = {s.name: s for s in SIZE_SYMBOLS} | {
     "T": Symbol("T", "()", "sequence length"),
     "s": Symbol("s", "()", "bytes per element (2 for bf16, 4 for float32)"),
     "h": Symbol("h", "()", "number of heads"),
+    "d_H": Symbol("d_H", "()", "width of each head (d_model / h unless the head width is free)"),
 }
 
 
@@ -84,7 +88,10 @@ class Sizes:
     L: sp.Expr
     h: sp.Expr
     d_ff: sp.Expr
-    bias: int
+    d_attn: sp.Expr  # h·d_H: the width of Q, K, V and of W_O's input
+    attn_bias: int
+    ffn_bias: int
+    positional: int  # 1 with a learned W_P, 0 without (the Guide)
     norms_per_block: int  # the Guide's block has one LayerNorm, the others two
     ffn_second_in: sp.Expr  # rows of W_2: d_ff, or d_model for the Guide's product FFN
     final_norm: int
@@ -94,12 +101,15 @@ class Sizes:
 
 def sizes(config: GPTConfig | None) -> Sizes:
     if config is None:
-        return Sizes(V, n_ctx, d_model, L, h, d_ff, bias=1, norms_per_block=2,
-                     ffn_second_in=d_ff, final_norm=1, tied=1, output_bias=0)
+        return Sizes(V, n_ctx, d_model, L, h, d_ff, d_attn=h * d_H, attn_bias=1, ffn_bias=1,
+                     positional=1, norms_per_block=2, ffn_second_in=d_ff, final_norm=1,
+                     tied=1, output_bias=0)
     c = config
     I = sp.Integer
     return Sizes(I(c.vocab_size), I(c.n_ctx), I(c.d_model), I(c.n_layers), I(c.n_heads),
-                 I(c.d_ff), bias=int(c.bias), norms_per_block=1 if c.norm == "guide" else 2,
+                 I(c.d_ff), d_attn=I(c.d_attn), attn_bias=int(c.attn_bias),
+                 ffn_bias=int(c.ffn_bias), positional=int(c.positional_embedding),
+                 norms_per_block=1 if c.norm == "guide" else 2,
                  ffn_second_in=I(c.d_model) if c.ffn == "guide_product" else I(c.d_ff),
                  final_norm=int(c.final_norm), tied=int(c.tied_embeddings),
                  output_bias=int(c.output_bias))
@@ -134,29 +144,35 @@ def param_count_token_embedding(config: GPTConfig | None = None):
     title="Parameters: learned positional embedding",
     group="costs",
     latex=r"N_P = n_{ctx} \, d_{model}",
+    notes="Zero where the model has no positional embedding (the Guide as written).",
     symbols=size_rows("n_{ctx}", "d_{model}", result=N_P),
     sources=(Source(BLUEPRINT, "sec. 2.1"),) + COUNT_SOURCES,
     reference="param_count_positional_embedding",
 )
 def param_count_positional_embedding(config: GPTConfig | None = None):
     c = sizes(config)
-    return c.n_ctx * c.d
+    return c.positional * c.n_ctx * c.d
 
 
 @equation(
     id="param_count_attention",
     title="Parameters: one block's multi-head attention",
     group="costs",
-    latex=r"N_{attn} = 4 d_{model}^2 + 4 d_{model} \quad "
-          r"\text{(four maps of } d_{model} \times d_{model} \text{, and their biases)}",
-    symbols=size_rows("d_{model}", result=N_ATTN),
+    latex=r"N_{attn} = 4\, d_{model}\, h d_H + 3 h d_H + d_{model} \quad "
+          r"\text{(} W_{QKV}, W_O \text{ and their biases; } 4 d_{model}^2 + 4 d_{model} "
+          r"\text{ when } h d_H = d_{model} \text{)}",
+    symbols=size_rows("d_{model}", "h", "d_H", result=N_ATTN, parts=(
+        Symbol("W_{QKV}", "(d_model, 3 h d_H)", "[W_Q | W_K | W_V]"),
+        Symbol("W_O", "(h d_H, d_model)", "the output map"))),
     sources=(Source(BLUEPRINT, "eqs 2, 5"),) + COUNT_SOURCES,
     reference="param_count_attention",
-    notes="The number of heads does not change the count: h heads of width d_model/h.",
+    notes="With the default head width (d_H = d_model / h) the number of heads does not "
+          "change the count. The biases b_Q, b_K, b_V, b_O count only where the "
+          "configuration has attention biases (not the Blueprint's eqs 2 and 4).",
 )
 def param_count_attention(config: GPTConfig | None = None):
     c = sizes(config)
-    return 3 * c.d * c.d + c.d * c.d + c.bias * (3 * c.d + c.d)
+    return 3 * c.d * c.d_attn + c.d_attn * c.d + c.attn_bias * (3 * c.d_attn + c.d)
 
 
 @equation(
@@ -171,7 +187,7 @@ def param_count_attention(config: GPTConfig | None = None):
 )
 def param_count_ffn(config: GPTConfig | None = None):
     c = sizes(config)
-    return c.d * c.d_ff + c.ffn_second_in * c.d + c.bias * (c.d_ff + c.d)
+    return c.d * c.d_ff + c.ffn_second_in * c.d + c.ffn_bias * (c.d_ff + c.d)
 
 
 @equation(
@@ -194,8 +210,8 @@ def param_count_block_norms(config: GPTConfig | None = None):
     title="Parameters: one block",
     group="costs",
     latex=r"N_{block} = N_{attn} + N_{ffn} + N_{LN} = 12 d_{model}^2 + 13 d_{model} "
-          r"\quad (d_{ff} = 4 d_{model})",
-    symbols=size_rows("d_{model}", "d_{ff}", result=N_BLOCK,
+          r"\quad (d_{ff} = 4 d_{model},\ h d_H = d_{model})",
+    symbols=size_rows("d_{model}", "d_{ff}", "h", "d_H", result=N_BLOCK,
                       parts=(N_ATTN, N_FFN, N_LN)),
     sources=COUNT_SOURCES,
     reference="param_count_block",
@@ -275,8 +291,8 @@ FLOP_SOURCES = (Source(KAPLAN_2020, "sec. 2.1, table 1"),)
     id="matmul_weights_per_token",
     title="Weights a token meets in matrix products",
     group="costs",
-    latex=r"N_{mm} = L\,(4 d_{model}^2 + 2 d_{model} d_{ff}) + d_{model} V",
-    symbols=size_rows("L", "d_{model}", "d_{ff}", "V", result=N_MM),
+    latex=r"N_{mm} = L\,(4 d_{model}\, h d_H + 2 d_{model} d_{ff}) + d_{model} V",
+    symbols=size_rows("L", "d_{model}", "h", "d_H", "d_{ff}", "V", result=N_MM),
     sources=FLOP_SOURCES,
     reference="matmul_weights_per_token",
     notes="Every block's weight matrices and the unembedding (even when tied); no "
@@ -284,7 +300,7 @@ FLOP_SOURCES = (Source(KAPLAN_2020, "sec. 2.1, table 1"),)
 )
 def matmul_weights_per_token(config: GPTConfig | None = None):
     c = sizes(config)
-    per_block = 4 * c.d * c.d + c.d * c.d_ff + c.ffn_second_in * c.d
+    per_block = 4 * c.d * c.d_attn + c.d * c.d_ff + c.ffn_second_in * c.d
     return c.L * per_block + c.d * c.V
 
 
@@ -292,8 +308,8 @@ def matmul_weights_per_token(config: GPTConfig | None = None):
     id="forward_flops_per_token",
     title="Forward FLOPs per token",
     group="costs",
-    latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{ctx} d_{model}",
-    symbols=size_rows("L", "n_{ctx}", "d_{model}", result=C_FWD, parts=(N_MM,)),
+    latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{ctx}\, h d_H",
+    symbols=size_rows("L", "n_{ctx}", "h", "d_H", result=C_FWD, parts=(N_MM,)),
     sources=FLOP_SOURCES,
     reference="forward_flops_per_token",
     notes="Multiply-add = 2 FLOPs; matrix products only; the attention term is a full "
@@ -311,15 +327,15 @@ def matmul_weights_per_token(config: GPTConfig | None = None):
 )
 def forward_flops_per_token(config: GPTConfig | None = None):
     c = sizes(config)
-    return 2 * matmul_weights_per_token.sympy(config) + 2 * c.L * c.n_ctx * c.d
+    return 2 * matmul_weights_per_token.sympy(config) + 2 * c.L * c.n_ctx * c.d_attn
 
 
 @equation(
     id="training_flops_per_token",
     title="Training FLOPs per token",
     group="costs",
-    latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{ctx} d_{model}",
-    symbols=size_rows("L", "n_{ctx}", "d_{model}",
+    latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{ctx}\, h d_H",
+    symbols=size_rows("L", "n_{ctx}", "h", "d_H",
                       result=_count("C_{train}", "training FLOPs per token"),
                       parts=(C_FWD, N_MM)),
     sources=FLOP_SOURCES,
@@ -338,8 +354,8 @@ def training_flops_per_token(config: GPTConfig | None = None):
     id="kv_cache_bytes",
     title="KV-cache size",
     group="costs",
-    latex=r"M_{KV} = 2 \, B \, L \, n_{ctx} \, d_{model} \, s",
-    symbols=size_rows("B", "L", "n_{ctx}", "d_{model}", "s",
+    latex=r"M_{KV} = 2 \, B \, L \, n_{ctx} \, h d_H \, s",
+    symbols=size_rows("B", "L", "n_{ctx}", "h", "d_H", "s",
                       result=_count("M_{KV}", "bytes of the KV cache")),
     sources=(Source(BLUEPRINT, "eq 3"),),
     reference="kv_cache_bytes",
@@ -349,17 +365,18 @@ def training_flops_per_token(config: GPTConfig | None = None):
 def kv_cache_bytes(config: GPTConfig | None = None, batch: int | None = None,
                    bytes_per_element: int | None = None):
     c = sizes(config)
-    return 2 * _value(batch, B) * c.L * c.n_ctx * c.d * _value(bytes_per_element, s)
+    return 2 * _value(batch, B) * c.L * c.n_ctx * c.d_attn * _value(bytes_per_element, s)
 
 
 @equation(
     id="activation_memory_bytes",
     title="Activation memory of a training step",
     group="costs",
-    latex=r"M_{act} = B\,s\,\Big(L\,\big((6 + n_{LN})\,T d_{model} + 2 T d_{ff} + h T^2\big) "
+    latex=r"M_{act} = B\,s\,\Big(L\,\big((2 + n_{LN})\,T d_{model} + 4 T h d_H + 2 T d_{ff} "
+          r"+ h T^2\big) "
           r"+ 2 T d_{model} + T V\Big)",
     symbols=size_rows(
-        "B", "s", "L", "T", "d_{model}", "d_{ff}", "h", "V",
+        "B", "s", "L", "T", "d_{model}", "d_H", "d_{ff}", "h", "V",
         result=_count("M_{act}", "bytes of activations kept for the backward pass"),
         parts=(Symbol("n_{LN}", "()", "LayerNorms per block: 2, or 1 in the Guide's block"),)),
     sources=(Source(BLUEPRINT, "eqs 3-8"),),
@@ -379,6 +396,7 @@ def activation_memory_bytes(config: GPTConfig | None = None, batch: int | None =
     t = _value(seq_len, T)
     # the FFN's two hidden tensors: W_1's output and the activation's, or the Guide
     # product's two pre-activations (there d_ff = d_model)
-    per_block = (6 + c.norms_per_block) * t * c.d + 2 * t * c.d_ff + c.h * t * t
+    per_block = ((2 + c.norms_per_block) * t * c.d + 4 * t * c.d_attn + 2 * t * c.d_ff
+                 + c.h * t * t)
     head = (1 + c.final_norm) * t * c.d + t * c.V
     return _value(batch, B) * _value(bytes_per_element, s) * (c.L * per_block + head)

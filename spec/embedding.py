@@ -189,10 +189,13 @@ def token_embedding(x: Sequence[int], W_E: sp.Matrix) -> sp.Matrix:
                 Reading(Source(RADFORD_2019, "sec. 2.3"), "learned (wpe), n_ctx = 1024 rows"),
             ),
             decision="Learned positional embeddings W_P of shape (n_ctx, d_model), rows 1..T "
-                     "added to the token embeddings, for every preset (the Guide's included).",
-            why="Without positions a causal transformer still sees order only through the "
-                "mask; the Blueprint and GPT-2 both add learned positions, and GPT-2's "
-                "checkpoints contain them.",
+                     "added to the token embeddings, where the configuration has them "
+                     "(positional_embedding = true: GPT-2, GPT-3, the Blueprint). The `guide` "
+                     "preset is the Guide as written: no W_P, H⁽⁰⁾ = E; `guide-positional` "
+                     "adds W_P to the Guide's model.",
+            why="Each document's model is reproduced as written. Without positions a causal "
+                "transformer sees order only through the mask; the Blueprint and GPT-2 add "
+                "learned positions, and GPT-2's checkpoints contain them.",
         ),
     ),
     sympy_inputs=(("T", "int T"), ("W_P", "(n_ctx, d_model)")),

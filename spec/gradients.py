@@ -318,23 +318,23 @@ def scaled_dot_product_attention_backward(G, Q, K, V, M):
           r"\partial K_1 \dots \mid \partial V_1 \dots],\ "
           r"\frac{\partial L}{\partial H} = \frac{\partial L}{\partial [Q \mid K \mid V]} W_{qkv}^\top",
     symbols=(G_SYMBOL, Symbol("H", "(T, d_model)", "input rows"),
-             Symbol("W_{qkv}", "(d_model, 3 d_model)", "[W_Q | W_K | W_V]"),
-             Symbol("b_{qkv}", "(3 d_model,)", "their biases"),
-             Symbol("W_O", "(d_model, d_model)", "output map"), Symbol("b_O", "(d_model,)", "bias"),
-             Symbol("Q", "(T, d_model)", "all heads' queries; Q_i the columns of head i"),
-             Symbol("K", "(T, d_model)", "all heads' keys; K_i those of head i"),
-             Symbol("V", "(T, d_model)", "all heads' values; V_i those of head i"),
-             Symbol("C", "(T, d_model)", "the heads' outputs side by side")),
+             Symbol("W_{qkv}", "(d_model, 3 h d_k)", "[W_Q | W_K | W_V]"),
+             Symbol("b_{qkv}", "(3 h d_k,)", "their biases"),
+             Symbol("W_O", "(h d_k, d_model)", "output map"), Symbol("b_O", "(d_model,)", "bias"),
+             Symbol("Q", "(T, h d_k)", "all heads' queries; Q_i the columns of head i"),
+             Symbol("K", "(T, h d_k)", "all heads' keys; K_i those of head i"),
+             Symbol("V", "(T, h d_k)", "all heads' values; V_i those of head i"),
+             Symbol("C", "(T, h d_k)", "the heads' outputs side by side")),
     sources=(Source(BLUEPRINT, "eq 4"), Source(BLUEPRINT, "eq 5")),
     reference="multi_head_attention_backward",
     tolerance=Tolerance(r"\lambda \sqrt{T d}\,u", reduction="T * d"),
     notes="Returns (∂H, ∂W_qkv, ∂b_qkv, ∂W_O, ∂b_O): the output linear map, each head's "
           "attention backward on its columns, then the Q/K/V linear map, in reverse order.",
-    sympy_inputs=(("G", "(T, d)"), ("H", "(T, d)"), ("W_qkv", "(d, 3 * d)"),
-                  ("b_qkv", "(1, 3 * d)"), ("W_O", "(d, d)"), ("b_O", "(1, d)")),
+    sympy_inputs=(("G", "(T, d)"), ("H", "(T, d)"), ("W_qkv", "(d, 3 * h * k)"),
+                  ("b_qkv", "(1, 3 * h * k)"), ("W_O", "(h * k, d)"), ("b_O", "(1, d)")),
 )
 def multi_head_attention_backward(G, H, W_qkv, b_qkv, W_O, b_O, n_heads=1):
-    d = H.cols
+    d = W_O.rows  # h·d_k: each of Q, K, V is this wide (d_model unless the head width is free)
     dk = d // n_heads
     QKV = _add_row(H * W_qkv, b_qkv)
     M = _causal_mask(H.rows)

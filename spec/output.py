@@ -279,13 +279,15 @@ def _block_parameters(params: dict[str, sp.Matrix], layer: int) -> dict[str, sp.
                         reduction="d_ff",
                         note="the blocks' budgets compounded layer by layer"),
     decisions=(FINAL_NORM, TYING),
-    notes="Block_l is block_pre_ln, block_post_ln or block_guide (config.norm); LN_f only with "
+    notes="Block_l is block_pre_ln, block_post_ln or block_guide (config.norm); P only with "
+          "config.positional_embedding (H⁽⁰⁾ = E without it: the Guide); LN_f only with "
           "config.final_norm; Unembed is unembed_tied or unembed_untied (config.tied_embeddings).",
     sympy_inputs=(("x", "(T,) int < V"), ("params", "params"), ("config", "config")),
 )
 def gpt_forward(x: Sequence[int], params: dict[str, sp.Matrix], config: GPTConfig) -> sp.Matrix:
-    H = input_representation.sympy(token_embedding.sympy(x, params["wte"]),
-                                   positional_embedding.sympy(len(x), params["wpe"]))
+    H = token_embedding.sympy(x, params["wte"])
+    if config.positional_embedding:  # the Guide as written has none: H⁽⁰⁾ = E
+        H = input_representation.sympy(H, positional_embedding.sympy(len(x), params["wpe"]))
     for layer in range(config.n_layers):
         H = BLOCK[config.norm].sympy(H, _block_parameters(params, layer), config)
     if config.final_norm:

@@ -1,8 +1,9 @@
 """The canonical parameter schema: every backend's parameters, by name and shape.
 
 Convention: row vectors. A linear map is x ↦ x W + b with W of shape (in, out), so
-``blocks.{l}.attn.w_qkv`` holds [W_Q | W_K | W_V] side by side, and head i of W_Q
-is its columns i·d_k … (i+1)·d_k − 1 (the same layout as GPT-2's own files).
+``blocks.{l}.attn.w_qkv`` holds [W_Q | W_K | W_V] side by side, each h·d_H wide, and head
+i of W_Q is its columns i·d_H … (i+1)·d_H − 1 (the same layout as GPT-2's own files);
+W_O is (h·d_H, d_model). h·d_H = d_model unless the head width is free.
 """
 
 from __future__ import annotations
@@ -26,25 +27,26 @@ class ParameterSpec:
 def parameter_schema(config: GPTConfig) -> list[ParameterSpec]:
     """Every parameter of a model of this configuration, in a fixed order."""
     c = config
-    d, f = c.d_model, c.d_ff
+    d, f, a = c.d_model, c.d_ff, c.d_attn
     specs = [
         ParameterSpec("wte", (c.vocab_size, d), "W_E", "token embedding, one row per token", "normal"),
-        ParameterSpec("wpe", (c.n_ctx, d), "W_P",
-                      "learned positional embedding, one row per position", "normal"),
     ]
+    if c.positional_embedding:
+        specs.append(ParameterSpec("wpe", (c.n_ctx, d), "W_P",
+                                   "learned positional embedding, one row per position", "normal"))
     for layer in range(c.n_layers):
         p = f"blocks.{layer}."
         specs += [
             ParameterSpec(p + "ln_1.weight", (d,), r"\gamma_1", "first LayerNorm gain", "ones"),
             ParameterSpec(p + "ln_1.bias", (d,), r"\beta_1", "first LayerNorm bias", "zeros"),
-            ParameterSpec(p + "attn.w_qkv", (d, 3 * d), r"[W_Q \mid W_K \mid W_V]",
+            ParameterSpec(p + "attn.w_qkv", (d, 3 * a), r"[W_Q \mid W_K \mid W_V]",
                           "query, key and value maps of all heads, side by side", "normal"),
         ]
-        if c.bias:
-            specs.append(ParameterSpec(p + "attn.b_qkv", (3 * d,), r"[b_Q \mid b_K \mid b_V]",
+        if c.attn_bias:
+            specs.append(ParameterSpec(p + "attn.b_qkv", (3 * a,), r"[b_Q \mid b_K \mid b_V]",
                                        "query, key and value biases", "zeros"))
-        specs.append(ParameterSpec(p + "attn.w_o", (d, d), "W_O", "attention output map", "residual_normal"))
-        if c.bias:
+        specs.append(ParameterSpec(p + "attn.w_o", (a, d), "W_O", "attention output map", "residual_normal"))
+        if c.attn_bias:
             specs.append(ParameterSpec(p + "attn.b_o", (d,), "b_O", "attention output bias", "zeros"))
         if c.norm != "guide":  # the Guide's block has a single LayerNorm
             specs += [
@@ -53,11 +55,11 @@ def parameter_schema(config: GPTConfig) -> list[ParameterSpec]:
             ]
         second_in = d if c.ffn == "guide_product" else f  # the Guide's W_2 also reads x
         specs.append(ParameterSpec(p + "ffn.w_1", (d, f), "W_1", "first FFN map", "normal"))
-        if c.bias:
+        if c.ffn_bias:
             specs.append(ParameterSpec(p + "ffn.b_1", (f,), "b_1", "first FFN bias", "zeros"))
         specs.append(ParameterSpec(p + "ffn.w_2", (second_in, d), "W_2", "second FFN map",
                                    "normal" if c.ffn == "guide_product" else "residual_normal"))
-        if c.bias:
+        if c.ffn_bias:
             specs.append(ParameterSpec(p + "ffn.b_2", (d,), "b_2", "second FFN bias", "zeros"))
     if c.final_norm:
         specs += [

@@ -25,7 +25,7 @@ def small_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 GPT2_LIKE = GPTConfig(vocab_size=11, n_ctx=6, d_model=8, n_layers=2, n_heads=2, d_ff=16,
-                      norm="pre", ffn="gelu_tanh", tied_embeddings=True, bias=True,
+                      norm="pre", ffn="gelu_tanh", tied_embeddings=True, attn_bias=True, ffn_bias=True,
                       output_bias=False, final_norm=True, ln_eps=1e-5)
 POST_LN = GPT2_LIKE.replace(norm="post")
 

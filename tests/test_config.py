@@ -17,7 +17,9 @@ SIZE_FIELDS = ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_ff")
 def test_every_preset_is_valid_and_round_trips(name: str) -> None:
     config = preset(name)
     assert GPTConfig.from_json(config.to_json()) == config
-    assert config.d_head * config.n_heads == config.d_model
+    assert config.d_attn == config.d_head * config.n_heads
+    # h·d_H = d_model except where a document fixes the head width apart (Decision data)
+    assert config.head_width_is_derived or name in ("notes", "gpt3-xl", "gpt3-13b")
     schema = parameter_schema(config)
     assert len({s.name for s in schema}) == len(schema)
     assert all(all(n > 0 for n in s.shape) for s in schema)
@@ -49,7 +51,7 @@ def test_parameter_count_follows_the_variants() -> None:
     assert parameter_count(base.replace(final_norm=False)) == parameter_count(base) - 2 * d
     # Per layer: the Q/K/V, output and FFN biases.
     biases = 3 * d + d + base.d_ff + d
-    assert parameter_count(base.replace(bias=False)) == parameter_count(base) \
+    assert parameter_count(base.replace(attn_bias=False, ffn_bias=False)) == parameter_count(base) \
         - base.n_layers * biases
 
 
@@ -66,6 +68,13 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"output_bias": True}, "output_bias"),
     ({"tied_embeddings": "yes"}, "tied_embeddings"),
     ({"bias": 1}, "bias"),
+    ({"attn_bias": 1}, "attn_bias"),
+    ({"ffn_bias": "no"}, "ffn_bias"),
+    ({"positional_embedding": None}, "positional_embedding"),
+    ({"d_head": 0}, "d_head"),
+    ({"d_head": -8}, "d_head"),
+    ({"d_head": 8.0}, "d_head"),
+    ({"d_head": True}, "d_head"),
     ({"final_norm": None}, "final_norm"),
     ({"ln_eps": 0.0}, "ln_eps"),
     ({"ln_eps": -1e-5}, "ln_eps"),
@@ -84,6 +93,39 @@ def test_bad_configuration_is_refused_naming_the_field(changes: dict[str, Any], 
     message = str(raised.value)
     assert f"'{field}'" in message
     assert "\n" not in message
+
+
+def test_a_free_head_width_needs_no_divisibility_and_survives_replace() -> None:
+    free = PRESETS["tiny"].replace(d_model=30, n_heads=4, d_head=7)
+    assert (free.d_attn, free.head_width_is_derived) == (28, False)
+    assert free.replace(d_model=40).d_head == 7  # a free width stays
+    derived = PRESETS["tiny"].replace(d_model=48)  # a derived width follows d_model / h
+    assert (derived.d_head, derived.head_width_is_derived) == (12, True)
+    assert PRESETS["tiny"].replace(n_heads=8).d_head == 4
+
+
+def test_a_checkpoint_config_with_the_old_single_bias_switch_still_loads() -> None:
+    data = PRESETS["tiny"].to_dict()
+    for key in ("attn_bias", "ffn_bias", "d_head", "positional_embedding"):
+        del data[key]  # written before these fields existed
+    for old in (True, False):
+        config = GPTConfig.from_json(json.dumps({**data, "bias": old}))
+        assert (config.attn_bias, config.ffn_bias) == (old, old)
+        assert config.d_head == 8 and config.positional_embedding
+    with pytest.raises(ConfigError, match="'bias'"):
+        GPTConfig.from_json(json.dumps({**data, "bias": False, "attn_bias": True}))
+
+
+def test_bias_switches_and_positions_change_the_schema_as_the_documents_write() -> None:
+    names = {s.name for s in parameter_schema(PRESETS["blueprint"])}
+    assert "blocks.0.ffn.b_1" in names and "blocks.0.ffn.b_2" in names  # eq 6
+    assert not {"blocks.0.attn.b_qkv", "blocks.0.attn.b_o"} & names  # eqs 2, 4
+    guide = {s.name for s in parameter_schema(PRESETS["guide"])}
+    assert "wpe" not in guide and "wpe" in {s.name for s in parameter_schema(
+        PRESETS["guide-positional"])}
+    shapes = {s.name: s.shape for s in parameter_schema(PRESETS["notes"])}
+    assert shapes["blocks.0.attn.w_qkv"] == (512, 3 * 6 * 64)
+    assert shapes["blocks.0.attn.w_o"] == (6 * 64, 512)
 
 
 def test_guide_product_with_d_ff_equal_to_d_model_is_accepted() -> None:

@@ -23,7 +23,7 @@ VARIANTS = [
     GPTConfig(**SMALL, norm="post", ffn="relu", final_norm=False, tied_embeddings=False),
     GPTConfig(**{**SMALL, "d_ff": 6}, norm="guide", ffn="guide_product",
               tied_embeddings=False, output_bias=True, final_norm=False),
-    GPTConfig(**SMALL, ffn="gelu_tanh", bias=False),
+    GPTConfig(**SMALL, ffn="gelu_tanh", attn_bias=False, ffn_bias=False),
 ]
 
 

@@ -117,5 +117,23 @@ def test_model_cases_are_valid_models(case):
 @given(config=configs())
 @settings(max_examples=30, deadline=None)
 def test_generated_configurations_cover_the_variants_validly(config):
-    assert config.d_model % config.n_heads == 0
+    assert config.d_attn == config.n_heads * config.d_head  # a free d_H need not divide
+    assert not config.head_width_is_derived or config.d_model % config.n_heads == 0
     assert config.ffn != "guide_product" or config.d_ff == config.d_model
+
+
+def test_generated_configurations_draw_each_documents_switches():
+    """The suite covers the Blueprint's biases, the Guide's missing W_P and the Notes' free
+    head width: each switch is drawn both ways."""
+    seen = set()
+
+    @given(config=configs())
+    @settings(max_examples=200, deadline=None, database=None)
+    def draw(config):
+        seen.update({("attn_bias", config.attn_bias), ("ffn_bias", config.ffn_bias),
+                     ("positions", config.positional_embedding),
+                     ("free_head", not config.head_width_is_derived)})
+
+    draw()
+    assert seen == {(k, v) for k in ("attn_bias", "ffn_bias", "positions", "free_head")
+                    for v in (True, False)}

@@ -21,7 +21,11 @@ PUBLISHED = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_
 # Variants that exercise every structural switch, beyond the presets.
 VARIANTS = {
     **PRESETS,
-    "no-bias": PRESETS["tiny"].replace(bias=False),
+    "no-bias": PRESETS["tiny"].replace(attn_bias=False, ffn_bias=False),
+    "blueprint-biases": PRESETS["tiny"].replace(attn_bias=False),
+    "no-ffn-bias": PRESETS["tiny"].replace(ffn_bias=False),
+    "guide-no-positions": PRESETS["tiny-guide"].replace(positional_embedding=False),
+    "free-head-width": PRESETS["tiny"].replace(d_model=30, n_heads=4, d_head=5),
     "untied": PRESETS["tiny"].replace(tied_embeddings=False),
     "untied-bias": PRESETS["tiny"].replace(tied_embeddings=False, output_bias=True),
     "odd": GPTConfig(vocab_size=37, n_ctx=11, d_model=12, n_layers=3, n_heads=3, d_ff=20,
@@ -84,13 +88,15 @@ def test_counts_equal_the_schema_component_by_component(name):
 
 def test_symbolic_gpt2_count_is_kaplans_12_L_d_squared_plus_lower_order_terms():
     V, n_ctx, d, L = spec_costs.V, spec_costs.n_ctx, spec_costs.d_model, spec_costs.L
-    total = spec_costs.param_count_total.sympy().subs(spec_costs.d_ff, 4 * d)
+    gpt2 = {spec_costs.d_ff: 4 * d, spec_costs.d_H: d / spec_costs.h}  # and h·d_H = d
+    total = spec_costs.param_count_total.sympy().subs(gpt2)
     assert sp.expand(total - (V * d + n_ctx * d + L * (12 * d**2 + 13 * d) + 2 * d)) == 0
 
 
 def test_symbolic_forward_flops_matches_kaplan_plus_the_unembedding():
     V, n_ctx, d, L = spec_costs.V, spec_costs.n_ctx, spec_costs.d_model, spec_costs.L
-    forward = spec_costs.forward_flops_per_token.sympy().subs(spec_costs.d_ff, 4 * d)
+    gpt2 = {spec_costs.d_ff: 4 * d, spec_costs.d_H: d / spec_costs.h}
+    forward = spec_costs.forward_flops_per_token.sympy().subs(gpt2)
     non_embedding = 12 * L * d**2  # Kaplan's N ≈ 2 d_model n_layer (2 d_attn + d_ff)
     kaplan = 2 * non_embedding + 2 * L * n_ctx * d
     assert sp.expand(forward - kaplan - 2 * d * V) == 0

@@ -35,6 +35,18 @@ def test_decode_step_equals_the_models_cached_forward(name, dtype, batch):
         _decode_alongside_the_model(model, packed, decode, batch)
 
 
+@pytest.mark.parametrize("changes", [
+    dict(attn_bias=False),  # the Blueprint's attention: no b_QKV, no b_O
+    dict(positional_embedding=False),  # no W_P: the Guide's embedding
+    dict(d_head=5),  # h·d_H = 20 ≠ d_model = 32: the Notes' free head width
+], ids=["no-attn-bias", "no-positions", "free-head-width"])
+def test_decode_step_takes_each_documents_switches(changes):
+    model = GPT(preset("tiny-post").replace(**changes), seed=0, dtype="float32")
+    model = model.eval().requires_grad_(False)
+    with torch.inference_mode():
+        _decode_alongside_the_model(model, None, DecodeStep(model, None), 2)
+
+
 def _decode_alongside_the_model(model, packed, decode, batch):
     gen = torch.Generator().manual_seed(batch)
     V = model.config.vocab_size

@@ -319,3 +319,26 @@ def test_search_snippets_read_formulas_as_text(tmp_path) -> None:
     assert rewrite_index(index) == 1
     text = json.loads(index.read_text())["docs"][0]["text"]
     assert "\\" not in text and "softmax(z)_i = e^{z_i}/(Σ_j e^{z_j})" in text
+
+
+def test_a_reference_function_links_to_its_source_line_when_the_repository_is_known() -> None:
+    import gptspec.reference
+
+    base = "https://example.invalid/repo/blob/main/"
+    linked = spec_pages.reference_code(gptspec.reference, "softmax", ROOT, base)
+    assert linked is not None and linked.url == f"{base}reference/forward.py#L{linked.line}"
+    assert f'href="{linked.url}"' in spec_pages._source_link(linked)
+    plain = spec_pages.reference_code(gptspec.reference, "softmax", ROOT)
+    assert plain is not None and plain.url == "" and "href" not in spec_pages._source_link(plain)
+
+
+def test_the_preset_pages_show_the_switches_and_gpt3s_published_counts() -> None:
+    from gptspec.spec import PRESETS, parameter_count
+    from gptspec.spec.config import GPT3_TABLE, PRESET_DECISIONS
+
+    presets = spec_pages.presets_table(PRESETS, parameter_count)
+    assert "<b>128</b> (free)" in presets and "FFN</td>" in presets  # gpt3-xl; blueprint
+    counts = spec_pages.gpt3_counts_table(GPT3_TABLE, parameter_count)
+    assert "<td>125M</td>" in counts and "<td>175B</td>" in counts and "<td>1.167</td>" in counts
+    decisions = spec_pages.preset_decisions(PRESET_DECISIONS)
+    assert decisions.count("**Decision.**") == len(PRESET_DECISIONS)

@@ -33,11 +33,11 @@ VARIANTS: dict[str, GPTConfig] = {
     "tiny": TINY,
     "tiny-post": PRESETS["tiny-post"],
     "tiny-guide": PRESETS["tiny-guide"],
-    "gelu-nobias-untied": TINY.replace(ffn="gelu", bias=False, tied_embeddings=False),
+    "gelu-nobias-untied": TINY.replace(ffn="gelu", attn_bias=False, ffn_bias=False, tied_embeddings=False),
     "relu-untied-bias-nofinal": TINY.replace(ffn="relu", tied_embeddings=False,
                                              output_bias=True, final_norm=False),
     "post-gelu_tanh-final": PRESETS["tiny-post"].replace(ffn="gelu_tanh", final_norm=True),
-    "guide-nobias": PRESETS["tiny-guide"].replace(bias=False),
+    "guide-nobias": PRESETS["tiny-guide"].replace(attn_bias=False, ffn_bias=False),
 }
 
 # CUDA paths run where a GPU is present; on a CPU-only machine these tests run on the CPU.

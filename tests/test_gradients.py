@@ -118,10 +118,12 @@ def test_attention_backward():
               inp, ["Q", "K", "V"])
 
 
-def test_multi_head_attention_backward():
+@pytest.mark.parametrize("d_k", [2, 3], ids=["h*d_k=d", "free-head-width"])
+def test_multi_head_attention_backward(d_k):
     rng = np.random.default_rng(8)
-    inp = {"H": _rand(rng, 2, 3, 4), "W_qkv": _rand(rng, 4, 12), "b_qkv": _rand(rng, 12),
-           "W_O": _rand(rng, 4, 4), "b_O": _rand(rng, 4)}
+    a = 2 * d_k  # h·d_k, d_model = 4
+    inp = {"H": _rand(rng, 2, 3, 4), "W_qkv": _rand(rng, 4, 3 * a), "b_qkv": _rand(rng, 3 * a),
+           "W_O": _rand(rng, a, 4), "b_O": _rand(rng, 4)}
     check_vjp(lambda **a: F.multi_head_attention(**a, n_heads=2),
               lambda G: B.multi_head_attention_backward(G, **inp, n_heads=2),
               inp, ["H", "W_qkv", "b_qkv", "W_O", "b_O"])
@@ -162,7 +164,10 @@ CONFIGS = {
     "post": GPTConfig(**SMALL, norm="post", ffn="relu", final_norm=False),
     "guide": GPTConfig(**{**SMALL, "d_ff": 4}, norm="guide", ffn="guide_product",
                        tied_embeddings=False, output_bias=True, final_norm=False),
-    "gelu-untied-nobias": GPTConfig(**SMALL, ffn="gelu", tied_embeddings=False, bias=False),
+    "gelu-untied-nobias": GPTConfig(**SMALL, ffn="gelu", tied_embeddings=False,
+                                    attn_bias=False, ffn_bias=False),
+    "blueprint-free-head-no-wpe": GPTConfig(**SMALL, norm="post", ffn="relu", attn_bias=False,
+                                            d_head=3, positional_embedding=False),
 }
 
 
@@ -366,8 +371,9 @@ def test_sympy_attention():
     assert_entry_matches(REGISTRY["scaled_dot_product_attention_backward"].sympy(G, Q, K, V, M),
                          [derivative(L, U) for U in (Q, K, V)], vals)
 
-    H, W_qkv, b_qkv = sym("H", 2, 2), sym("Wqkv", 2, 6), sym("bqkv", 1, 6)
-    W_O, b_O, G = sym("WO", 2, 2), sym("bO", 1, 2), sym("G", 2, 2)
+    # h·d_k = 4 ≠ d_model = 2: the free head width (W_O maps h·d_k back to d_model)
+    H, W_qkv, b_qkv = sym("H", 2, 2), sym("Wqkv", 2, 12), sym("bqkv", 1, 12)
+    W_O, b_O, G = sym("WO", 4, 2), sym("bO", 1, 2), sym("G", 2, 2)
     vals = numeric_values([H, W_qkv, b_qkv, W_O, b_O, G], 10)
     L = pairing(G, fwd("multi_head_attention")(H, W_qkv, b_qkv, W_O, b_O, 2))
     assert_entry_matches(

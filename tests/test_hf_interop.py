@@ -163,7 +163,10 @@ def test_inexpressible_presets_are_refused(preset, field):
 
 @pytest.mark.parametrize("change, field", [
     (dict(ffn="guide_product", d_ff=32), "ffn='guide_product'"),
-    (dict(bias=False), "bias=False"),
+    (dict(attn_bias=False), "attn_bias=False"),
+    (dict(ffn_bias=False), "ffn_bias=False"),
+    (dict(positional_embedding=False), "positional_embedding=False"),
+    (dict(d_head=5), "d_head=5"),
     (dict(tied_embeddings=False, output_bias=True), "output_bias=True"),
     (dict(final_norm=False), "final_norm=False"),
 ])

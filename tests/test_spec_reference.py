@@ -34,7 +34,7 @@ GROUPS = ("embedding", "attention", "block", "output")
 RTOL = 1e-12
 DIGITS = 40
 
-SIZES = {"T": 3, "n_ctx": 4, "d_model": 4, "h": 2, "d_k": 2, "d_ff": 5, "V": 5, "n": 4, "m": 2}
+SIZES = {"T": 3, "n_ctx": 4, "d_model": 4, "h": 2, "d_k": 3, "d_ff": 5, "V": 5, "n": 4, "m": 2}
 
 
 def tiny(**changes: Any) -> GPTConfig:
@@ -46,17 +46,21 @@ def tiny(**changes: Any) -> GPTConfig:
 # The configurations each config-taking entry is checked under: every FFN variant, with and
 # without biases, a large eps (so its place in the formula shows), tied and untied.
 CONFIGS: dict[str, list[GPTConfig]] = {
-    "block_pre_ln": [tiny(), tiny(ffn="relu", bias=False), tiny(ffn="gelu", ln_eps=0.25)],
-    "block_post_ln": [tiny(norm="post", ffn="relu", ln_eps=0.25),
+    "block_pre_ln": [tiny(), tiny(ffn="relu", attn_bias=False, ffn_bias=False),
+                     tiny(ffn="gelu", ln_eps=0.25)],
+    "block_post_ln": [tiny(norm="post", ffn="relu", ln_eps=0.25, attn_bias=False),  # Blueprint
                       tiny(norm="post", ffn="gelu_tanh")],
     "block_guide": [tiny(norm="guide", ffn="guide_product", d_ff=SIZES["d_model"]),
-                    tiny(norm="guide", ffn="gelu", bias=False, ln_eps=0.25)],
+                    tiny(norm="guide", ffn="gelu", attn_bias=False, ffn_bias=False, ln_eps=0.25)],
     "gpt_forward": [
         tiny(),
         tiny(norm="post", ffn="relu", final_norm=False, ln_eps=0.25),
         tiny(norm="guide", ffn="guide_product", d_ff=SIZES["d_model"], tied_embeddings=False,
              output_bias=True, final_norm=False),
-        tiny(ffn="gelu", tied_embeddings=False, bias=False),
+        tiny(ffn="gelu", tied_embeddings=False, attn_bias=False, ffn_bias=False),
+        tiny(norm="guide", ffn="guide_product", d_ff=SIZES["d_model"], tied_embeddings=False,
+             output_bias=True, final_norm=False, attn_bias=False, positional_embedding=False),
+        tiny(d_head=SIZES["d_k"]),  # h·d_k ≠ d_model: the Notes' free head width
         tiny(n_layers=2),  # the layers must be applied in order, each with its own parameters
     ],
 }
@@ -146,7 +150,7 @@ def cases(entry: Equation, rng: np.random.Generator) -> Iterator[tuple[list, lis
 
 
 def _describe(config: GPTConfig) -> str:
-    return (f"norm={config.norm} ffn={config.ffn} bias={config.bias} "
+    return (f"norm={config.norm} ffn={config.ffn} attn_bias={config.attn_bias} ffn_bias={config.ffn_bias} "
             f"tied={config.tied_embeddings} final_norm={config.final_norm} eps={config.ln_eps}")
 
 

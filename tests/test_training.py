@@ -26,7 +26,7 @@ CONFIGS = [
     GPTConfig(**SMALL, norm="post", ffn="relu", final_norm=False),
     GPTConfig(**{**SMALL, "d_ff": 8}, norm="guide", ffn="guide_product",
               tied_embeddings=False, output_bias=True, final_norm=False),
-    GPTConfig(**SMALL, ffn="gelu", tied_embeddings=False, bias=False),
+    GPTConfig(**SMALL, ffn="gelu", tied_embeddings=False, attn_bias=False, ffn_bias=False),
 ]
 
 

@@ -365,8 +365,9 @@ def block_parameters(params: dict, layer: int) -> dict:
 def gpt_forward(tokens: Array, params: dict, config: GPTConfig) -> Array:
     """logits = unembed(LN_f(block_L(… block_1(W_E[x] + W_P[:T])))): (…, T) → (…, T, V)."""
     T = tokens.shape[-1]
-    H = input_representation(token_embedding(tokens, params["wte"]),
-                             positional_embedding(T, params["wpe"]))
+    H = token_embedding(tokens, params["wte"])
+    if config.positional_embedding:  # the Guide as written has none
+        H = input_representation(H, positional_embedding(T, params["wpe"]))
     for layer in range(config.n_layers):
         H = BLOCK[config.norm](H, block_parameters(params, layer), config)
     if config.final_norm:

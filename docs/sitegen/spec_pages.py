@@ -60,6 +60,7 @@ class ReferenceCode:
     path: str  # relative to the repository root
     line: int
     source: str
+    url: str = ""  # the file at that line in the repository (mkdocs.yml's repo_url), if set
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def group_title(group: str) -> str:
     return GROUP_TITLES.get(group, group.capitalize())
 
 
-def reference_code(module: ModuleType, name: str, root: Path) -> ReferenceCode | None:
+def reference_code(module: ModuleType, name: str, root: Path, source_base: str = ""
+                   ) -> ReferenceCode | None:
     function = getattr(module, name, None) if name else None
     if function is None or not callable(function):
         return None
@@ -90,7 +92,13 @@ def reference_code(module: ModuleType, name: str, root: Path) -> ReferenceCode |
         shown = path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         shown = path.name
-    return ReferenceCode(name, shown, line, "".join(lines))
+    url = f"{source_base}{shown}#L{line}" if source_base and shown != path.name else ""
+    return ReferenceCode(name, shown, line, "".join(lines), url)
+
+
+def _source_link(ref: ReferenceCode) -> str:
+    where = f"{esc(ref.path)}, line {ref.line}"
+    return f'<a href="{esc(ref.url)}">{where}</a>' if ref.url else where
 
 
 def sympy_definition(entry: Any) -> str:
@@ -108,9 +116,13 @@ def build_views(
     reference_module: ModuleType,
     checks_for: Callable[[str], list[CheckInfo]],
     root: Path,
+    source_base: str = "",
 ) -> list[EntryView]:
+    """``source_base``: the URL that a path from the repository root is appended to for a
+    link to the reference function's source ("" for none)."""
     return [
-        EntryView(e, reference_code(reference_module, e.reference, root), tuple(checks_for(e.id)),
+        EntryView(e, reference_code(reference_module, e.reference, root, source_base),
+                  tuple(checks_for(e.id)),
                   worked_example(e, reference_module))
         for e in entries
     ]
@@ -256,7 +268,7 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport],
     ref = view.reference
     if ref is not None:
         reference = (f"<p><strong>Reference</strong> {code('gptspec.reference.' + ref.name)} "
-                     f"<small>({esc(ref.path)}, line {ref.line})</small></p>\n"
+                     f"<small>({_source_link(ref)})</small></p>\n"
                      + _python_html(ref.source))
     else:
         reference = '<p class="gs-missing">No reference function.</p>\n'
@@ -353,14 +365,45 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
 def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]) -> str:
     """The named configurations, with their parameter counts."""
     norms = {"pre": "pre-LN", "post": "post-LN", "guide": "one residual"}
+
+    def biases(c: Any) -> str:
+        kinds = [what for what, on in (("Q/K/V, O", c.attn_bias), ("FFN", c.ffn_bias)) if on]
+        return esc(" + ".join(kinds) if kinds else "none")
+
+    def head_width(c: Any) -> str:  # a free width is marked: h·d_H ≠ d
+        return str(c.d_head) if c.head_width_is_derived else f"<b>{c.d_head}</b> (free)"
+
     rows = [[code(name), str(c.vocab_size), str(c.n_ctx), str(c.d_model), str(c.n_layers),
-             str(c.n_heads), str(c.d_ff), norms.get(c.norm, esc(c.norm)), code(c.ffn),
-             "tied" if c.tied_embeddings else "untied", f"{parameter_count(c):,}"]
+             str(c.n_heads), head_width(c), str(c.d_ff), norms.get(c.norm, esc(c.norm)),
+             code(c.ffn), biases(c), "learned" if c.positional_embedding else "none",
+             ("tied" if c.tied_embeddings else "untied") + (" + bias" if c.output_bias else ""),
+             f"{parameter_count(c):,}"]
             for name, c in presets.items()]
     header = ["preset", inline_math("V"), inline_math(r"n_{\text{ctx}}"), inline_math("d"),
-              inline_math("L"), inline_math("h"), inline_math(r"d_{\text{ff}}"), "block", "FFN",
-              "output", "parameters"]
+              inline_math("L"), inline_math("h"), inline_math("d_H"), inline_math(r"d_{\text{ff}}"),
+              "block", "FFN", "biases", "positions", "output", "parameters"]
     return table(header, rows)
+
+
+def gpt3_counts_table(gpt3_table: dict[str, Any], parameter_count: Callable[[Any], int]) -> str:
+    """GPT-3's Table 2.1: each preset's parameter count against the published one."""
+    def figure(n: int) -> str:  # as the table prints them: 125M … 1.3B … 175.0B
+        return f"{n / 1e6:g}M" if n < 10**9 else f"{n / 1e9:g}B"
+
+    rows = [[code(name), f"{parameter_count(c):,}", figure(published),
+             f"{parameter_count(c) / published:.3f}"]
+            for name, (c, published) in gpt3_table.items()]
+    return table(["preset", "our count", "published (Table 2.1)", "ratio"], rows)
+
+
+def preset_decisions(decisions: dict[str, Any]) -> str:
+    """Where a preset cannot simply copy its document: each reading and the choice."""
+    parts = []
+    for d in decisions.values():
+        parts.append(f'<p class="gs-question" markdown>**{esc(d.question)}**</p>\n')
+        parts += [f"- **{esc(r.source)}**: {esc(r.reading)}" for r in d.readings]
+        parts.append(f"\n**Decision.** {d.decision}\n\n**Why.** {d.why}\n")
+    return "\n".join(parts) + "\n"
 
 
 def crosswalk(entries: Iterable[Any], spec_dir: str) -> str:

@@ -203,8 +203,10 @@ class NumpyBackend:
         tokens = np.asarray(tokens)
         block = getattr(self, {"pre": "block_pre_ln", "post": "block_post_ln",
                                "guide": "block_guide"}[config.norm])
-        x = self.input_representation(self.token_embedding(tokens, params["wte"]),
-                                      self.positional_embedding(tokens.shape[-1], params["wpe"]))
+        x = self.token_embedding(tokens, params["wte"])
+        if config.positional_embedding:  # the Guide as written has none
+            x = self.input_representation(x, self.positional_embedding(tokens.shape[-1],
+                                                                       params["wpe"]))
         for layer in range(config.n_layers):
             prefix = f"blocks.{layer}."
             p = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
