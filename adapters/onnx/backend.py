@@ -183,8 +183,9 @@ class OnnxRuntimeBackend:
         check_parameters(config, dict(params))
         # one graph per structure: the sizes are dynamic, so the key leaves them out
         structure = (config.n_layers, config.n_heads, config.norm, config.ffn,
-                     config.tied_embeddings, config.bias, config.output_bias,
-                     config.final_norm, config.ln_eps)
+                     config.tied_embeddings, config.attn_bias, config.ffn_bias,
+                     config.output_bias, config.positional_embedding, config.final_norm,
+                     config.ln_eps)
         names = sorted(params)
         session = self._session(("gpt_forward", structure, tuple(names)),
                                 lambda: model_graph(config, self.dtype))

@@ -369,10 +369,12 @@ def block_parameters(params: dict, layer: int) -> dict:
 
 
 def gpt_forward(g: Graph, tokens: Name, params: dict, config: GPTConfig) -> Name:
-    """logits = unembed(LN_f(block_L(… block_1(W_E[x] + W_P[:T])))): (…, T) → (…, T, V)."""
-    T = g.op("Shape", tokens, start=-1, rank=1)
-    H = input_representation(g, token_embedding(g, tokens, params["wte"]),
-                             positional_embedding(g, T, params["wpe"]))
+    """logits = unembed(LN_f(block_L(… block_1(W_E[x] + W_P[:T])))): (…, T) → (…, T, V);
+    W_E[x] alone for a model without positional embedding."""
+    H = token_embedding(g, tokens, params["wte"])
+    if config.positional_embedding:
+        T = g.op("Shape", tokens, start=-1, rank=1)
+        H = input_representation(g, H, positional_embedding(g, T, params["wpe"]))
     for layer in range(config.n_layers):
         H = BLOCK[config.norm](g, H, block_parameters(params, layer), config)
     if config.final_norm:
