@@ -132,19 +132,25 @@ def report_name(engine: str, dtype: str) -> str:
     return f"{engine}-{dtype}.json"
 
 
-def run_engine(engine: Engine, dtype: str, out: Path, profile: str, seed: int) -> int:
-    """One engine in one dtype through the whole suite, in a process of its own; its exit
-    status (0 all passed, 1 some check failed, 2 the backend could not be run)."""
+def run_engine(engine: Engine, dtype: str, out: Path, profile: str, seed: int,
+               checks: Iterable[str] = ()) -> int:
+    """One engine in one dtype through the whole suite (or the ``checks`` patterns), in a
+    process of its own; its exit status (0 all passed, 1 some check failed, 2 the backend
+    could not be run)."""
     command = [sys.executable, "-m", "gptspec", "conformance", "--backend", engine.backend,
                "--dtype", dtype, "--profile", profile, "--seed", str(seed), "--area", "all",
                "--report", str(out / report_name(engine.backend, dtype))]
+    for pattern in checks:
+        command += ["--check", pattern]
     print(f"\n== {engine.backend} {dtype}: {' '.join(command[1:])}", flush=True)
     return subprocess.run(command, check=False).returncode
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, engines: Iterable[Engine] = ENGINES) -> int:
+    """The command line; ``engines`` replaces the table (the tests run a tiny one)."""
     import json
 
+    engines = tuple(engines)
     parser = argparse.ArgumentParser(prog="python -m gptspec.adapters.ecosystem",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="default", choices=("quick", "default", "thorough"))
@@ -152,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / REPORT_DIR,
                         help=f"folder for the reports (default {REPORT_DIR})")
     parser.add_argument("--engine", action="append", metavar="NAME",
-                        choices=[e.backend for e in ENGINES], help="only these (repeatable)")
+                        choices=[e.backend for e in engines], help="only these (repeatable)")
+    parser.add_argument("--check", action="append", default=[], metavar="PATTERN",
+                        help="only these checks (glob, repeatable), to investigate one")
     parser.add_argument("--adjudications", type=Path, default=ROOT / ADJUDICATIONS)
     args = parser.parse_args(argv)
     try:
@@ -162,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     problems, reports = [], []
-    for engine in ENGINES:
+    for engine in engines:
         if args.engine and engine.backend not in args.engine:
             continue
         for dtype in engine.dtypes:
-            status = run_engine(engine, dtype, args.out, args.profile, args.seed)
+            status = run_engine(engine, dtype, args.out, args.profile, args.seed, args.check)
             path = args.out / report_name(engine.backend, dtype)
             if status not in (0, 1) or not path.exists():
                 problems.append(f"{engine.backend} {dtype}: the suite could not run it "
