@@ -133,7 +133,7 @@ def report_name(engine: str, dtype: str) -> str:
 
 
 def run_engine(engine: Engine, dtype: str, out: Path, profile: str, seed: int,
-               checks: Iterable[str] = ()) -> int:
+               checks: Iterable[str] = (), timeout: float | None = None) -> int:
     """One engine in one dtype through the whole suite (or the ``checks`` patterns), in a
     process of its own; its exit status (0 all passed, 1 some check failed, 2 the backend
     could not be run)."""
@@ -142,6 +142,8 @@ def run_engine(engine: Engine, dtype: str, out: Path, profile: str, seed: int,
                "--report", str(out / report_name(engine.backend, dtype))]
     for pattern in checks:
         command += ["--check", pattern]
+    if timeout is not None:
+        command += ["--timeout", f"{timeout:g}"]
     print(f"\n== {engine.backend} {dtype}: {' '.join(command[1:])}", flush=True)
     return subprocess.run(command, check=False).returncode
 
@@ -161,6 +163,9 @@ def main(argv: list[str] | None = None, engines: Iterable[Engine] = ENGINES) -> 
                         choices=[e.backend for e in engines], help="only these (repeatable)")
     parser.add_argument("--check", action="append", default=[], metavar="PATTERN",
                         help="only these checks (glob, repeatable), to investigate one")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="time limit per check (default: the suite's); the limit is "
+                             "there to stop a hang, so a slow shared machine may raise it")
     parser.add_argument("--adjudications", type=Path, default=ROOT / ADJUDICATIONS)
     args = parser.parse_args(argv)
     try:
@@ -174,7 +179,8 @@ def main(argv: list[str] | None = None, engines: Iterable[Engine] = ENGINES) -> 
         if args.engine and engine.backend not in args.engine:
             continue
         for dtype in engine.dtypes:
-            status = run_engine(engine, dtype, args.out, args.profile, args.seed, args.check)
+            status = run_engine(engine, dtype, args.out, args.profile, args.seed, args.check,
+                                args.timeout)
             path = args.out / report_name(engine.backend, dtype)
             if status not in (0, 1) or not path.exists():
                 problems.append(f"{engine.backend} {dtype}: the suite could not run it "
