@@ -4,10 +4,12 @@ committed table of adjudications (``nox -s ecosystem``; ``python -m
 gptspec.adapters.ecosystem --profile quick`` in CI).
 
 ``ENGINES`` is the one table of what is run: an engine joins the run with one line there
-(its entry-point name, its dtypes, the extra that installs it). Each run is
-``gptspec conformance --backend NAME --dtype D --profile P --report OUT/NAME-D.json`` in a
-process of its own, so the report carries the suite's provenance (commit, date, machine,
-CPU and cores) and the backend's version (the engine's own library versions).
+(its entry-point name, its dtypes, the extra that installs it; ONNX Runtime would be
+``Engine("onnxruntime", ("float32",), "onnx", "…")``), its extra added to those that
+``nox -s ecosystem`` installs. Each run is ``gptspec conformance --backend NAME --dtype D
+--profile P --report OUT/NAME-D.json`` in a process of its own, so the report carries the
+suite's provenance (commit, date, machine, CPU and cores) and the backend's version (the
+engine's own library versions).
 
 A failed or erring check must be explained before it is published: ``ADJUDICATIONS``
 (``docs/ecosystem/adjudications.toml``) holds, per engine and check (optionally per
@@ -53,11 +55,11 @@ class Engine:
 
 ENGINES: tuple[Engine, ...] = (
     Engine("jax", ("float32", "bfloat16"), "jax",
-           "the spec's equations in JAX, jit-compiled by XLA on the CPU; every operation exposed"),
+           "The spec's equations in JAX, jit-compiled by XLA on the CPU; every operation exposed"),
     Engine("hf-eager", ("float32", "bfloat16"), "interop",
-           "transformers' GPT2LMHeadModel, GPT-2's own attention; logits and generate()"),
+           "GPT2LMHeadModel of transformers, GPT-2's own attention; logits and generate()"),
     Engine("hf-sdpa", ("float32", "bfloat16"), "interop",
-           "transformers' GPT2LMHeadModel, PyTorch's fused SDPA attention; logits and generate()"),
+           "GPT2LMHeadModel of transformers, PyTorch's fused SDPA attention; logits and generate()"),
 )
 
 

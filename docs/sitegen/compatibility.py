@@ -148,6 +148,12 @@ def _run_section(run: EngineRun, adjudications: Sequence[Any], verdicts: Mapping
     return "\n".join(parts)
 
 
+def _dtype_rank(engines: Sequence[Any], run: EngineRun) -> int:
+    """A run's place among its engine's dtypes, as the table lists them."""
+    dtypes = next((list(e.dtypes) for e in engines if e.backend == run.engine), [])
+    return dtypes.index(run.dtype) if run.dtype in dtypes else len(dtypes)
+
+
 def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
                        adjudications: Sequence[Any], verdicts: Mapping[str, str],
                        area_of: Mapping[str, str]) -> str:
@@ -166,6 +172,9 @@ def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
         "`docs/ecosystem/adjudications.toml`; the site does not build with a failure it "
         "cannot explain.\n",
     ]
+    rank = {e.backend: i for i, e in enumerate(engines)}
+    runs = sorted(runs, key=lambda r: (rank.get(r.engine, len(rank)), r.engine,
+                                       _dtype_rank(engines, r)))
     if runs:
         parts.append(table(["engine, dtype", *HEADER],
                            [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
