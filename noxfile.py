@@ -1,4 +1,4 @@
-"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel, soundness (not by default).
+"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel, soundness, ecosystem (not by default).
 
 Every session installs torch 2.13.0 (the CPU wheel in /opt/wheels on the project's
 machines) and the versions in constraints.txt.
@@ -133,3 +133,14 @@ def soundness(session: nox.Session) -> None:
     --seeds N, --profile P."""
     install(session)
     session.run("python", "soundness/gate.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def ecosystem(session: nox.Session) -> None:
+    """Every adapter of an engine nobody here wrote (gptspec.adapters.ecosystem.ENGINES)
+    through the whole suite in every dtype it computes in: one JSON report per engine × dtype
+    in docs/ecosystem/ (the Compatibility page's data); fails on a failure that
+    docs/ecosystem/adjudications.toml does not explain. Options after --: --profile P
+    (default: default), --out DIR, --engine NAME, --check PATTERN, --seed N."""
+    install(session, "interop,jax,onnx")
+    session.run("python", "-m", "gptspec.adapters.ecosystem", *session.posargs)

@@ -4,7 +4,7 @@ versioned schema) and a Markdown summary.
 JSON schema, version 3 (documented for readers in docs/conformance-report.md)::
 
     {"schema": "gptspec-conformance", "version": 3,
-     "provenance": {"commit", "modified", "date", "machine", "cpu", "python"},
+     "provenance": {"commit", "modified", "date", "machine", "cpu", "cores", "python"},
      "runs": [{"backend": {"name", "version", "device", "dtype"},
                "settings": {"profile", "seed", "area", "examples_per_property",
                             "timeout_s", "isolated"},
@@ -27,9 +27,11 @@ measured ``"backend_fraction", "plain_fraction", "closer"`` ("backend" or "plain
 same call on a plain same-dtype implementation against the same reference and budget.
 
 ``provenance`` says what produced the results: the source's git commit (null outside a
-git checkout) and whether tracked files differed from it, the UTC date, the machine
-(platform) and its CPU; each run's backend names its device and dtype, its settings the
-profile.
+git checkout) and whether tracked files differed from it, the UTC date the run started
+(the code that ran is the code imported then), the machine (platform), its CPU and its
+number of logical cores (``cores``, added in version 3 as an optional key); each run's
+backend names its device and dtype (its ``version`` the engine's library versions), its
+settings the profile.
 
 Version history: 1 — first version; 2 — added ``settings.timeout_s``,
 ``settings.isolated``, ``checks[].saved`` and ``checks[].adjudication``; 3 — added the
@@ -41,6 +43,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -123,12 +126,13 @@ def provenance() -> dict:
     return {"commit": commit or None,
             "modified": None if status is None else bool(status),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": platform.platform(), "cpu": _cpu(),
+            "machine": platform.platform(), "cpu": _cpu(), "cores": os.cpu_count(),
             "python": platform.python_version()}
 
 
-def to_json(suites: list[SuiteResult]) -> dict:
-    return {"schema": SCHEMA, "version": VERSION, "provenance": provenance(),
+def to_json(suites: list[SuiteResult], started: dict | None = None) -> dict:
+    """``started``: the provenance taken when the run began (default: taken now)."""
+    return {"schema": SCHEMA, "version": VERSION, "provenance": started or provenance(),
             "runs": [{"backend": s.backend, "settings": s.settings, "counts": s.counts,
                       "checks": [r.to_dict() for r in s.results]} for s in suites]}
 
@@ -163,6 +167,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_json(path: str | Path, suites: list[SuiteResult]) -> None:
-    write_atomically(path, json.dumps(_finite(to_json(suites)), indent=2, allow_nan=False,
-                                      default=str) + "\n")
+def write_json(path: str | Path, suites: list[SuiteResult], started: dict | None = None) -> None:
+    write_atomically(path, json.dumps(_finite(to_json(suites, started)), indent=2,
+                                      allow_nan=False, default=str) + "\n")

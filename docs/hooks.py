@@ -31,6 +31,7 @@ if str(DOCS) not in sys.path:
     sys.path.insert(0, str(DOCS))
 
 from sitegen import (  # noqa: E402
+    compatibility,
     dataflow,
     figures,
     katex,
@@ -53,6 +54,7 @@ CROSSWALK_MARKER = "<!-- gptspec:crosswalk -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
 VERIFICATION_PAGE = f"{spec_pages.SPEC_DIR}/verification.md"
+COMPATIBILITY_PAGE = f"{spec_pages.SPEC_DIR}/compatibility.md"
 
 _state: dict[str, Any] = {}
 
@@ -69,6 +71,22 @@ def _verification_page(views: list[Any], root: Path) -> str:
     except verification.MutationResultsError as err:
         raise PluginError(str(err)) from None
     return verification.verification_page(views, all_checks(), MUTANTS, run, budgets)
+
+
+def _compatibility_page(root: Path) -> str:
+    """The ecosystem's engines × dtypes × areas, from docs/ecosystem/*.json; a failure with
+    no adjudication in docs/ecosystem/adjudications.toml fails the build."""
+    from gptspec.adapters import ecosystem
+    from gptspec.conformance.registry import all_checks
+
+    try:
+        runs = compatibility.load_runs(root / ecosystem.REPORT_DIR)
+        table = ecosystem.load_adjudications(root / ecosystem.ADJUDICATIONS)
+        return compatibility.compatibility_page(runs, ecosystem.ENGINES, table,
+                                                ecosystem.VERDICTS,
+                                                {c.id: c.area for c in all_checks()})
+    except (compatibility.CompatibilityError, ecosystem.AdjudicationError) as err:
+        raise PluginError(str(err)) from None
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
@@ -90,6 +108,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         raise PluginError(str(err)) from None
     pages = spec_pages.render_pages(views, GROUPS, reports)
     pages[VERIFICATION_PAGE] = _verification_page(views, root)
+    pages[COMPATIBILITY_PAGE] = _compatibility_page(root)
     for path, text in pages.items():
         spec_pages.write_if_changed(GENERATED / path, text)
     for stale in (GENERATED / spec_pages.SPEC_DIR).glob("*.md"):  # entries renamed or removed
@@ -107,7 +126,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     _state.update(package=package, entry_ids={v.entry.id for v in views}, figure_stats=stats)
     nav = list(config.nav or [])
     nav.append({"Specification": spec_pages.spec_nav(views, GROUPS)
-                + [{"Verification": VERIFICATION_PAGE}]})
+                + [{"Verification": VERIFICATION_PAGE}, {"Compatibility": COMPATIBILITY_PAGE}]})
     config.nav = nav
     return config
 

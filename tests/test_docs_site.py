@@ -123,8 +123,8 @@ def test_equations_render_on_every_page(served: tuple[SiteServer, Browser], entr
                                         ) -> None:
     server, browser = served
     equation_pages = {f"spec/{e.id}/" for e in entries}
-    pages = sorted(equation_pages) + ["spec/", "spec/traceability/", "spec/verification/"] \
-        + list(GUIDES)
+    pages = sorted(equation_pages) + ["spec/", "spec/traceability/", "spec/verification/",
+                                      "spec/compatibility/"] + list(GUIDES)
     problems = []
     fonts = None
     for page in pages:
@@ -167,7 +167,8 @@ def test_nothing_is_clipped_at_desktop_widths(served: tuple[SiteServer, Browser]
     server, browser = served
     pages = sorted(f"spec/{e.id}/" for e in entries) + ["spec/", "spec/traceability/",
                                                          "spec/conformance/",
-                                                         "spec/verification/", *GUIDES]
+                                                         "spec/verification/",
+                                                         "spec/compatibility/", *GUIDES]
     clipped, measured = [], {"equation": 0, "code": 0, "table": 0}
     try:
         for page in pages:

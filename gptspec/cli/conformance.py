@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     timeout = args.timeout or None
     isolate = bool(args.backend) if args.isolate is None else args.isolate
     suites: list = []
+    started = report.provenance()  # the code that runs is the code imported now
     try:
         for spec, device, dtype in _targets(args):
             suites.append(_run_one(args, spec, device, dtype, area, selected, timeout, isolate))
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         # whatever happened (a backend that cannot be built, Ctrl-C), the runs that
         # finished are reported
         if args.report:
-            report.write_json(args.report, suites)
+            report.write_json(args.report, suites, started)
         if args.markdown:
             report.write_atomically(args.markdown, report.to_markdown(suites))
     failed = [s for s in suites if not s.ok]

@@ -1,0 +1,196 @@
+"""The Compatibility page: what each engine of the ecosystem passes, from the reports that
+``nox -s ecosystem`` writes to ``docs/ecosystem/`` (one per engine × dtype).
+
+For each engine and dtype: counts per check area (pass, fail, not applicable, not
+implemented, blocked), the worst budget use, the provenance of the run, and every failure
+with its adjudication from ``docs/ecosystem/adjudications.toml``. A failure that no
+adjudication covers is an error (:class:`CompatibilityError`), so the site cannot publish
+a failure unexplained.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sitegen.markup import code, esc, table
+from sitegen.spec_pages import percent
+
+AREA_ORDER = ("forward", "tokenizer", "training", "generation", "costs")
+COUNTED = ("pass", "fail", "not-applicable", "not-implemented", "blocked", "error")
+HEADINGS = {"pass": "pass", "fail": "fail", "not-applicable": "not applicable",
+            "not-implemented": "not implemented", "blocked": "blocked", "error": "error"}
+HEADER = [*(HEADINGS[s] for s in COUNTED), "worst error / budget"]
+
+
+class CompatibilityError(ValueError):
+    """A report that cannot be read, or a failure without an adjudication."""
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine in one dtype: a report's run."""
+
+    path: Path
+    engine: str
+    dtype: str
+    version: str
+    provenance: str
+    profile: str
+    checks: tuple[dict[str, Any], ...]
+
+
+def _provenance(data: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    prov = data.get("provenance") if isinstance(data.get("provenance"), dict) else {}
+    assert isinstance(prov, dict)
+    commit = prov.get("commit")
+    source = (f"gptspec commit {commit[:10]}" + (" with local changes" if prov.get("modified")
+                                                 else "")
+              if isinstance(commit, str) and commit else "gptspec commit not recorded")
+    cpu = str(prov.get("cpu") or "CPU not recorded")
+    if prov.get("cores"):
+        cpu += f" ({prov['cores']} logical cores)"
+    settings = run.get("settings") if isinstance(run.get("settings"), dict) else {}
+    assert isinstance(settings, dict)
+    return "; ".join([source, str(prov.get("date") or "date not recorded"),
+                      str(prov.get("machine") or "machine not recorded"), cpu,
+                      f"profile {settings.get('profile', '?')}, seed {settings.get('seed', '?')}"])
+
+
+def load_runs(folder: Path) -> list[EngineRun]:
+    """Every run of every report in ``folder`` (``*.json``), in file order."""
+    runs = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            items = data["runs"]
+            if data.get("schema") != "gptspec-conformance":
+                raise ValueError("not a gptspec-conformance report")
+            for run in items:
+                backend = run["backend"]
+                runs.append(EngineRun(
+                    path=path, engine=str(backend["name"]), dtype=str(backend["dtype"]),
+                    version=str(backend.get("version", "?")),
+                    provenance=_provenance(data, run),
+                    profile=str(run.get("settings", {}).get("profile", "?")),
+                    checks=tuple(run["checks"])))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CompatibilityError(f"ecosystem report {path}: cannot be read: {err}") from None
+    return runs
+
+
+def _worst(checks: Sequence[Mapping[str, Any]]) -> str:
+    """The largest error / budget over the checks that compared anything; ∞ for a check
+    that failed with no finite fraction (a NaN, a wrong shape)."""
+    if any(c.get("status") == "fail" and c.get("worst_fraction") is None for c in checks):
+        return "∞"
+    fractions = [c["worst_fraction"] for c in checks
+                 if isinstance(c.get("worst_fraction"), (int, float))]
+    return percent(max(fractions)) if fractions else "—"
+
+
+def _counts_row(label: str, checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    row = [label]
+    for status in COUNTED:
+        n = sum(c.get("status") == status for c in checks)
+        row.append(f'<span class="gs-status gs-{status}">{n}</span>' if n and status != "pass"
+                   else str(n))
+    return row + [_worst(checks)]
+
+
+def _by_area(run: EngineRun, area_of: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in run.checks:
+        groups.setdefault(area_of.get(str(c.get("id")), "other"), []).append(c)
+    order = [a for a in AREA_ORDER if a in groups] + sorted(set(groups) - set(AREA_ORDER))
+    return {a: groups[a] for a in order}
+
+
+def _failure(run: EngineRun, check: Mapping[str, Any], adjudications: Sequence[Any],
+             verdicts: Mapping[str, str]) -> str:
+    found = next((a for a in adjudications
+                  if a.covers(run.engine, str(check["id"]), run.dtype)), None)
+    if found is None:
+        raise CompatibilityError(
+            f"{run.path.name}: {run.engine} {run.dtype} {check['status']}s {check['id']} "
+            "and no adjudication in docs/ecosystem/adjudications.toml explains it")
+    parts = [f'<p class="gs-check-head">{code(str(check["id"]))} · '
+             f'<span class="gs-status gs-{esc(check["status"])}">{esc(check["status"])}</span>'
+             f" · worst {percent(check.get('worst_fraction'))} of budget · "
+             f"<strong>{esc(verdicts[found.verdict])}</strong></p>\n",
+             f"<p>{esc(found.reason)}</p>\n",
+             f"<p><small>What the suite measured: {esc(str(check.get('detail', '')))}"
+             "</small></p>\n",
+             "<p><small>Smallest input:</small></p>\n",
+             f"<pre><code>{esc(found.smallest_input)}</code></pre>\n"]
+    if check.get("minimal_example"):
+        parts += ["<p><small>Hypothesis's minimal example in this run:</small></p>\n",
+                  f"<pre><code>{esc(str(check['minimal_example']))}</code></pre>\n"]
+    return "".join(parts)
+
+
+def _run_section(run: EngineRun, adjudications: Sequence[Any], verdicts: Mapping[str, str],
+                 area_of: Mapping[str, str]) -> str:
+    parts = [f"### {run.engine} · {run.dtype}\n",
+             f'<p class="gs-provenance"><small>{esc(run.version)}. Produced by: '
+             f"{esc(run.provenance)}.</small></p>\n",
+             table(["area", *HEADER], [_counts_row(esc(area), checks)
+                                       for area, checks in _by_area(run, area_of).items()],
+                   "gs-compat")]
+    failed = [c for c in run.checks if c.get("status") in ("fail", "error")]
+    if failed:
+        parts.append(f"**Failures ({len(failed)}).**\n")
+        parts += [_failure(run, c, adjudications, verdicts) for c in failed]
+    return "\n".join(parts)
+
+
+def _dtype_rank(engines: Sequence[Any], run: EngineRun) -> int:
+    """A run's place among its engine's dtypes, as the table lists them."""
+    dtypes = next((list(e.dtypes) for e in engines if e.backend == run.engine), [])
+    return dtypes.index(run.dtype) if run.dtype in dtypes else len(dtypes)
+
+
+def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
+                       adjudications: Sequence[Any], verdicts: Mapping[str, str],
+                       area_of: Mapping[str, str]) -> str:
+    """``engines``: the ecosystem's table (``backend``, ``dtypes``, ``what``);
+    ``adjudications``: the committed table; ``area_of``: check id → the suite's area."""
+    parts = [
+        "# Compatibility\n",
+        "Engines nobody here wrote, run through the same conformance suite as the built-in "
+        "backend, in every dtype each computes in (`nox -s ecosystem`, which writes one JSON "
+        "report per engine and dtype to `docs/ecosystem/`). *Not applicable*: every example "
+        "of the check was a configuration the engine declares it cannot express (GPT-2 has "
+        "no post-LN block, for one); *not implemented*: the engine exposes no such "
+        "operation; *blocked*: a check this one depends on failed. Every failure below is "
+        "adjudicated — the engine's behaviour, a decision of the spec the engine reads "
+        "differently, or a false alarm of the suite — from the committed table "
+        "`docs/ecosystem/adjudications.toml`; the site does not build with a failure it "
+        "cannot explain.\n",
+    ]
+    rank = {e.backend: i for i, e in enumerate(engines)}
+    runs = sorted(runs, key=lambda r: (rank.get(r.engine, len(rank)), r.engine,
+                                       _dtype_rank(engines, r)))
+    if runs:
+        parts.append(table(["engine, dtype", *HEADER],
+                           [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
+                            for r in runs], "gs-compat"))
+    listed = {e.backend for e in engines}
+    # a report of an engine the table does not list is shown, not dropped
+    unlisted = [SimpleNamespace(backend=name, what="An engine outside the ecosystem's table",
+                                dtypes=sorted({r.dtype for r in runs if r.engine == name}))
+                for name in sorted({r.engine for r in runs} - listed)]
+    for engine in [*engines, *unlisted]:
+        mine = [r for r in runs if r.engine == engine.backend]
+        parts.append(f"## {engine.backend}\n")
+        parts.append(f"{esc(engine.what)}. Dtypes: {', '.join(engine.dtypes)}.\n")
+        missing = [d for d in engine.dtypes if d not in {r.dtype for r in mine}]
+        if missing:
+            parts.append(f'<p class="gs-not-run">Not yet run in {", ".join(missing)}: '
+                         "<code>nox -s ecosystem</code> writes the reports.</p>\n")
+        parts += [_run_section(r, adjudications, verdicts, area_of) for r in mine]
+    return "\n".join(parts) + "\n"
