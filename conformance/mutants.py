@@ -121,9 +121,9 @@ class MutantTorchBackend(TorchBackend):
         with patched_ops(self.patches), patched_paths(self.elsewhere):
             yield
 
-    def forward(self, config: Any, params: Any, tokens: Any) -> Any:
+    def forward(self, tokens: Any, params: Any, config: Any) -> Any:
         with self._mutated():
-            return super().forward(config, params, tokens)
+            return super().forward(tokens, params, config)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         with self._mutated():

@@ -577,7 +577,7 @@ def adamw_trajectory(params: dict, grads: list[dict], lrs: list[float], beta1: f
     return out
 
 
-def train_losses(config: GPTConfig, params: dict, tokens, steps: int, seed: int,
+def train_losses(tokens, params: dict, config: GPTConfig, steps: int, seed: int,
                  resume_at: int | None = None, batch_size: int = 2,
                  device: str = "cpu") -> list[float]:
     """The training losses of ``steps`` steps on ``tokens`` from ``params``; with
@@ -602,7 +602,7 @@ def train_losses(config: GPTConfig, params: dict, tokens, steps: int, seed: int,
     return losses
 
 
-def train_loop(config: GPTConfig, params: dict, tokens, settings: TrainLoopSettings,
+def train_loop(tokens, params: dict, config: GPTConfig, settings: TrainLoopSettings,
                device: str = "cpu", dtype: torch.dtype = torch.float32
                ) -> tuple[list[float], list[dict[str, float]], list[dict[str, np.ndarray]]]:
     """The reference's ``train_loop``, run by the trainer ``gptspec train`` uses: a

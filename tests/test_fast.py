@@ -640,7 +640,7 @@ def test_torch_backend_forward(dtype: str, device: str) -> None:
     assert "torch" in backend.version and "gptspec" in backend.version
     params = random_parameters(TINY)
     tokens = random_tokens(TINY, 2, 7)
-    got = backend.forward(TINY, params, tokens)
+    got = backend.forward(tokens, params, TINY)
     assert got.shape == (2, 7, TINY.vocab_size)
     assert got.dtype == (np.float32 if dtype == "bfloat16" else np.dtype(dtype))
     result = against_reference(got, tokens, params, TINY, dtype)
@@ -655,12 +655,12 @@ def test_torch_backend_reuses_a_model_with_the_new_parameters() -> None:
     tokens = random_tokens(TINY, 2, 5)
     for seed, config in enumerate(configs):
         params = random_parameters(config, seed=seed)
-        result = against_reference(backend.forward(config, params, tokens), tokens, params,
+        result = against_reference(backend.forward(tokens, params, config), tokens, params,
                                    config, "float64")
         assert result.passed, f"call {seed}: {result.describe()}"
     assert len(backend._models) == 3
     with pytest.raises(ParameterError, match="'wte' has shape"):
-        backend.forward(TINY, dict(random_parameters(TINY), wte=np.zeros((3, 32))), tokens)
+        backend.forward(tokens, dict(random_parameters(TINY), wte=np.zeros((3, 32))), TINY)
 
 
 def test_torch_backend_refuses_unknown_names_and_devices() -> None:
@@ -678,7 +678,7 @@ def test_reference_backend() -> None:
     assert (backend.name, backend.device, backend.dtype) == ("reference", "cpu", "float64")
     params = random_parameters(TINY)
     tokens = random_tokens(TINY, 2, 5)
-    np.testing.assert_array_equal(backend.forward(TINY, params, tokens),
+    np.testing.assert_array_equal(backend.forward(tokens, params, TINY),
                                   gpt_forward(tokens, params, TINY))
     assert set(backend.implemented_ops()) == set(R.__all__) - {"gpt_forward"}
     for name in backend.implemented_ops():
