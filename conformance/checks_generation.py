@@ -166,7 +166,7 @@ def batch_invariance(backend, ctx):
                                               temperature=0.0, eot_token=eot,
                                               return_logits=True)
         for b, prompt in enumerate(prompts):
-            [alone], [alone_logits] = _generate(ctx, params, config, [prompt], max_new,
+            [alone], [alone_logits] = _generate(ctx, [prompt], params, config, max_new,
                                                 temperature=0.0, eot_token=eot,
                                                 return_logits=True)
             _compare_greedy(ctx, f"sequence {b} in a batch of {len(prompts)} vs alone",

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from gptspec.conformance.mutants import patched_ops
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend
+from gptspec.fast.mutants import patched_ops
 
 KERNELS = ("flash", "efficient")
 

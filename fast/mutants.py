@@ -13,7 +13,8 @@ generation mutant replaces a function of ``gptspec.fast.generate`` or a method o
 cache the same way. A tokenizer mutant is the built-in backend bringing a subclass of the
 fast tokenizer.
 
-``gptspec.conformance.mutation`` runs the suite against each and reports the first check
+The catalog lives beside the backend it mutates, not in the judge: ``gptspec.conformance``
+knows no backend. ``gptspec.fast.mutation`` runs the suite against each and reports the first check
 that fails ("killed by") and whether that check names one of the entries the mutant breaks.
 """
 
