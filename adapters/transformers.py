@@ -80,10 +80,10 @@ class TransformersBackend:
         self._require(config)
         model = self._models.pop(config, None)
         if model is None:
-            model = hf_interop.to_hf_model(config, params, dtype=self.torch_dtype)
+            model = hf_interop.to_hf_model(params, config, dtype=self.torch_dtype)
             model.set_attn_implementation(self.attn_implementation)
         else:
-            state = hf_interop.params_to_hf(config, params, dtype=self.torch_dtype)
+            state = hf_interop.params_to_hf(params, config, dtype=self.torch_dtype)
             model.load_state_dict(state, strict=False)
             if config.tied_embeddings:
                 model.tie_weights()

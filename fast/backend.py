@@ -51,13 +51,13 @@ class TorchBackend:
         refilled in place, so a compiled model is compiled once per configuration."""
         model = self._models.pop(config, None)
         if model is None:
-            model = GPT.from_parameters(config, params, device=self.device,
+            model = GPT.from_parameters(params, config, device=self.device,
                                         dtype=self.torch_dtype)
             model.requires_grad_(False)
             if self.compile:
                 compile_model(model)
         else:
-            check_parameters(config, dict(params))
+            check_parameters(dict(params), config)
             with torch.no_grad():
                 for name, p in model.named_parameters():
                     value = params[name]

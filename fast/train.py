@@ -271,7 +271,7 @@ class Trainer:
         if params is None:
             self.model = GPT(config, device=settings.device, dtype=dtype, seed=settings.seed)
         else:
-            self.model = GPT.from_parameters(config, params, device=settings.device,
+            self.model = GPT.from_parameters(params, config, device=settings.device,
                                              dtype=dtype)
         self.ddp_model: torch.nn.Module = self.model
         if self.world > 1:
@@ -531,7 +531,7 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig, device: str =
                  dtype: torch.dtype = torch.float32) -> tuple[float, dict[str, np.ndarray]]:
     """The mean cross-entropy and its gradient by parameter name, through torch autograd
     (the reference's ``gpt_backward``, computed by the fast model)."""
-    model = GPT.from_parameters(config, params, device=device, dtype=dtype)
+    model = GPT.from_parameters(params, config, device=device, dtype=dtype)
     x = torch.as_tensor(np.asarray(tokens), device=device, dtype=torch.long)
     y = torch.as_tensor(np.asarray(targets), device=device, dtype=torch.long)
     logits = model(x)

@@ -24,7 +24,7 @@ def checkpoint(tmp_path_factory):
     config = GPTConfig(vocab_size=tokenizer.vocab_size, n_ctx=16, d_model=32, n_layers=2,
                        n_heads=4, d_ff=64)
     params = init_parameters(config, seed=3, std=0.5)
-    save_model(path, config, params)
+    save_model(path, params, config)
     tokenizer.save(path / "tokenizer.json")
     return path, config, params, tokenizer
 

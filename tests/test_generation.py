@@ -325,8 +325,8 @@ def test_reference_sampling_stays_in_the_top_k_and_is_seeded():
 # --- gptspec.fast.generate -------------------------------------------------------------------
 
 
-def fast_model(config, params, dtype="float64") -> GPT:
-    return GPT.from_parameters(config, params, dtype=dtype).requires_grad_(False)
+def fast_model(params, config, dtype="float64") -> GPT:
+    return GPT.from_parameters(params, config, dtype=dtype).requires_grad_(False)
 
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1]]
@@ -336,7 +336,7 @@ PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1]]
 def test_fast_greedy_equals_the_reference_loop(name):
     config, params = peaked(name)
     n = config.n_ctx + 5  # past n_ctx: cropping and the cache refill are exercised
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     tokens, logits = generate(model, PROMPTS, n, GREEDY, return_logits=True)
     refs, refs_logits = R.generate(PROMPTS, params, config, n, temperature=0, return_logits=True)
     for got, got_logits, ref, ref_logits in zip(tokens, logits, refs, refs_logits, strict=True):
@@ -349,7 +349,7 @@ def test_fast_greedy_equals_the_reference_loop(name):
 
 def test_fast_cache_equals_no_cache_and_batch_equals_alone():
     config, params = peaked("tiny", seed=2)
-    model = fast_model(config, params, "float32")
+    model = fast_model(params, config, "float32")
     n = config.n_ctx + 3
     cached, cached_logits = generate(model, PROMPTS, n, return_logits=True)
     fresh, fresh_logits = generate(model, PROMPTS, n, use_cache=False, return_logits=True)
@@ -364,7 +364,7 @@ def test_fast_cache_equals_no_cache_and_batch_equals_alone():
 
 def test_fast_stops_each_sequence_on_its_own():
     config, params = peaked("tiny")
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     free = generate(model, PROMPTS, 6)
     eot = free[1][2]  # sequence 1's third token: it stops there (others may too, earlier)
     stopped = generate(model, PROMPTS, 6, eot_token=eot)
@@ -380,7 +380,7 @@ def test_fast_stops_each_sequence_on_its_own():
 
 def test_fast_stream_yields_each_token_before_computing_the_next(monkeypatch):
     config, params = peaked("tiny")
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     calls = []
     # every forward computation (the model's, or the decoding step's) starts with it
     embed = ops.input_representation
@@ -398,7 +398,7 @@ def test_fast_stream_yields_each_token_before_computing_the_next(monkeypatch):
 
 def test_fast_sampling_is_seeded_and_stays_in_the_filtered_set():
     config, params = peaked("tiny")
-    model = fast_model(config, params, "float32")
+    model = fast_model(params, config, "float32")
     sampling = Sampling(temperature=1.3, top_k=4, top_p=0.9)
     a, logits = generate(model, PROMPTS, 12, sampling, seed=11, return_logits=True)
     assert generate(model, PROMPTS, 12, sampling, seed=11) == a
@@ -433,7 +433,7 @@ def test_fast_filters_follow_the_tie_rules():
 
 def test_fast_generate_rejects_bad_input():
     config, params = peaked("tiny")
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     for prompts, match in [([[]], "empty"), ([[config.vocab_size]], "outside"), ([], "non-empty")]:
         with pytest.raises(ValueError, match=match):
             generate(model, prompts, 3)
@@ -564,7 +564,7 @@ def test_fast_greedy_equals_transformers_generate_on_the_same_weights():
 
     config = preset("tiny").replace(n_ctx=32)
     params = init_parameters(config, seed=5, std=0.5)
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     hf = hf_model(config, model)
     prompts = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
     ours = generate(model, prompts.tolist(), 12, GREEDY)

@@ -166,7 +166,7 @@ class JaxBackend:
     def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         tokens = np.asarray(tokens)
         _check_tokens(tokens, config)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         return self._call("gpt_forward", ops.gpt_forward, (tokens, dict(params), config))
 
     # --- training ------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ class JaxBackend:
         tokens, targets = np.asarray(tokens), np.asarray(targets)
         _check_tokens(tokens, config)
         _check_ids(targets, config.vocab_size)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         loss, grads = self._call("gpt_backward", _loss_and_grads,
                                  (tokens, targets, dict(params), config))
         return float(loss), {k: np.asarray(g, dtype=np.float64) for k, g in grads.items()}
@@ -249,7 +249,7 @@ class JaxBackend:
             if not seq:
                 raise ValueError(f"prompt {b} is empty: generation needs at least one token")
             _check_ids(np.asarray(seq), config.vocab_size)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         weights = self._in(dict(params))
         new: list[list[int]] = [[] for _ in sequences]
         logits_out: list[list[np.ndarray]] = [[] for _ in sequences]
