@@ -1,7 +1,9 @@
-"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel, soundness, ecosystem (not by default).
+"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel, soundness, ecosystem,
+judge_without_torch (not by default).
 
-Every session installs torch 2.13.0 (the CPU wheel in /opt/wheels on the project's
-machines) and the versions in constraints.txt.
+Every session but judge_without_torch installs torch 2.13.0 (the CPU wheel in /opt/wheels
+on the project's machines) with the package's ``torch`` extra; all install the versions in
+constraints.txt.
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ def pip_args() -> list[str]:
     return args
 
 
-def install(session: nox.Session, extras: str = "") -> None:
-    session.install(*pip_args(), "torch==2.13.0")
-    target = f".[{extras}]" if extras else "."
+def install(session: nox.Session, extras: str = "", torch: bool = True) -> None:
+    """The package, editable, with ``extras`` (comma-separated) and, unless ``torch`` is
+    False, the ``torch`` extra (the fast backend; torch is not a core dependency)."""
+    wanted = [e for e in extras.split(",") if e]
+    if torch:
+        session.install(*pip_args(), "torch==2.13.0")  # first: the CPU wheel, not CUDA's
+        wanted = ["torch", *wanted]
+    target = f".[{','.join(wanted)}]" if wanted else "."
     session.install(*pip_args(), "-e", target)
 
 
@@ -98,7 +105,7 @@ def wheel(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", str(tmp), str(ROOT))
     (built,) = tmp.glob("gptspec-*.whl")
     session.install(*pip_args(), "--force-reinstall", "--no-deps", str(built))
-    session.install(*pip_args(), str(built))
+    session.install(*pip_args(), f"gptspec[torch] @ {built.as_uri()}")  # + ninja, for the kernel
     session.chdir(tmp)  # away from the source folders, so only the wheel can be imported
     session.run("python", "-c", (
         "import gptspec, gptspec.spec, gptspec.reference, gptspec.fast.model, "
@@ -121,7 +128,26 @@ def mutants(session: nox.Session) -> None:
     and print the table mutant → killing check (options after --: names, --jobs N,
     --profile P; --json docs/mutation-results.json saves it for the site's Verification page)."""
     install(session)
-    session.run("python", "-m", "gptspec.conformance.mutation", *session.posargs)
+    session.run("python", "-m", "gptspec.fast.mutation", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def judge_without_torch(session: nox.Session) -> None:
+    """A backend author's environment: the package and its JAX extra in a fresh venv with
+    no torch (and nothing to compile); the judge imports, then validates the JAX backend
+    (quick profile) in float32 and, for the forward checks, bfloat16; the import-guard
+    tests run there. About 25 minutes on two shared cores, most of it the suite."""
+    install(session, "jax", torch=False)
+    session.run("python", "-c", (
+        "import importlib.util, sys; "
+        "sys.exit('torch is installed here' if importlib.util.find_spec('torch') else 0)"))
+    session.run("python", "-c", "import gptspec.conformance; print('the judge imports without torch')")
+    session.run("gptspec", "conformance", "--backend", "jax", "--dtype", "float32",
+                "--profile", "quick", *session.posargs)
+    # 16-bit: the forward checks (its generation checks pass too, 5 more minutes)
+    session.run("gptspec", "conformance", "--backend", "jax", "--dtype", "bfloat16",
+                "--profile", "quick", "--area", "forward", *session.posargs)
+    session.run("pytest", "-q", "tests/test_judge_knows_no_backend.py")
 
 
 @nox.session(python=PYTHON)

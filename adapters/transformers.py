@@ -36,6 +36,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class TransformersBackend:
     """``GPT2LMHeadModel`` with one attention implementation, on the CPU."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     attn_implementation = "eager"
     KEEP_MODELS = 4
 
@@ -73,16 +74,16 @@ class TransformersBackend:
         if reason:
             raise NotApplicable(reason)
 
-    def model(self, config: GPTConfig, params: Mapping[str, Any]) -> Any:
+    def model(self, params: Mapping[str, Any], config: GPTConfig) -> Any:
         """A GPT2LMHeadModel of ``config`` holding ``params``; the last few are kept and
         refilled in place."""
         self._require(config)
         model = self._models.pop(config, None)
         if model is None:
-            model = hf_interop.to_hf_model(config, params, dtype=self.torch_dtype)
+            model = hf_interop.to_hf_model(params, config, dtype=self.torch_dtype)
             model.set_attn_implementation(self.attn_implementation)
         else:
-            state = hf_interop.params_to_hf(config, params, dtype=self.torch_dtype)
+            state = hf_interop.params_to_hf(params, config, dtype=self.torch_dtype)
             model.load_state_dict(state, strict=False)
             if config.tied_embeddings:
                 model.tie_weights()
@@ -94,9 +95,9 @@ class TransformersBackend:
     # --- the protocol ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         ids = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
-        logits = self.model(config, params)(input_ids=ids).logits
+        logits = self.model(params, config)(input_ids=ids).logits
         return logits.float().numpy()
 
     @torch.no_grad()
@@ -115,7 +116,7 @@ class TransformersBackend:
         return torch.softmax(processed, dim=-1)[0].numpy()
 
     @torch.no_grad()
-    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+    def generate(self, prompts: Any, params: Mapping[str, Any], config: GPTConfig,
                  max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eot_token: int | None = None,
                  rng: np.random.Generator | None = None, return_logits: bool = False) -> Any:
@@ -123,7 +124,7 @@ class TransformersBackend:
         draws from torch's generator, seeded from ``rng``: the same seed, the same tokens.
         A prompt and generation longer than n_ctx is not applicable: GPT-2's generate has
         no context cropping (its position table ends at n_positions)."""
-        model = self.model(config, params)
+        model = self.model(params, config)
         too_long = [len(p) + max_new_tokens for p in prompts if len(p) + max_new_tokens - 1 >
                     config.n_ctx]
         if too_long:

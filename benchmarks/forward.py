@@ -29,12 +29,12 @@ def flops_per_token(config: GPTConfig, T: int) -> int:
     return costs.forward_flops_per_token(config.replace(n_ctx=T))
 
 
-def transformers_model(config: GPTConfig, params: dict, dtype: torch.dtype,
+def transformers_model(params: dict, config: GPTConfig, dtype: torch.dtype,
                        device: str) -> torch.nn.Module | None:
     try:
         from gptspec.fast.hf_interop import to_hf_model
 
-        return to_hf_model(config, params, dtype).to(device)
+        return to_hf_model(params, config, dtype).to(device)
     except ImportError:
         return None
 
@@ -97,7 +97,7 @@ def run(report: Report, quick: bool) -> None:
                   "float64: compared with the float32 matmul rate")
 
     # fast vs transformers on the CPU, float32, at the reference's shape and a longer one.
-    hf_cpu = transformers_model(config, params, torch.float32, "cpu")
+    hf_cpu = transformers_model(params, config, torch.float32, "cpu")
     shapes = [(1, 64)] if quick else [(1, 64), (4, 256)]
     repeats = 5 if quick else 9
     for B, T in shapes:
@@ -135,8 +135,8 @@ def compare_peers(report: Report, label: str, fast: torch.nn.Module,
 
 def run_cuda(report: Report, config: GPTConfig, params: dict, quick: bool) -> None:
     """bf16 forward throughput on the CUDA device, fast vs transformers."""
-    fast = GPT.from_parameters(config, params, device="cuda", dtype=torch.bfloat16).eval()
-    hf = transformers_model(config, params, torch.bfloat16, "cuda")
+    fast = GPT.from_parameters(params, config, device="cuda", dtype=torch.bfloat16).eval()
+    hf = transformers_model(params, config, torch.bfloat16, "cuda")
     B, T = (8, 1024)
     x = torch.as_tensor(np.random.default_rng(2).integers(0, config.vocab_size, (B, T)),
                         device="cuda")

@@ -47,7 +47,7 @@ PROMPT_LENGTH = 8
 
 def hf_model(config: GPTConfig, model: GPT):
     """transformers' GPT2LMHeadModel holding ``model``'s weights (gptspec.fast.hf_interop)."""
-    hf = to_hf_model(config, dict(model.named_parameters()), dtype=model.wte.dtype)
+    hf = to_hf_model(dict(model.named_parameters()), config, dtype=model.wte.dtype)
     return hf.to(model.wte.device)
 
 

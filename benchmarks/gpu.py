@@ -129,7 +129,7 @@ def run(report: Report, quick: bool) -> None:
         report.ratio("training", f"MFU: training FLOP/s / dense bf16 peak ({name})",
                      flops / peak, goal=MFU_GOAL, goal_text="≥ 0.5")
 
-    model = GPT.from_parameters(config, GPT(config, device="cuda").state_dict(),
+    model = GPT.from_parameters(GPT(config, device="cuda").state_dict(), config,
                                 device="cuda", dtype=torch.bfloat16).eval()
     for batch_size in (1, 16):
         for loop in ("generate", "greedy"):

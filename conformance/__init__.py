@@ -6,10 +6,11 @@ budgets are derived in :mod:`gptspec.conformance.budgets`.
 
 from gptspec.conformance.budgets import Precision, compare, round_to
 from gptspec.conformance.discovery import BackendError, load_backend, registered
-from gptspec.conformance.protocol import Backend
+from gptspec.conformance.protocol import PROTOCOL_VERSION, Backend, NotApplicable
 from gptspec.conformance.registry import CHECKS, Check, all_checks, check, checks_for
 from gptspec.conformance.runner import CheckResult, SuiteResult, run_suite
 
-__all__ = ["CHECKS", "Backend", "BackendError", "Check", "CheckResult", "Precision",
+__all__ = ["CHECKS", "PROTOCOL_VERSION", "Backend", "BackendError", "Check", "CheckResult",
+           "NotApplicable", "Precision",
            "SuiteResult", "all_checks", "check", "checks_for", "compare", "load_backend",
            "registered", "round_to", "run_suite"]

@@ -2,7 +2,7 @@
 
 The backend operations are named and called like their reference functions:
 ``sampling_distribution(z, temperature, top_k, top_p)`` and
-``generate(params, config, prompts, max_new_tokens, *, temperature, top_k, top_p,
+``generate(prompts, params, config, max_new_tokens, *, temperature, top_k, top_p,
 eot_token, rng, return_logits)``.
 
 Greedy tokens are compared exactly, with one allowance: where the reference's two best
@@ -138,8 +138,8 @@ def _compare_greedy(ctx, what: str, prompt: list[int], got: list[int], got_logit
                 f"end-of-text or the length)")
 
 
-def _generate(ctx, params, config, prompts, max_new, **options):
-    out = ctx.op("generate")(params, config, [list(p) for p in prompts], max_new, **options)
+def _generate(ctx, prompts, params, config, max_new, **options):
+    out = ctx.op("generate")([list(p) for p in prompts], params, config, max_new, **options)
     tokens, logits = out if options.get("return_logits") else (out, None)
     ctx.require(len(tokens) == len(prompts),
                 f"generate returned {len(tokens)} sequences for {len(prompts)} prompts")
@@ -153,9 +153,9 @@ def _greedy_matches_reference(ctx, case, label) -> None:
     """Greedy generation of ``case`` by the backend and by the reference, compared
     sequence by sequence (``_compare_greedy``); ``label(b, prompts)`` names sequence b."""
     config, params, prompts, max_new, eot = case
-    got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
+    got, got_logits = _generate(ctx, prompts, params, config, max_new, temperature=0.0,
                                 eot_token=eot, return_logits=True)
-    want, want_logits = ref.generate(params, config, prompts, max_new, temperature=0.0,
+    want, want_logits = ref.generate(prompts, params, config, max_new, temperature=0.0,
                                      eot_token=eot, return_logits=True)
     for b, prompt in enumerate(prompts):
         _compare_greedy(ctx, label(b, prompts), prompt, got[b], got_logits[b], want[b],
@@ -186,14 +186,14 @@ def cache_vs_no_cache(backend, ctx):
     @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
         config, params, prompts, max_new, _ = case
-        got, got_logits = _generate(ctx, params, config, prompts, max_new, temperature=0.0,
+        got, got_logits = _generate(ctx, prompts, params, config, max_new, temperature=0.0,
                                     return_logits=True)
         for b, prompt in enumerate(prompts):
             seq = list(prompt)
             rows = []
             for n in range(len(got[b])):
                 context = ref.crop_context(seq, config.n_ctx)
-                rows.append(np.asarray(backend.forward(config, params, np.asarray([context])),
+                rows.append(np.asarray(backend.forward(np.asarray([context]), params, config),
                                        dtype=np.float64)[0, -1])
                 seq.append(got[b][n])
             want = [int(np.argmax(r)) for r in rows]
@@ -210,11 +210,11 @@ def batch_invariance(backend, ctx):
     @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
         config, params, prompts, max_new, eot = case
-        together, together_logits = _generate(ctx, params, config, prompts, max_new,
+        together, together_logits = _generate(ctx, prompts, params, config, max_new,
                                               temperature=0.0, eot_token=eot,
                                               return_logits=True)
         for b, prompt in enumerate(prompts):
-            [alone], [alone_logits] = _generate(ctx, params, config, [prompt], max_new,
+            [alone], [alone_logits] = _generate(ctx, [prompt], params, config, max_new,
                                                 temperature=0.0, eot_token=eot,
                                                 return_logits=True)
             _compare_greedy(ctx, f"sequence {b} in a batch of {len(prompts)} vs alone",
@@ -281,9 +281,9 @@ def every_variant(backend, ctx):
             config = _variant(base, norm, ffn)
             params = {k: B.round_to(v, ctx.precision.dtype)
                       for k, v in ParameterRecipe(config, recipe.scale, recipe.seed).make().items()}
-            got, got_logits = _generate(ctx, params, config, prompts, max_new,
+            got, got_logits = _generate(ctx, prompts, params, config, max_new,
                                         temperature=0.0, return_logits=True)
-            want, want_logits = ref.generate(params, config, prompts, max_new,
+            want, want_logits = ref.generate(prompts, params, config, max_new,
                                              temperature=0.0, return_logits=True)
             for b, prompt in enumerate(prompts):
                 _compare_greedy(ctx, f"{norm}-LN block, {ffn} FFN: sequence {b}", prompt,
@@ -501,7 +501,7 @@ def sample_token_support(backend, ctx):
                                            st.sampled_from((None, 0.3, 0.6, 0.9)))
                                  .filter(lambda s: s != (None, None)), label="top_k, top_p")
         seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
-        tokens, logits = _generate(ctx, params, config, prompts, max_new, temperature=tau,
+        tokens, logits = _generate(ctx, prompts, params, config, max_new, temperature=tau,
                                    top_k=top_k, top_p=top_p, eot_token=eot,
                                    rng=np.random.default_rng(seed), return_logits=True)
         for b, seq in enumerate(tokens):
@@ -525,8 +525,8 @@ def seeded(backend, ctx):
         tau, top_k, top_p = data.draw(sampling_settings(config.vocab_size))
         seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
         options = dict(temperature=tau or 1.0, top_k=top_k, top_p=top_p, eot_token=eot)
-        first, _ = _generate(ctx, params, config, prompts, max_new,
+        first, _ = _generate(ctx, prompts, params, config, max_new,
                              rng=np.random.default_rng(seed), **options)
-        again, _ = _generate(ctx, params, config, prompts, max_new,
+        again, _ = _generate(ctx, prompts, params, config, max_new,
                              rng=np.random.default_rng(seed), **options)
         ctx.require(first == again, f"seed {seed} gave {first}, then {again}")

@@ -103,7 +103,7 @@ def gpt_forward(backend, ctx):
     def _(case):
         config, recipe, tokens = case
         params, expected, scale = reference_case(config, recipe, tokens, ctx.precision.dtype)
-        ctx.record("logits", B.compare(backend.forward(config, params, tokens), expected,
+        ctx.record("logits", B.compare(backend.forward(tokens, params, config), expected,
                                        B.budget(scale)))
 
 
@@ -119,8 +119,8 @@ def batch_independence(backend, ctx):
         config, recipe, batch = case
         params, _, full_scale = reference_case(config, recipe, batch, ctx.precision.dtype)
         b = data.draw(st.integers(0, batch.shape[0] - 1), label="which sequence")
-        alone = backend.forward(config, params, batch[b : b + 1])
-        together = np.asarray(backend.forward(config, params, batch), dtype=np.float64)[b : b + 1]
+        alone = backend.forward(batch[b : b + 1], params, config)
+        together = np.asarray(backend.forward(batch, params, config), dtype=np.float64)[b : b + 1]
         scale = full_scale[b : b + 1]
         ctx.record(f"sequence {b} alone vs in a batch of {batch.shape[0]}",
                    B.compare(alone, together, 2 * B.budget(scale)))
@@ -139,7 +139,7 @@ def dimensionality(backend, ctx):
     def _(case):
         config, recipe, tokens = case
         params = _rounded(recipe, p.dtype)
-        logits = np.asarray(backend.forward(config, params, tokens))
+        logits = np.asarray(backend.forward(tokens, params, config))
         B_, T = tokens.shape
         ctx.require(logits.shape == (B_, T, config.vocab_size),
                     f"logits of shape {logits.shape}, expected {(B_, T, config.vocab_size)}")
@@ -184,7 +184,7 @@ def gpt2_small(backend, ctx):
     T, V = config.n_ctx, config.vocab_size
     tokens = rng.integers(0, V, (1, T))
     tokens[0, rng.choice(T, 4, replace=False)] = (V - 1, V - 2, V - 1, 2**15)
-    got = np.asarray(backend.forward(config, params, tokens))
+    got = np.asarray(backend.forward(tokens, params, config))
     ctx.require(got.shape == (1, T, V), f"logits of shape {got.shape}, expected {(1, T, V)}")
     expected_hidden = _reference_hidden(tokens, params, config)
     _, e_hidden = B.hidden_bound(tokens, params, config, p)

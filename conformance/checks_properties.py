@@ -105,8 +105,8 @@ def mask_causality(backend, ctx):
         changed[:, i + 1:] = data.draw(token_arrays(config, tokens.shape[0], T - i - 1),
                                        label="new suffix")
         params = {k: B.round_to(v, ctx.precision.dtype) for k, v in recipe.make().items()}
-        a = np.asarray(backend.forward(config, params, tokens), dtype=np.float64)
-        b = np.asarray(backend.forward(config, params, changed), dtype=np.float64)
+        a = np.asarray(backend.forward(tokens, params, config), dtype=np.float64)
+        b = np.asarray(backend.forward(changed, params, config), dtype=np.float64)
         ctx.record(f"logits at positions ≤ {i} after changing tokens > {i}",
                    B.exact(b[:, : i + 1], a[:, : i + 1]))
 
@@ -177,7 +177,7 @@ def residual_identity(backend, ctx):
         W = params["wte"].T if config.tied_embeddings else params["w_u"]
         y, e = B.linear_bound(H, eH, W, None if config.tied_embeddings else params.get("b_u"), p)
         ctx.record("model of identity blocks vs unembed(LN_f(e + p))",
-                   B.compare(backend.forward(config, params, tokens), y, B.budget(e)))
+                   B.compare(backend.forward(tokens, params, config), y, B.budget(e)))
 
 
 @check("softmax.stability", entries=("softmax", "softmax_shifted"), ops=("softmax",),

@@ -2,7 +2,7 @@
 and exact resumption. A backend exposes them through the optional operations
 ``gpt_backward(tokens, targets, params, config) -> (loss, grads)``,
 ``adamw_trajectory(params, grads, lrs, beta1, beta2, eps, weight_decay) -> [params, …]``
-and ``train_losses(config, params, tokens, steps, seed, resume_at=None) -> [loss, …]``.
+and ``train_losses(tokens, params, config, steps, seed, resume_at=None) -> [loss, …]``.
 
 Budgets (λ = budgets.LAMBDA, u the backend's unit roundoff, u_acc its accumulation's):
 
@@ -168,8 +168,8 @@ def determinism(backend, ctx):
         config, recipe, _ = case
         tokens = np.random.default_rng(seed).integers(0, config.vocab_size, 4 * config.n_ctx + 8)
         params = recipe.make()
-        a = ctx.op("train_losses")(config, params, tokens, 3, seed)
-        b = ctx.op("train_losses")(config, params, tokens, 3, seed)
+        a = ctx.op("train_losses")(tokens, params, config, 3, seed)
+        b = ctx.op("train_losses")(tokens, params, config, 3, seed)
         ctx.require(a == b, f"losses differ between identical runs: {a} vs {b}")
 
 
@@ -185,8 +185,8 @@ def resume(backend, ctx):
         config, recipe, _ = case
         tokens = np.random.default_rng(seed).integers(0, config.vocab_size, 4 * config.n_ctx + 8)
         params = recipe.make()
-        whole = ctx.op("train_losses")(config, params, tokens, 3, seed)
-        resumed = ctx.op("train_losses")(config, params, tokens, 3, seed, resume_at=k)
+        whole = ctx.op("train_losses")(tokens, params, config, 3, seed)
+        resumed = ctx.op("train_losses")(tokens, params, config, 3, seed, resume_at=k)
         ctx.require(whole == resumed, f"resumed at step {k}: {resumed}, uninterrupted: {whole}")
 
 
@@ -221,7 +221,7 @@ def clip(backend, ctx):
 
 # --- the trainer's own loop (spec entry train_loop) ---------------------------------------------
 #
-# The backend runs its loop uninterrupted (operation ``train_loop(config, params, tokens,
+# The backend runs its loop uninterrupted (operation ``train_loop(tokens, params, config,
 # settings) -> (losses, lrs, params after each step)``); the judge then replays the
 # reference's step at every state the backend reported, so a rounding difference in one
 # step is never mistaken for a bug in the next. Between the two runs the only thing that
@@ -329,7 +329,7 @@ def lr_in_the_loop(backend, ctx):
         kept = {k: v for k, v in drawn.items() if k != "clip_ratio"}
         settings = ref.training.TrainLoopSettings(**{**kept, "batch_size": 1, "grad_accum": 1},
                                                   min_lr=drawn["lr"] / 10, grad_clip=0.0)
-        run = ctx.op("train_loop")(config, params, tokens, settings)
+        run = ctx.op("train_loop")(tokens, params, config, settings)
         _require_run_shape(ctx, run, settings.max_steps, set(params))
         scale = math.sqrt(LR_ROUNDINGS) * p.u * settings.lr + p.tiny
         for t, used in enumerate(run[1]):
@@ -381,7 +381,7 @@ def loop_matches_reference(backend, ctx):
                drawn=loop_settings())
     def _(case, drawn):
         config, params, tokens, settings = _loop_case(case, drawn, p.dtype)
-        run = ctx.op("train_loop")(config, params, tokens, settings)
+        run = ctx.op("train_loop")(tokens, params, config, settings)
         _require_run_shape(ctx, run, settings.max_steps, set(params))
         losses, _, trajectory = run
         b1, b2 = settings.beta1, settings.beta2

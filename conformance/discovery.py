@@ -8,8 +8,10 @@ import inspect
 from importlib.metadata import entry_points
 from typing import Any
 
+from gptspec.conformance.protocol import PROTOCOL_HISTORY, PROTOCOL_VERSION
+
 GROUP = "gptspec.backends"
-REQUIRED = ("name", "version", "device", "dtype", "forward")
+REQUIRED = ("name", "version", "device", "dtype", "forward")  # and protocol_version
 
 
 class BackendError(Exception):
@@ -53,8 +55,29 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
         except Exception as err:  # noqa: BLE001
             raise BackendError(f"backend {spec!r} failed to start: "
                                f"{type(err).__name__}: {err}") from None
+    check_protocol_version(spec, obj)
     missing = [a for a in REQUIRED if not hasattr(obj, a)]
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} "
                            "(see the protocol in gptspec.conformance.protocol)")
     return obj
+
+
+def check_protocol_version(spec: str, backend: Any) -> None:
+    """Refuse a backend written against another protocol version, in one line: its calls
+    would take the arguments in another order. No ``protocol_version`` means version 1,
+    which predates the attribute."""
+    declared = getattr(backend, "protocol_version", 1)
+    if declared == PROTOCOL_VERSION:
+        return
+    ours = f"protocol {PROTOCOL_VERSION} ({PROTOCOL_HISTORY[PROTOCOL_VERSION]})"
+    if declared in PROTOCOL_HISTORY:
+        theirs = f"protocol {declared} ({PROTOCOL_HISTORY[declared]})"
+        if declared < PROTOCOL_VERSION:
+            raise BackendError(f"backend {spec!r} speaks conformance {theirs}; this suite "
+                               f"speaks {ours}: reorder the arguments and set "
+                               f"protocol_version = {PROTOCOL_VERSION}")
+    else:
+        theirs = f"protocol_version {declared!r}, which this suite does not know"
+    raise BackendError(f"backend {spec!r} declares {theirs}; this suite speaks {ours}: "
+                       "use the gptspec its protocol came with")

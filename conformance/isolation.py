@@ -33,7 +33,7 @@ START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeo
 
 
 def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
-            seed: int, save_failures: str | None) -> None:
+            seed: int, save_failures: str | None, plain: str | None) -> None:
     from gptspec.conformance.budgets import Precision
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.registry import CHECKS, all_checks
@@ -61,7 +61,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
         missing = _missing_ops(backend, check)
         result = (not_implemented(check, missing) if missing else
                   run_check(check, backend, precision, profile, seed, None, save_failures,
-                            origin))
+                            origin, plain))
         conn.send_bytes(json.dumps(result.to_dict(), default=str).encode())
 
 
@@ -82,11 +82,12 @@ def _death(process: Any) -> str:
 class _Worker:
     def __init__(self, spec: str, device: str | None, dtype: str | None, profile: str,
                  seed: int, save_failures: str | None,
-                 start_timeout: float | None = START_TIMEOUT) -> None:
+                 start_timeout: float | None = START_TIMEOUT, plain: str | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_worker, args=(child, spec, device, dtype, profile, seed, save_failures),
+            target=_worker,
+            args=(child, spec, device, dtype, profile, seed, save_failures, plain),
             daemon=True)
         self.process.start()
         child.close()
@@ -143,12 +144,13 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
                  reproduce: str = "", timeout: float | None = 300.0,
                  save_failures: str | None = None,
                  on_result: Callable[[CheckResult], None] | None = None,
-                 header: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
+                 header: Callable[[SuiteResult], None] | None = None,
+                 plain: str | None = None) -> SuiteResult:
     """``run_suite`` for the backend named by ``spec``, each check in a worker process.
     Raises BackendError only if the backend cannot be built at all."""
     start_timeout = START_TIMEOUT if timeout is None else timeout
     worker: _Worker | None = _Worker(spec, device, dtype, profile, seed, save_failures,
-                                     start_timeout)
+                                     start_timeout, plain)
     assert worker is not None
     suite = SuiteResult(dict(worker.backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=True))
@@ -160,7 +162,7 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
         if worker is None or not worker.alive():
             try:
                 worker = _Worker(spec, device, dtype, profile, seed, save_failures,
-                                 start_timeout)
+                                 start_timeout, plain)
             except BackendError as err:
                 worker = None
                 return CheckResult(check.id, list(check.entries), check.kind, "error", None,

@@ -1,10 +1,20 @@
 """What a backend provides to be validated.
 
-Required: ``name``, ``version``, ``device``, ``dtype`` (strings; the dtype one of
-float64, float32, bfloat16, float16) and ``forward(config, params, tokens) -> logits``:
+Required: ``protocol_version`` (the integer :data:`PROTOCOL_VERSION`: the protocol the
+backend was written against), ``name``, ``version``, ``device``, ``dtype`` (strings; the
+dtype one of float64, float32, bfloat16, float16) and
+``forward(tokens, params, config) -> logits``:
 ``config`` a :class:`gptspec.spec.GPTConfig`, ``params`` a dict of float64 NumPy arrays
 named by :func:`gptspec.spec.parameter_schema`, ``tokens`` int64 (B, T); the logits
 (B, T, V) as an array of any float dtype.
+
+Every function of the protocol takes its arguments in one order: the inputs first (tokens,
+prompts, activations), then the parameters, then the configuration, then options
+(``forward(tokens, params, config)``, ``generate(prompts, params, config, max_new_tokens,
+...)``, ``train_loop(tokens, params, config, settings)``); the order the reference
+functions use. The optimizer's operations update the parameters, so the parameters are
+their input and come first (``adamw_step(theta, g, m, v, t, lr, ...)``,
+``adamw_trajectory(params, grads, lrs, ...)``).
 
 Optional: any operation under the name and signature of its reference function in
 :mod:`gptspec.reference` (NumPy float64 in, rounded by the backend to its dtype; NumPy
@@ -33,6 +43,16 @@ import numpy as np
 
 from gptspec.spec.config import GPTConfig
 
+PROTOCOL_VERSION = 2
+"""The protocol this suite speaks. Version 1 (no ``protocol_version`` attribute) took the
+configuration first: ``forward(config, params, tokens)``, ``generate(params, config,
+prompts, ...)``, ``train_loop(config, params, tokens, ...)``."""
+
+PROTOCOL_HISTORY = {
+    1: "forward(config, params, tokens)",
+    2: "forward(tokens, params, config)",
+}  # each version's telltale signature, for the message that names a mismatch
+
 
 class NotApplicable(Exception):
     """Raised by a backend for an input its engine cannot express (e.g. a post-LN block in
@@ -41,10 +61,10 @@ class NotApplicable(Exception):
 
 @runtime_checkable
 class Backend(Protocol):
+    protocol_version: int
     name: str
     version: str
     device: str
     dtype: str
 
-    def forward(self, config: GPTConfig, params: dict[str, np.ndarray],
-                tokens: np.ndarray) -> Any: ...
+    def forward(self, tokens: np.ndarray, params: dict[str, np.ndarray], config: GPTConfig) -> Any: ...

@@ -1,9 +1,9 @@
 """The report of a run: a line per check for the terminal, JSON (a documented,
 versioned schema) and a Markdown summary.
 
-JSON schema, version 3 (documented for readers in docs/conformance-report.md)::
+JSON schema, version 4 (documented for readers in docs/conformance-report.md)::
 
-    {"schema": "gptspec-conformance", "version": 3,
+    {"schema": "gptspec-conformance", "version": 4, "protocol": 2,
      "provenance": {"commit", "modified", "date", "machine", "cpu", "cores", "python"},
      "runs": [{"backend": {"name", "version", "device", "dtype"},
                "settings": {"profile", "seed", "area", "examples_per_property",
@@ -26,6 +26,8 @@ passes only if it is ≤ 1. ``saved`` lists the files of the failing example wri
 measured ``"backend_fraction", "plain_fraction", "closer"`` ("backend" or "plain"): the
 same call on a plain same-dtype implementation against the same reference and budget.
 
+``protocol`` is the conformance protocol the suite spoke
+(:data:`gptspec.conformance.protocol.PROTOCOL_VERSION`): the backends' signatures.
 ``provenance`` says what produced the results: the source's git commit (null outside a
 git checkout) and whether tracked files differed from it, the UTC date the run started
 (the code that ran is the code imported then), the machine (platform), its CPU and its
@@ -35,7 +37,8 @@ settings the profile.
 
 Version history: 1 — first version; 2 — added ``settings.timeout_s``,
 ``settings.isolated``, ``checks[].saved`` and ``checks[].adjudication``; 3 — added the
-status not-applicable, its count, ``checks[].not_applicable`` and ``provenance``.
+status not-applicable, its count, ``checks[].not_applicable`` and ``provenance``; 4 — added
+``protocol``.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from gptspec.atomic_files import write_text
+from gptspec.conformance.protocol import PROTOCOL_VERSION
 from gptspec.conformance.runner import CheckResult, SuiteResult
 
 SCHEMA = "gptspec-conformance"
-VERSION = 3
+VERSION = 4
 
 MARK = {"pass": "PASS", "fail": "FAIL", "not-implemented": "N/I ", "not-applicable": "N/A ",
         "blocked": "BLKD", "error": "ERR "}
@@ -61,9 +65,9 @@ MARK = {"pass": "PASS", "fail": "FAIL", "not-implemented": "N/I ", "not-applicab
 
 def header(suite: SuiteResult) -> str:
     b, s = suite.backend, suite.settings
-    return (f"gptspec conformance — backend {b['name']} {b['version']} on {b['device']}, "
-            f"{b['dtype']}; profile {s['profile']} ({s['examples_per_property']} examples "
-            f"per property), seed {s['seed']}"
+    return (f"gptspec conformance (protocol {PROTOCOL_VERSION}) — backend {b['name']} "
+            f"{b['version']} on {b['device']}, {b['dtype']}; profile {s['profile']} "
+            f"({s['examples_per_property']} examples per property), seed {s['seed']}"
             + (f", {s['timeout_s']:g} s per check" if s.get("timeout_s") else "")
             + (", isolated in a worker process" if s.get("isolated") else ""))
 
@@ -132,7 +136,8 @@ def provenance() -> dict:
 
 def to_json(suites: list[SuiteResult], started: dict | None = None) -> dict:
     """``started``: the provenance taken when the run began (default: taken now)."""
-    return {"schema": SCHEMA, "version": VERSION, "provenance": started or provenance(),
+    return {"schema": SCHEMA, "version": VERSION, "protocol": PROTOCOL_VERSION,
+            "provenance": started or provenance(),
             "runs": [{"backend": s.backend, "settings": s.settings, "counts": s.counts,
                       "checks": [r.to_dict() for r in s.results]} for s in suites]}
 

@@ -176,23 +176,29 @@ def replay(path: str | Path, backend: Any = None) -> budgets.Comparison:
 # --- adjudication ------------------------------------------------------------------------------
 
 
-def adjudicate(capture: FailureCapture, backend: Any, dtype: str) -> dict[str, Any] | None:
+def adjudicate(capture: FailureCapture, backend: Any, dtype: str,
+               plain_spec: str | None) -> dict[str, Any] | None:
     """When a low-precision backend exceeds its budget, the same call on a plain
-    same-dtype implementation (the built-in PyTorch backend on the CPU), measured against
-    the same float64 reference and budget: which of the two is closer?"""
-    if dtype == "float64" or capture.comparison is None or capture.comparison.problem:
+    same-dtype implementation, measured against the same float64 reference and budget:
+    which of the two is closer? ``plain_spec`` names that implementation as discovery does
+    (the command line passes the built-in ``torch``), built on the CPU in ``dtype``; the
+    judge itself knows no backend. None: no adjudication."""
+    if plain_spec is None or dtype == "float64" or capture.comparison is None \
+            or capture.comparison.problem:
         return None
     call, index = _find_compared_call(capture)
     if call is None:
         return None
-    from gptspec.fast.backend import TorchBackend
+    from gptspec.conformance.discovery import load_backend
 
-    if type(backend) is TorchBackend and backend.device == "cpu":
-        return {"plain": f"torch cpu {dtype}",
-                "note": "the backend is the plain implementation itself"}
-    plain_name = f"torch cpu {dtype}"
     try:
-        plain = TorchBackend("cpu", dtype)
+        plain = load_backend(plain_spec, device="cpu", dtype=dtype)
+    except Exception as err:  # noqa: BLE001 — e.g. its engine is not installed here
+        return {"plain": f"{plain_spec} cpu {dtype}", "note": f"could not build it: {err}"}
+    plain_name = f"{plain.name} cpu {dtype}"
+    if type(backend) is type(plain) and backend.device == "cpu":
+        return {"plain": plain_name, "note": "the backend is the plain implementation itself"}
+    try:
         out = getattr(plain, call.name)(*call.args, **call.kwargs)
         if index is not None:
             out = out[index]

@@ -121,10 +121,11 @@ def _time_limit(seconds: float | None) -> Any:
 
 def run_check(check: Check, backend: Any, precision: Precision, profile: str,
               seed: int, timeout: float | None = None, save_failures: str | None = None,
-              origin: dict[str, Any] | None = None) -> CheckResult:
+              origin: dict[str, Any] | None = None, plain: str | None = None) -> CheckResult:
     """Run one check; never raises (except KeyboardInterrupt). On a failed comparison the
     example's exact inputs are saved under ``save_failures`` (see reproduction), and a
-    low-precision failure is adjudicated against a plain same-dtype implementation."""
+    low-precision failure is adjudicated against ``plain``, the spec of a plain same-dtype
+    implementation (None: not adjudicated)."""
     recording = RecordingBackend(backend)
     ctx = CheckContext(recording, precision, suite_settings(profile), seed)
     start = time.perf_counter()
@@ -166,17 +167,18 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         budget=check.budget, minimal_example="\n".join(ctx.falsifying).strip(),
         not_applicable=ctx.not_applicable)
     if status == "fail" and ctx.failure is not None:
-        _after_failure(result, ctx, backend, precision, save_failures, origin)
+        _after_failure(result, ctx, backend, precision, save_failures, origin, plain)
     return result
 
 
 def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precision: Precision,
-                   save_failures: str | None, origin: dict[str, Any] | None) -> None:
+                   save_failures: str | None, origin: dict[str, Any] | None,
+                   plain: str | None) -> None:
     from gptspec.conformance import reproduction
 
     assert ctx.failure is not None
     try:
-        result.adjudication = reproduction.adjudicate(ctx.failure, backend, precision.dtype)
+        result.adjudication = reproduction.adjudicate(ctx.failure, backend, precision.dtype, plain)
     except Exception as err:  # noqa: BLE001 — adjudication is advice; never lose the result
         result.adjudication = {"note": f"adjudication failed: {type(err).__name__}: {err}"}
     if save_failures:
@@ -195,11 +197,13 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
               header: Callable[[SuiteResult], None] | None = None,
               stop_on_failure: bool = False, timeout: float | None = None,
               save_failures: str | None = None,
-              origin: dict[str, Any] | None = None) -> SuiteResult:
+              origin: dict[str, Any] | None = None, plain: str | None = None) -> SuiteResult:
     """Run every selected check against ``backend``, dependencies first. A check whose
     dependency failed is reported as blocked by the root cause, not run. ``timeout``:
     seconds per check; ``save_failures``: a directory for failing examples (``origin``
-    names the backend's spec, device and dtype for the reproducing test)."""
+    names the backend's spec, device and dtype for the reproducing test); ``plain``: the
+    backend spec (as discovery reads it) a low-precision failure is adjudicated against,
+    or None."""
     precision = Precision.of(str(getattr(backend, "dtype", "float64")))
     suite = SuiteResult(describe_backend(backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=False))
@@ -211,7 +215,7 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
         if missing:
             return not_implemented(check, missing)
         return run_check(check, backend, precision, profile, seed, timeout, save_failures,
-                         origin)
+                         origin, plain)
 
     for result in walk(all_checks(area), select, evaluate, reproduce, seed):
         suite.results.append(result)

@@ -63,8 +63,8 @@ def _verification_page(views: list[Any], root: Path) -> str:
     """What is verified and how: the budgets, every check, the mutation catalog (with the
     killing checks of a saved catalog run, docs/mutation-results.json, where there is one)."""
     from gptspec.conformance import budgets
-    from gptspec.conformance.mutants import MUTANTS
     from gptspec.conformance.registry import all_checks
+    from gptspec.fast.mutants import MUTANTS
 
     try:
         run = verification.load_mutation_results(root / verification.MUTATION_RESULTS)

@@ -1,6 +1,6 @@
 """The PyTorch backend under the conformance protocol (ARCHITECTURE.md).
 
-``TorchBackend(device, dtype)`` runs ``forward(config, params, tokens)`` through
+``TorchBackend(device, dtype)`` runs ``forward(tokens, params, config)`` through
 ``gptspec.fast.model.GPT`` and exposes every operation of ``gptspec.fast.ops`` under its
 reference name: NumPy float64 arrays in (rounded to the backend's dtype on the way in),
 NumPy arrays out (16-bit results widened to float32, which NumPy can hold exactly).
@@ -27,6 +27,7 @@ _TAKES_DTYPE = {"one_hot", "causal_mask"}
 class TorchBackend:
     """The built-in PyTorch backend, for the conformance suite."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "torch"
     KEEP_MODELS = 4
 
@@ -45,18 +46,18 @@ class TorchBackend:
 
     # --- the whole model -------------------------------------------------------------------
 
-    def model(self, config: GPTConfig, params: Mapping[str, Any]) -> GPT:
+    def model(self, params: Mapping[str, Any], config: GPTConfig) -> GPT:
         """A model of ``config`` holding ``params``. The last few models are kept and
         refilled in place, so a compiled model is compiled once per configuration."""
         model = self._models.pop(config, None)
         if model is None:
-            model = GPT.from_parameters(config, params, device=self.device,
+            model = GPT.from_parameters(params, config, device=self.device,
                                         dtype=self.torch_dtype)
             model.requires_grad_(False)
             if self.compile:
                 compile_model(model)
         else:
-            check_parameters(config, dict(params))
+            check_parameters(dict(params), config)
             with torch.no_grad():
                 for name, p in model.named_parameters():
                     value = params[name]
@@ -68,9 +69,9 @@ class TorchBackend:
         return model
 
     @torch.no_grad()
-    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         tokens_t = torch.as_tensor(np.asarray(tokens), device=self.device)
-        return self._to_numpy(self.model(config, params)(tokens_t))
+        return self._to_numpy(self.model(params, config)(tokens_t))
 
     # --- training (gptspec.fast.train) -----------------------------------------------------
 
@@ -103,14 +104,14 @@ class TorchBackend:
                    if h.grad is not None}
         return clipped, float(norm)
 
-    def train_losses(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any,
+    def train_losses(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig,
                      steps: int, seed: int, resume_at: int | None = None) -> list[float]:
         from gptspec.fast import train
 
-        return train.train_losses(config, dict(params), tokens, steps, seed, resume_at,
+        return train.train_losses(tokens, dict(params), config, steps, seed, resume_at,
                                   device=self.device)
 
-    def train_loop(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any,
+    def train_loop(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig,
                    settings: Any) -> tuple[list, list, list]:
         """The trainer's own loop (``gptspec.fast.train.Trainer``, as ``gptspec train`` runs
         it), with parameters of this dtype. It trains float32 or float64 parameters only:
@@ -120,15 +121,15 @@ class TorchBackend:
         if self.torch_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"the trainer keeps float32 or float64 parameters, not {self.dtype}")
         rounded = {k: self._to_torch(np.asarray(v)) for k, v in params.items()}
-        return train.train_loop(config, rounded, tokens, settings, self.device, self.torch_dtype)
+        return train.train_loop(tokens, rounded, config, settings, self.device, self.torch_dtype)
 
     # --- generation (gptspec.fast.generate), under the reference functions' names ------------
 
-    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+    def generate(self, prompts: Any, params: Mapping[str, Any], config: GPTConfig,
                  max_new_tokens: int, **options: Any) -> Any:
         from gptspec.fast.generate import generate_from_parameters
 
-        return generate_from_parameters(self.model(config, params), prompts, max_new_tokens,
+        return generate_from_parameters(self.model(params, config), prompts, max_new_tokens,
                                         **options)
 
     @torch.no_grad()

@@ -1,7 +1,7 @@
 """Checkpoints: a model's parameters in one safetensors file, its configuration in the
 file's metadata.
 
-``save_model(path, config, params)`` writes ``model.safetensors`` (``path`` is the
+``save_model(path, params, config)`` writes ``model.safetensors`` (``path`` is the
 checkpoint directory, or the file itself if it ends in ``.safetensors``): the schema's
 tensors under their schema names, and the configuration JSON under the metadata key
 ``gptspec_config`` (and a SHA-256 of the tensors under ``gptspec_sha256``). The file
@@ -77,13 +77,13 @@ def non_finite(arrays: Mapping[str, Any]) -> str | None:
     return None
 
 
-def save_model(path: str | os.PathLike[str], config: GPTConfig,
-               params: Mapping[str, Any]) -> Path:
+def save_model(path: str | os.PathLike[str], params: Mapping[str, Any],
+               config: GPTConfig) -> Path:
     """Write the parameters (NumPy arrays or torch tensors, schema names) and the config."""
     from safetensors.numpy import save
 
     try:
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
     except ParameterError as err:
         raise CheckpointError(f"cannot save {model_file(path)}: {err}") from None
     arrays = {name: _to_numpy(name, value) for name, value in params.items()}
@@ -157,7 +157,7 @@ def _load_model_file(file: Path, path: str | os.PathLike[str] | None = None
                               "diverged run); no usable model")
     try:
         config = GPTConfig.from_json(metadata[CONFIG_KEY])
-        check_parameters(config, params)
+        check_parameters(params, config)
     except (ConfigError, ParameterError, TypeError) as err:
         raise CheckpointError(f"{file} does not match its configuration: {err}") from None
     return config, params
@@ -328,7 +328,7 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide files that are 0644
-        save_model(tmp, config, params)
+        save_model(tmp, params, config)
         crash_point("wrote the model")
         arrays = {name: _to_numpy(name, value) for name, value in optimizer.items()}
         write_bytes(tmp / OPTIMIZER_FILE,

@@ -168,19 +168,19 @@ def params_from_hf(config: GPTConfig, state_dict: Mapping[str, Any]) -> dict[str
         value = _numpy64(state_dict[key])
         params[spec.name] = value.T.copy() if spec.name == "w_u" else value
     try:
-        check_parameters(config, params)
+        check_parameters(params, config)
     except ValueError as err:
         raise InteropError(f"transformers weights do not match their config: {err}") from None
     return params
 
 
-def params_to_hf(config: GPTConfig, params: Mapping[str, Any], dtype: Any = None
+def params_to_hf(params: Mapping[str, Any], config: GPTConfig, dtype: Any = None
                  ) -> dict[str, Any]:
     """A GPT2LMHeadModel state dict (torch tensors of ``dtype``, float32 by default)."""
     import torch
 
     check_expressible(config)
-    check_parameters(config, dict(params))
+    check_parameters(dict(params), config)
     dtype = torch.float32 if dtype is None else dtype
     state = {}
     for name, value in params.items():
@@ -198,11 +198,11 @@ def from_hf_model(model: Any) -> tuple[GPTConfig, dict[str, np.ndarray]]:
     return config, params_from_hf(config, model.state_dict())
 
 
-def to_hf_model(config: GPTConfig, params: Mapping[str, Any], dtype: Any = None,
+def to_hf_model(params: Mapping[str, Any], config: GPTConfig, dtype: Any = None,
                 tokenizer: Any = None) -> Any:
     """A GPT2LMHeadModel (eval mode) holding these parameters (bos/eos from ``tokenizer``)."""
     transformers = _transformers()
-    state = params_to_hf(config, params, dtype)
+    state = params_to_hf(params, config, dtype)
     model = transformers.GPT2LMHeadModel(config_to_hf(config, tokenizer))
     model.to(next(iter(state.values())).dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -300,7 +300,7 @@ def check_hf_weights(path: Path, config: GPTConfig) -> None:
                            "describes")
 
 
-def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping[str, Any],
+def save_hf_dir(path: str | os.PathLike[str], params: Mapping[str, Any], config: GPTConfig,
                 dtype: Any = None, tokenizer: Any = None) -> Path:
     """Write a directory that ``GPT2LMHeadModel.from_pretrained`` loads (safetensors), and
     ``AutoTokenizer.from_pretrained`` too when a ``tokenizer`` is given.
@@ -313,7 +313,7 @@ def save_hf_dir(path: str | os.PathLike[str], config: GPTConfig, params: Mapping
         raise InteropError(f"{target} already exists and is not an empty directory")
     if tokenizer is not None:
         check_tokenizer_fits(config, tokenizer)
-    model = to_hf_model(config, params, dtype, tokenizer)
+    model = to_hf_model(params, config, dtype, tokenizer)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     umask = os.umask(0)

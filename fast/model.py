@@ -131,7 +131,7 @@ class GPT(nn.Module):
 
     Typical use::
 
-        model = GPT.from_parameters(config, params, dtype="bfloat16")  # or GPT(config, seed=0)
+        model = GPT.from_parameters(params, config, dtype="bfloat16")  # or GPT(config, seed=0)
         logits = model(tokens)                                # (B, T, V), causal
         cache = model.new_cache(B)
         logits = model(prompts, cache=cache, lengths=n_real)  # right-padded prompts
@@ -179,13 +179,13 @@ class GPT(nn.Module):
                 p.copy_(torch.randn(s.shape, generator=gen, dtype=torch.float32) * scale)
 
     @classmethod
-    def from_parameters(cls, config: GPTConfig, params: Mapping[str, Any], *,
+    def from_parameters(cls, params: Mapping[str, Any], config: GPTConfig, *,
                         device: torch.device | str = "cpu",
                         dtype: torch.dtype | str = torch.float32) -> GPT:
         """A model holding ``params`` (a schema dict of NumPy arrays or tensors), converted to
         ``dtype`` on ``device``. Missing, unexpected or misshapen parameters raise
         ``gptspec.spec.ParameterError`` naming the parameter."""
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         torch_dtype = resolve_dtype(dtype)
         model = cls(config, device="meta")
         state = {}

@@ -500,6 +500,7 @@ class FastTokenizerBackend:
     tokenizer area: ``gptspec conformance --backend
     gptspec.fast.tokenizer:FastTokenizerBackend --area tokenizer``."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "fast-tokenizer"
     version = f"gptspec {__import__('gptspec').__version__}, tiktoken {tiktoken.__version__}"
     device = "cpu"
@@ -508,7 +509,7 @@ class FastTokenizerBackend:
     def tokenizer(self) -> FastTokenizerBackend:
         return self
 
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         raise NotImplementedError("a tokenizer backend has no model; run --area tokenizer")
 
     def train(self, text: str, vocab_size: int, pattern: str) -> list[Pair]:

@@ -271,7 +271,7 @@ class Trainer:
         if params is None:
             self.model = GPT(config, device=settings.device, dtype=dtype, seed=settings.seed)
         else:
-            self.model = GPT.from_parameters(config, params, device=settings.device,
+            self.model = GPT.from_parameters(params, config, device=settings.device,
                                              dtype=dtype)
         self.ddp_model: torch.nn.Module = self.model
         if self.world > 1:
@@ -531,7 +531,7 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig, device: str =
                  dtype: torch.dtype = torch.float32) -> tuple[float, dict[str, np.ndarray]]:
     """The mean cross-entropy and its gradient by parameter name, through torch autograd
     (the reference's ``gpt_backward``, computed by the fast model)."""
-    model = GPT.from_parameters(config, params, device=device, dtype=dtype)
+    model = GPT.from_parameters(params, config, device=device, dtype=dtype)
     x = torch.as_tensor(np.asarray(tokens), device=device, dtype=torch.long)
     y = torch.as_tensor(np.asarray(targets), device=device, dtype=torch.long)
     logits = model(x)
@@ -577,7 +577,7 @@ def adamw_trajectory(params: dict, grads: list[dict], lrs: list[float], beta1: f
     return out
 
 
-def train_losses(config: GPTConfig, params: dict, tokens, steps: int, seed: int,
+def train_losses(tokens, params: dict, config: GPTConfig, steps: int, seed: int,
                  resume_at: int | None = None, batch_size: int = 2,
                  device: str = "cpu") -> list[float]:
     """The training losses of ``steps`` steps on ``tokens`` from ``params``; with
@@ -602,7 +602,7 @@ def train_losses(config: GPTConfig, params: dict, tokens, steps: int, seed: int,
     return losses
 
 
-def train_loop(config: GPTConfig, params: dict, tokens, settings: TrainLoopSettings,
+def train_loop(tokens, params: dict, config: GPTConfig, settings: TrainLoopSettings,
                device: str = "cpu", dtype: torch.dtype = torch.float32
                ) -> tuple[list[float], list[dict[str, float]], list[dict[str, np.ndarray]]]:
     """The reference's ``train_loop``, run by the trainer ``gptspec train`` uses: a

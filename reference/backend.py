@@ -17,12 +17,13 @@ from gptspec.spec.config import GPTConfig
 class ReferenceBackend:
     """Every reference function under its own name, and ``forward`` = ``gpt_forward``."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "reference"
     device = "cpu"
     dtype = "float64"
     version = f"gptspec {gptspec.__version__}, numpy {np.__version__}"
 
-    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         return gpt_forward(np.asarray(tokens), dict(params), config)
 
     @staticmethod

@@ -148,7 +148,7 @@ def stop_condition(token: int, n: int, max_new_tokens: int, eot_token: int | Non
     return (eot_token is not None and token == eot_token) or n >= max_new_tokens
 
 
-def generate(params: dict, config: GPTConfig, prompts, max_new_tokens: int, *,
+def generate(prompts, params: dict, config: GPTConfig, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              eot_token: int | None = None, rng: np.random.Generator | None = None,
              return_logits: bool = False):

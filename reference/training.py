@@ -160,7 +160,7 @@ def train_step(params: dict, moments: tuple[dict, dict] | None, step: int,
                      [g for _, g in micro], grads, norm, scale, clipped, lr, m, v, new)
 
 
-def train_loop(config: GPTConfig, params: dict, tokens, settings: TrainLoopSettings
+def train_loop(tokens, params: dict, config: GPTConfig, settings: TrainLoopSettings
                ) -> tuple[list[float], list[dict[str, float]], list[dict[str, Array]]]:
     """``settings.max_steps`` steps of the loop from ``params`` on the token stream
     ``tokens`` (sequences of T = n_ctx tokens). Returns, step by step, the loss, the

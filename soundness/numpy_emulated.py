@@ -25,6 +25,7 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 class EmulatedNumpy:
     """float32 arithmetic, reversed sequential sums, results rounded to ``dtype``."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "numpy-emulated"
     version = f"soundness gate, numpy {np.__version__}"
     device = "cpu"
@@ -146,7 +147,7 @@ class EmulatedNumpy:
     # forward (GPT-2 small at T = 1024: 4·10¹⁰); the backend declares them not applicable.
     MAX_UNEMBEDDING_PRODUCTS = 2**32
 
-    def forward(self, config: GPTConfig, params: dict, tokens) -> np.ndarray:
+    def forward(self, tokens, params: dict, config: GPTConfig) -> np.ndarray:
         tokens = np.asarray(tokens)
         products = tokens.size * config.d_model * config.vocab_size
         if products > self.MAX_UNEMBEDDING_PRODUCTS:

@@ -199,6 +199,7 @@ def gpt_forward(tokens: Tensor, p: Mapping[str, Tensor], config: GPTConfig) -> T
 class ExplicitTorch:
     """The model and its main operations written out again in torch (see the module doc)."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "torch-explicit"
     device = "cpu"
 
@@ -239,7 +240,7 @@ class ExplicitTorch:
     def _params(self, params: Mapping[str, Any], grad: bool = False) -> dict[str, Tensor]:
         return {k: self._in(np.asarray(v)).requires_grad_(grad) for k, v in params.items()}
 
-    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         with torch.no_grad():
             return self._out(gpt_forward(self._in(np.asarray(tokens)), self._params(params),
                                          config))

@@ -97,7 +97,7 @@ class ParameterError(ValueError):
     """Parameters that do not match the schema; the message names the parameter."""
 
 
-def check_parameters(config: GPTConfig, params: dict[str, np.ndarray]) -> None:
+def check_parameters(params: dict[str, np.ndarray], config: GPTConfig) -> None:
     """Refuse parameters that are missing, unexpected, or of the wrong shape."""
     expected = {s.name: s.shape for s in parameter_schema(config)}
     for name, shape in expected.items():

@@ -48,9 +48,9 @@ def test_jax_is_registered_and_refuses_what_it_cannot_run():
     backend = load_backend("jax", dtype="float32")
     params = small_params(GPT2_LIKE)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 11\)"):
-        backend.forward(GPT2_LIKE, params, np.array([[0, 11]]))
+        backend.forward(np.array([[0, 11]]), params, GPT2_LIKE)
     with pytest.raises(ValueError, match="exceeds n_ctx=6"):
-        backend.forward(GPT2_LIKE, params, np.zeros((1, 7), dtype=np.int64))
+        backend.forward(np.zeros((1, 7), dtype=np.int64), params, GPT2_LIKE)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-4), ("bfloat16", 0.2)])
@@ -63,7 +63,7 @@ def test_jax_forward_is_the_model(dtype, tolerance):
                                                         output_bias=True, final_norm=False)):
         params = small_params(config)
         tokens = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
-        got = backend.forward(config, params, tokens)
+        got = backend.forward(tokens, params, config)
         assert got.shape == (2, 4, config.vocab_size) and got.dtype == np.float32
         np.testing.assert_allclose(got, ref.gpt_forward(tokens, params, config),
                                    atol=tolerance, rtol=0)
@@ -80,7 +80,7 @@ def test_jax_adapter_imports_no_torch():
         "c = GPTConfig(vocab_size=5, n_ctx=4, d_model=4, n_layers=1, n_heads=2, d_ff=8)\n"
         "p = {s.name: np.full(s.shape, 0.1) for s in parameter_schema(c)}\n"
         "b = load_backend('jax', dtype='bfloat16')\n"
-        "print(b.forward(c, p, np.array([[1, 2, 3]])).shape)\n"
+        "print(b.forward(np.array([[1, 2, 3]]), p, c).shape)\n"
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
@@ -126,12 +126,13 @@ class PreLNOnly:
     """The reference, but declaring that it runs pre-LN models only."""
 
     name, version, device, dtype = "pre-ln-only", "0", "cpu", "float64"
+    protocol_version = 2
 
     @staticmethod
     def supports(config):
         return None if config.norm == "pre" else f"norm={config.norm!r}: pre-LN only"
 
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         return ref.gpt_forward(tokens, params, config)
 
     def block_post_ln(self, H, p, config):
@@ -159,7 +160,7 @@ def test_transformers_adapters_refuse_what_gpt2_cannot_express():
         reason = backend.supports(POST_LN)
         assert reason and "\n" not in reason and "norm='post'" in reason
         with pytest.raises(NotApplicable, match="norm='post'"):
-            backend.forward(POST_LN, small_params(POST_LN), np.array([[1, 2]]))
+            backend.forward(np.array([[1, 2]]), small_params(POST_LN), POST_LN)
 
 
 @pytest.mark.parametrize("name", ["hf-eager", "hf-sdpa"])

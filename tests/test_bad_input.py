@@ -493,8 +493,8 @@ def world(tmp_path_factory):
                        "huge": str(10**30), "float": "1.5", "out-of-range": "300 301"}.items():
         (ids / name).write_text(text)
     config, params = load_model(w / "run" / "checkpoint")
-    save_model(w / "model-no-tokenizer", config, params)
-    save_model(w / "model-bad-tokenizer", config, params)
+    save_model(w / "model-no-tokenizer", params, config)
+    save_model(w / "model-bad-tokenizer", params, config)
     (w / "model-bad-tokenizer" / "tokenizer.json").write_text("{ broken")
     nan = {k: v.copy() for k, v in params.items()}
     nan["wpe"][1, 2] = np.inf

@@ -35,7 +35,7 @@ def one_line(err: pytest.ExceptionInfo) -> str:
 def test_round_trip_is_exact(tmp_path, name):
     config = PRESETS[name]
     params = init_parameters(config, seed=3)
-    file = save_model(tmp_path / "ck", config, params)
+    file = save_model(tmp_path / "ck", params, config)
     assert file == tmp_path / "ck" / MODEL_FILE
     config2, params2 = load_model(tmp_path / "ck")
     assert config2 == config
@@ -49,7 +49,7 @@ def test_file_path_and_torch_tensors(tmp_path, tiny):
     torch = pytest.importorskip("torch")
     config, params = tiny
     tensors = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in params.items()}
-    save_model(tmp_path / "m.safetensors", config, tensors)
+    save_model(tmp_path / "m.safetensors", tensors, config)
     _, loaded = load_model(tmp_path / "m.safetensors")
     for k, v in tensors.items():
         np.testing.assert_array_equal(loaded[k], v.float().numpy())
@@ -57,7 +57,7 @@ def test_file_path_and_torch_tensors(tmp_path, tiny):
 
 def test_the_file_holds_schema_names_and_the_config(tmp_path, tiny):
     config, params = tiny
-    file = save_model(tmp_path, config, params)
+    file = save_model(tmp_path, params, config)
     assert set(load_file(file)) == set(params)
     from safetensors import safe_open
     with safe_open(str(file), framework="numpy") as f:
@@ -73,7 +73,7 @@ def test_missing(tmp_path):
 @pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "header"])
 def test_corrupt_or_truncated(tmp_path, tiny, damage):
     config, params = tiny
-    file = save_model(tmp_path, config, params)
+    file = save_model(tmp_path, params, config)
     data = file.read_bytes()
     bad = {"truncated": data[: len(data) // 2], "empty": b"", "garbage": b"\x00\xff" * 100,
            "header": data[:8] + b"[" + data[9:]}[damage]
@@ -85,7 +85,7 @@ def test_corrupt_or_truncated(tmp_path, tiny, damage):
 
 def test_a_flipped_byte_in_the_tensors_is_caught(tmp_path, tiny):
     config, params = tiny
-    file = save_model(tmp_path, config, params)
+    file = save_model(tmp_path, params, config)
     data = bytearray(file.read_bytes())
     header_len = struct.unpack("<Q", data[:8])[0]
     data[8 + header_len + 100] ^= 0x01  # inside the tensor bytes; the header is intact
@@ -122,12 +122,12 @@ def test_parameters_that_do_not_match_the_config(tmp_path, tiny):
 
 def test_saving_mismatched_parameters_is_refused_and_keeps_the_old_file(tmp_path, tiny):
     config, params = tiny
-    file = save_model(tmp_path, config, params)
+    file = save_model(tmp_path, params, config)
     before = file.read_bytes()
     broken = dict(params)
     del broken["wpe"]
     with pytest.raises(CheckpointError, match="'wpe' is missing") as err:
-        save_model(tmp_path, config, broken)
+        save_model(tmp_path, broken, config)
     one_line(err)
     assert file.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == [MODEL_FILE]  # no temporary left behind
@@ -135,7 +135,7 @@ def test_saving_mismatched_parameters_is_refused_and_keeps_the_old_file(tmp_path
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, tiny, monkeypatch):
     config, params = tiny
-    file = save_model(tmp_path, config, params)
+    file = save_model(tmp_path, params, config)
     before = file.read_bytes()
 
     def fail(*args, **kwargs):
@@ -143,7 +143,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, tiny, mon
 
     monkeypatch.setattr("gptspec.fast.checkpoint.os.fsync", fail)
     with pytest.raises(OSError, match="disk full"):
-        save_model(tmp_path, config, init_parameters(config, seed=2))
+        save_model(tmp_path, init_parameters(config, seed=2), config)
     assert file.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == [MODEL_FILE]
 
@@ -156,4 +156,4 @@ def test_integer_tensors_are_refused(tmp_path, tiny):
         load_model(tmp_path)
     one_line(err)
     with pytest.raises(CheckpointError, match="'wpe' has dtype int64"):
-        save_model(tmp_path / "other", config, bad)
+        save_model(tmp_path / "other", bad, config)

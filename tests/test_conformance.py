@@ -73,7 +73,9 @@ def test_cli_writes_a_versioned_json_report_and_markdown(tmp_path):
                 "--check", "layer_norm.differential", "--report", str(out), "--markdown", str(md))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
-    assert data["schema"] == "gptspec-conformance" and data["version"] == 3
+    assert data["schema"] == "gptspec-conformance" and data["version"] == 4
+    assert data["protocol"] == 2  # the argument order the backends were called with
+    assert "gptspec conformance (protocol 2) — backend torch" in proc.stdout
     # what produced it: this checkout's commit, a date, the machine
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=Path(__file__).parent).stdout.strip()

@@ -75,14 +75,14 @@ class HeadsWithoutTranspose(ReferenceBackend):
 
 
 class PositionsOffByOne(ReferenceBackend):
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         shifted = dict(params)
         shifted["wpe"] = np.roll(params["wpe"], -1, axis=0)
         return ref.gpt_forward(tokens, shifted, config)
 
 
 class NoCausalMask(ReferenceBackend):
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         original = ref.forward.causal_mask
         ref.forward.causal_mask = lambda T: np.zeros((T, T))
         try:
@@ -92,7 +92,7 @@ class NoCausalMask(ReferenceBackend):
 
 
 class BatchDependent(ReferenceBackend):
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         logits = ref.gpt_forward(tokens, params, config)
         return logits - 1e-3 * logits.mean(axis=0, keepdims=True)  # leaks across the batch
 
@@ -160,7 +160,7 @@ class ReturnsNaN(ReferenceBackend):
 
 
 class WrongShape(ReferenceBackend):
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         return ref.gpt_forward(tokens, params, config)[:, :-1]
 
 
@@ -193,8 +193,9 @@ def test_failure_blocks_its_dependents_naming_the_root_cause():
 
 class ForwardOnly:
     name, version, device, dtype = "forward-only", "0", "cpu", "float64"
+    protocol_version = 2
 
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         return ref.gpt_forward(tokens, params, config)
 
 

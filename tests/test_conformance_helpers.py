@@ -110,7 +110,7 @@ def test_array_recipes_rebuild_exactly(recipe):
 @settings(max_examples=20, deadline=None)
 def test_model_cases_are_valid_models(case):
     config, recipe, tokens = case
-    check_parameters(config, recipe.make())
+    check_parameters(recipe.make(), config)
     assert tokens.shape[1] <= config.n_ctx and tokens.max() < config.vocab_size
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from gptspec.conformance.mutants import BY_NAME, MUTANTS, patched_ops
-from gptspec.conformance.mutation import main, run_mutant, table
 from gptspec.fast import ops
+from gptspec.fast.mutants import BY_NAME, MUTANTS, patched_ops
+from gptspec.fast.mutation import main, run_mutant, table
 from gptspec.spec import REGISTRY
 
 FAST_SUBSET = ("mask_shifted_by_one", "softmax_without_max_shift", "l2_instead_of_decoupled_decay",
@@ -37,7 +37,7 @@ def test_forward_mutants_patch_existing_operations_and_restore_them():
 
 
 def test_generation_mutants_patch_existing_functions_and_restore_them():
-    from gptspec.conformance.mutants import _owner, patched_paths
+    from gptspec.fast.mutants import _owner, patched_paths
 
     for m in MUTANTS:
         originals = {path: getattr(*_owner(path)) for path in m.elsewhere}
@@ -56,7 +56,7 @@ def test_mutant_is_killed_by_a_check_naming_the_entry_it_breaks(name):
 
 
 def test_the_table_shows_a_survivor_and_the_command_fails_on_it(monkeypatch, capsys):
-    from gptspec.conformance import mutation
+    from gptspec.fast import mutation
 
     survivor = mutation.MutantResult("noop", ["softmax"], "", [], "survived", False, 0.0)
     assert "SURVIVED" in table([survivor]) and "| NO " in table([survivor])

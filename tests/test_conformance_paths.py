@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptspec.conformance.mutants import BY_NAME
 from gptspec.conformance.registry import all_checks
 from gptspec.conformance.runner import run_suite
 from gptspec.conformance.strategies import configs, ragged_prompts
@@ -19,6 +18,7 @@ from gptspec.conformance.text_strategies import (
     spanning_merges,
 )
 from gptspec.fast.backend import TorchBackend
+from gptspec.fast.mutants import BY_NAME
 from gptspec.reference import tokenizer as ref
 from gptspec.spec import REGISTRY
 

@@ -163,13 +163,17 @@ def test_a_low_precision_failure_is_adjudicated_against_plain_torch(tmp_path, mo
     _module(tmp_path, monkeypatch)
     import odd_backends
 
-    (r,) = run_suite(odd_backends.SloppyHalf(), profile="quick",
+    (r,) = run_suite(odd_backends.SloppyHalf(), profile="quick", plain="torch",
                      select=_only("softmax.differential")).results
     assert r.status == "fail"
     adj = r.adjudication
     assert adj["plain"] == "torch cpu bfloat16"
     assert adj["closer"] == "plain" and adj["plain_fraction"] <= 1 < adj["backend_fraction"]
     assert "closer to the float64 reference" in adj["note"]
+    # without a plain backend named, the judge adjudicates nothing: it builds no backend itself
+    (r,) = run_suite(odd_backends.SloppyHalf(), profile="quick",
+                     select=_only("softmax.differential")).results
+    assert r.status == "fail" and r.adjudication is None
 
 
 def test_runs_finished_before_a_backend_fails_to_load_are_still_reported(tmp_path):

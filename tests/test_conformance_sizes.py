@@ -13,8 +13,8 @@ from hypothesis import Phase, given, settings
 
 from gptspec.conformance import budgets, context
 from gptspec.conformance import strategies as S
-from gptspec.conformance.mutants import BY_NAME
 from gptspec.conformance.runner import run_suite
+from gptspec.fast.mutants import BY_NAME
 
 
 def _draws(strategy, profile: str = "default", seed: int = 0) -> list:

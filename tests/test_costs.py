@@ -197,6 +197,6 @@ def test_info_reads_a_checkpoints_config(tmp_path, capsys):
     from gptspec.spec import init_parameters
 
     config = PRESETS["tiny-guide"]
-    save_model(tmp_path, config, init_parameters(config))
+    save_model(tmp_path, init_parameters(config), config)
     assert main(["info", str(tmp_path)]) == 0
     assert f"{reference.param_count_total(config):,}" in capsys.readouterr().out

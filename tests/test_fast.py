@@ -147,7 +147,7 @@ def test_float64_forward_equals_the_reference(name: str) -> None:
     config = VARIANTS[name]
     params = random_parameters(config)
     tokens = random_tokens(config, 3, config.n_ctx)
-    model = GPT.from_parameters(config, params, dtype="float64")
+    model = GPT.from_parameters(params, config, dtype="float64")
     result = against_reference(model(torch.as_tensor(tokens)), tokens, params, config, "float64")
     assert result.passed, result.describe()
 
@@ -162,7 +162,7 @@ def test_float64_gradients_equal_the_reference_backward(name: str) -> None:
     tokens = random_tokens(config, 2, config.n_ctx, seed=13)
     targets = random_tokens(config, 2, config.n_ctx, seed=14)
     loss_ref, grads_ref = R.gpt_backward(tokens, targets, params, config)
-    model = GPT.from_parameters(config, params, dtype="float64")
+    model = GPT.from_parameters(params, config, dtype="float64")
     logits = model(torch.as_tensor(tokens))
     loss = F.cross_entropy(logits.flatten(0, 1), torch.as_tensor(targets).flatten())
     loss.backward()
@@ -182,7 +182,7 @@ def test_a_planted_non_causal_attention_is_caught(monkeypatch: pytest.MonkeyPatc
     params = random_parameters(config)
     tokens = random_tokens(config, 2, config.n_ctx)
     monkeypatch.setattr(ops, "scaled_dot_product_attention", unmasked)
-    got = GPT.from_parameters(config, params, dtype="float64")(torch.as_tensor(tokens))
+    got = GPT.from_parameters(params, config, dtype="float64")(torch.as_tensor(tokens))
     assert against_reference(got, tokens, params, config, "float64").fraction > 1e6
 
 
@@ -192,7 +192,7 @@ def test_a_planted_wrong_gelu_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
     params = random_parameters(config)
     tokens = random_tokens(config, 2, config.n_ctx)
     monkeypatch.setitem(ops.FFN, "gelu_tanh", ops.ffn_gelu)
-    got = GPT.from_parameters(config, params, dtype="float64")(torch.as_tensor(tokens))
+    got = GPT.from_parameters(params, config, dtype="float64")(torch.as_tensor(tokens))
     assert not against_reference(got, tokens, params, config, "float64").passed
 
 
@@ -203,7 +203,7 @@ def test_lower_precision_forward_is_finite_and_near_the_reference(dtype: torch.d
     config = TINY
     params = init_parameters(config, seed=3)  # GPT-2's scale: what 16-bit training sees
     tokens = random_tokens(config, 2, config.n_ctx)
-    model = GPT.from_parameters(config, params, dtype=dtype, device=device)
+    model = GPT.from_parameters(params, config, dtype=dtype, device=device)
     assert model.wte.dtype == dtype
     got = model(torch.as_tensor(tokens))
     assert got.dtype == dtype
@@ -218,7 +218,7 @@ def test_autocast_bfloat16_forward_is_finite_and_near_the_reference() -> None:
     config = TINY
     params = init_parameters(config, seed=2)
     tokens = random_tokens(config, 2, config.n_ctx)
-    model = GPT.from_parameters(config, params, dtype="float32")
+    model = GPT.from_parameters(params, config, dtype="float32")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = model(torch.as_tensor(tokens))
     assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
@@ -235,7 +235,7 @@ def test_float16_stays_finite_when_squares_overflow() -> None:
     params = init_parameters(config, seed=0)
     params["wte"] = params["wte"] * 5000.0  # std 100
     tokens = random_tokens(config, 2, config.n_ctx)
-    logits = GPT.from_parameters(config, params, dtype="float16")(torch.as_tensor(tokens))
+    logits = GPT.from_parameters(params, config, dtype="float16")(torch.as_tensor(tokens))
     assert torch.isfinite(logits).all()
     result = against_reference(logits, tokens, params, config, "float16")
     assert result.passed, result.describe()
@@ -270,19 +270,19 @@ def test_from_parameters_refuses_parameters_off_the_schema() -> None:
     params = init_parameters(TINY)
     missing = {k: v for k, v in params.items() if k != "blocks.1.attn.w_o"}
     with pytest.raises(ParameterError, match="'blocks.1.attn.w_o' is missing"):
-        GPT.from_parameters(TINY, missing)
+        GPT.from_parameters(missing, TINY)
     wrong = dict(params, wte=np.zeros((63, 32)))
     with pytest.raises(ParameterError, match="'wte' has shape"):
-        GPT.from_parameters(TINY, wrong)
+        GPT.from_parameters(wrong, TINY)
     with pytest.raises(ParameterError, match="unexpected parameter 'w_u'"):
-        GPT.from_parameters(TINY, dict(params, w_u=np.zeros((32, 64))))
+        GPT.from_parameters(dict(params, w_u=np.zeros((32, 64))), TINY)
 
 
 def test_unknown_dtype_is_refused() -> None:
     with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
         resolve_dtype("int8")
     with pytest.raises(ValueError, match="unsupported dtype"):
-        GPT.from_parameters(TINY, init_parameters(TINY), dtype="float8")
+        GPT.from_parameters(init_parameters(TINY), TINY, dtype="float8")
 
 
 # --- parameters in and out ---------------------------------------------------------------------
@@ -292,19 +292,19 @@ def test_unknown_dtype_is_refused() -> None:
 def test_parameters_round_trip(name: str) -> None:
     config = VARIANTS[name]
     params = random_parameters(config)
-    back = GPT.from_parameters(config, params, dtype="float64").parameters_numpy()
+    back = GPT.from_parameters(params, config, dtype="float64").parameters_numpy()
     assert set(back) == set(params)
     for k in params:
         assert back[k].dtype == np.float64
         np.testing.assert_array_equal(back[k], params[k])
-    back32 = GPT.from_parameters(config, params, dtype="float32").parameters_numpy()
+    back32 = GPT.from_parameters(params, config, dtype="float32").parameters_numpy()
     for k in params:  # float32 storage: exactly the float32 rounding of each value
         np.testing.assert_array_equal(back32[k], params[k].astype(np.float32))
 
 
 def test_from_parameters_copies_torch_tensors() -> None:
     params = {k: torch.as_tensor(v) for k, v in init_parameters(TINY).items()}
-    model = GPT.from_parameters(TINY, params, dtype="float64")
+    model = GPT.from_parameters(params, TINY, dtype="float64")
     params["wte"].zero_()
     assert model.wte.abs().sum() > 0
     assert all(p.requires_grad for p in model.parameters())
@@ -352,7 +352,7 @@ def test_cached_prefill_and_decode_equal_the_full_forward(name: str) -> None:
     tokens = torch.as_tensor(random_tokens(config, 2, config.n_ctx))
     chunks = [5, 1, 3] + [1] * (config.n_ctx - 9)
     for dtype in ("float64", "float32"):
-        model = GPT.from_parameters(config, params, dtype=dtype)
+        model = GPT.from_parameters(params, config, dtype=dtype)
         full = model(tokens)
         cached = feed_in_chunks(model, tokens, chunks)
         for got in (full, cached):
@@ -365,7 +365,7 @@ def test_a_cache_at_the_wrong_position_is_caught() -> None:
     wrong slot) misses the budget: the cached comparison is sensitive to positions."""
     config = TINY
     params = random_parameters(config)
-    model = GPT.from_parameters(config, params, dtype="float64")
+    model = GPT.from_parameters(params, config, dtype="float64")
     tokens = random_tokens(config, 1, 8)
     want, bound = reference_and_budget(tokens, params, config, "float64")
     cache = model.new_cache(1)
@@ -384,7 +384,7 @@ def test_batch_of_different_lengths_equals_each_sequence_alone(dtype: torch.dtyp
                                                                device: str) -> None:
     config = TINY
     params = random_parameters(config, seed=4)
-    model = GPT.from_parameters(config, params, dtype=dtype, device=device)
+    model = GPT.from_parameters(params, config, dtype=dtype, device=device)
     lengths = [3, 7, 1, 5]
     rng = np.random.default_rng(5)
     seqs = [rng.integers(0, config.vocab_size, n + 6) for n in lengths]  # prompt + 6 more
@@ -416,7 +416,7 @@ def test_batch_of_different_lengths_equals_each_sequence_alone(dtype: torch.dtyp
 def test_last_only_gives_each_sequences_last_real_logits() -> None:
     config = TINY
     params = random_parameters(config, seed=10)
-    model = GPT.from_parameters(config, params, dtype="float64")
+    model = GPT.from_parameters(params, config, dtype="float64")
     tokens = random_tokens(config, 3, 6, seed=11)
     want, bound = reference_and_budget(tokens, params, config, "float64")
     last = model(torch.as_tensor(tokens), last_only=True)
@@ -438,7 +438,7 @@ def test_last_only_gives_each_sequences_last_real_logits() -> None:
 def test_padded_prefill_then_chunked_feed_keeps_positions() -> None:
     """After a padded prefill, a multi-token feed with its own lengths stays exact."""
     config = PRESETS["tiny-post"]
-    model = GPT.from_parameters(config, random_parameters(config, 6), dtype="float64")
+    model = GPT.from_parameters(random_parameters(config, 6), config, dtype="float64")
     seqs = torch.as_tensor(random_tokens(config, 2, 12, seed=7))
     cache = model.new_cache(2)
     model(torch.stack([seqs[0, :4], seqs[1, :4]]), cache=cache, lengths=torch.tensor([4, 2]))
@@ -459,7 +459,7 @@ def test_padding_never_overwrites_cached_positions() -> None:
     its cached keys and values stay as they were, and the other sequence stays exact."""
     config = TINY
     params = random_parameters(config, seed=8)
-    model = GPT.from_parameters(config, params, dtype="float64")
+    model = GPT.from_parameters(params, config, dtype="float64")
     seqs = random_tokens(config, 2, 6, seed=9)
     cache = model.new_cache(2, max_len=6)
     model(torch.as_tensor(seqs), cache=cache, lengths=torch.tensor([6, 3]))
@@ -640,7 +640,7 @@ def test_torch_backend_forward(dtype: str, device: str) -> None:
     assert "torch" in backend.version and "gptspec" in backend.version
     params = random_parameters(TINY)
     tokens = random_tokens(TINY, 2, 7)
-    got = backend.forward(TINY, params, tokens)
+    got = backend.forward(tokens, params, TINY)
     assert got.shape == (2, 7, TINY.vocab_size)
     assert got.dtype == (np.float32 if dtype == "bfloat16" else np.dtype(dtype))
     result = against_reference(got, tokens, params, TINY, dtype)
@@ -655,12 +655,12 @@ def test_torch_backend_reuses_a_model_with_the_new_parameters() -> None:
     tokens = random_tokens(TINY, 2, 5)
     for seed, config in enumerate(configs):
         params = random_parameters(config, seed=seed)
-        result = against_reference(backend.forward(config, params, tokens), tokens, params,
+        result = against_reference(backend.forward(tokens, params, config), tokens, params,
                                    config, "float64")
         assert result.passed, f"call {seed}: {result.describe()}"
     assert len(backend._models) == 3
     with pytest.raises(ParameterError, match="'wte' has shape"):
-        backend.forward(TINY, dict(random_parameters(TINY), wte=np.zeros((3, 32))), tokens)
+        backend.forward(tokens, dict(random_parameters(TINY), wte=np.zeros((3, 32))), TINY)
 
 
 def test_torch_backend_refuses_unknown_names_and_devices() -> None:
@@ -678,7 +678,7 @@ def test_reference_backend() -> None:
     assert (backend.name, backend.device, backend.dtype) == ("reference", "cpu", "float64")
     params = random_parameters(TINY)
     tokens = random_tokens(TINY, 2, 5)
-    np.testing.assert_array_equal(backend.forward(TINY, params, tokens),
+    np.testing.assert_array_equal(backend.forward(tokens, params, TINY),
                                   gpt_forward(tokens, params, TINY))
     assert set(backend.implemented_ops()) == set(R.__all__) - {"gpt_forward"}
     for name in backend.implemented_ops():

@@ -24,7 +24,7 @@ def checkpoint(tmp_path_factory):
     config = GPTConfig(vocab_size=tokenizer.vocab_size, n_ctx=16, d_model=32, n_layers=2,
                        n_heads=4, d_ff=64)
     params = init_parameters(config, seed=3, std=0.5)
-    save_model(path, config, params)
+    save_model(path, params, config)
     tokenizer.save(path / "tokenizer.json")
     return path, config, params, tokenizer
 
@@ -39,7 +39,7 @@ def expected_text(checkpoint, prompt_text, n, **options):
     """The reference loop's continuation (float64), decoded, end-of-text left out."""
     path, config, params, tokenizer = checkpoint
     prompt = tokenizer.encode(prompt_text) or [tokenizer.eot_token]
-    [tokens] = R.generate(params, config, [prompt], n, eot_token=tokenizer.eot_token,
+    [tokens] = R.generate([prompt], params, config, n, eot_token=tokenizer.eot_token,
                           **options)
     return tokenizer.decode([t for t in tokens if t != tokenizer.eot_token])
 
@@ -172,6 +172,6 @@ def test_streaming_prints_before_generation_ends(checkpoint, monkeypatch, capsys
                  "--temperature", "0", "--max-new-tokens", "4", "--dtype", "float64"])
     assert code == 0
     _, config, params, tokenizer = checkpoint
-    [tokens] = R.generate(params, config, [tokenizer.encode("Hi")], 4, temperature=0)
+    [tokens] = R.generate([tokenizer.encode("Hi")], params, config, 4, temperature=0)
     assert tokenizer.eot_token not in tokens  # (else the last step would print nothing)
     assert events == ["sample", "write"] * 4

@@ -285,11 +285,11 @@ def test_reference_loop_equals_the_spec_loop():
         return row(R.gpt_forward(np.array(context), params, config)[-1])
 
     spec = SPEC["generate"](prompt, next_logits, n, config.n_ctx)
-    assert R.generate(params, config, [prompt], n, temperature=0) == [spec]
+    assert R.generate([prompt], params, config, n, temperature=0) == [spec]
     draws = np.random.default_rng(9).random(n)
     spec_sampled = SPEC["generate"](prompt, next_logits, n, config.n_ctx, 1, 4, None,
                                     [sp.Float(u, 30) for u in draws])
-    ref_sampled = R.generate(params, config, [prompt], n, temperature=1.0, top_k=4,
+    ref_sampled = R.generate([prompt], params, config, n, temperature=1.0, top_k=4,
                              rng=FixedDraws(*draws))
     assert ref_sampled == [spec_sampled]
 
@@ -298,12 +298,12 @@ def test_reference_generate_crops_stops_and_reports_logits():
     config, params = peaked("tiny")
     long_prompt = list(np.random.default_rng(1).integers(0, config.vocab_size, 40))
     cropped = long_prompt[-config.n_ctx:]
-    assert R.generate(params, config, [long_prompt], 5, temperature=0) == \
-        R.generate(params, config, [cropped], 5, temperature=0)
-    first = R.generate(params, config, [cropped], 1, temperature=0)[0][0]
-    assert R.generate(params, config, [cropped], 10, temperature=0, eot_token=first) == [[first]]
-    assert R.generate(params, config, [cropped], 0, temperature=0) == [[]]
-    [tokens], [logits] = R.generate(params, config, [[1, 2]], 3, temperature=0,
+    assert R.generate([long_prompt], params, config, 5, temperature=0) == \
+        R.generate([cropped], params, config, 5, temperature=0)
+    first = R.generate([cropped], params, config, 1, temperature=0)[0][0]
+    assert R.generate([cropped], params, config, 10, temperature=0, eot_token=first) == [[first]]
+    assert R.generate([cropped], params, config, 0, temperature=0) == [[]]
+    [tokens], [logits] = R.generate([[1, 2]], params, config, 3, temperature=0,
                                     return_logits=True)
     expected = R.gpt_forward(np.array([1, 2, *tokens[:2]]), params, config)[1:]
     np.testing.assert_array_equal(logits, expected)
@@ -312,21 +312,21 @@ def test_reference_generate_crops_stops_and_reports_logits():
 
 def test_reference_sampling_stays_in_the_top_k_and_is_seeded():
     config, params = peaked("tiny")
-    [tokens], [logits] = R.generate(params, config, [[1]], 12, temperature=1.5, top_k=3,
+    [tokens], [logits] = R.generate([[1]], params, config, 12, temperature=1.5, top_k=3,
                                     rng=np.random.default_rng(4), return_logits=True)
     for t, z in zip(tokens, logits, strict=True):
         assert z[t] >= np.sort(z)[-3]
-    assert [tokens] == R.generate(params, config, [[1]], 12, temperature=1.5, top_k=3,
+    assert [tokens] == R.generate([[1]], params, config, 12, temperature=1.5, top_k=3,
                                   rng=np.random.default_rng(4))
     with pytest.raises(ValueError, match="rng"):
-        R.generate(params, config, [[1]], 2, temperature=1.0)
+        R.generate([[1]], params, config, 2, temperature=1.0)
 
 
 # --- gptspec.fast.generate -------------------------------------------------------------------
 
 
-def fast_model(config, params, dtype="float64") -> GPT:
-    return GPT.from_parameters(config, params, dtype=dtype).requires_grad_(False)
+def fast_model(params, config, dtype="float64") -> GPT:
+    return GPT.from_parameters(params, config, dtype=dtype).requires_grad_(False)
 
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1]]
@@ -336,9 +336,9 @@ PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1]]
 def test_fast_greedy_equals_the_reference_loop(name):
     config, params = peaked(name)
     n = config.n_ctx + 5  # past n_ctx: cropping and the cache refill are exercised
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     tokens, logits = generate(model, PROMPTS, n, GREEDY, return_logits=True)
-    refs, refs_logits = R.generate(params, config, PROMPTS, n, temperature=0, return_logits=True)
+    refs, refs_logits = R.generate(PROMPTS, params, config, n, temperature=0, return_logits=True)
     for got, got_logits, ref, ref_logits in zip(tokens, logits, refs, refs_logits, strict=True):
         assert got == ref
         # float64 both ways: the cache changes only the summation order
@@ -349,7 +349,7 @@ def test_fast_greedy_equals_the_reference_loop(name):
 
 def test_fast_cache_equals_no_cache_and_batch_equals_alone():
     config, params = peaked("tiny", seed=2)
-    model = fast_model(config, params, "float32")
+    model = fast_model(params, config, "float32")
     n = config.n_ctx + 3
     cached, cached_logits = generate(model, PROMPTS, n, return_logits=True)
     fresh, fresh_logits = generate(model, PROMPTS, n, use_cache=False, return_logits=True)
@@ -364,7 +364,7 @@ def test_fast_cache_equals_no_cache_and_batch_equals_alone():
 
 def test_fast_stops_each_sequence_on_its_own():
     config, params = peaked("tiny")
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     free = generate(model, PROMPTS, 6)
     eot = free[1][2]  # sequence 1's third token: it stops there (others may too, earlier)
     stopped = generate(model, PROMPTS, 6, eot_token=eot)
@@ -380,7 +380,7 @@ def test_fast_stops_each_sequence_on_its_own():
 
 def test_fast_stream_yields_each_token_before_computing_the_next(monkeypatch):
     config, params = peaked("tiny")
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     calls = []
     # every forward computation (the model's, or the decoding step's) starts with it
     embed = ops.input_representation
@@ -398,7 +398,7 @@ def test_fast_stream_yields_each_token_before_computing_the_next(monkeypatch):
 
 def test_fast_sampling_is_seeded_and_stays_in_the_filtered_set():
     config, params = peaked("tiny")
-    model = fast_model(config, params, "float32")
+    model = fast_model(params, config, "float32")
     sampling = Sampling(temperature=1.3, top_k=4, top_p=0.9)
     a, logits = generate(model, PROMPTS, 12, sampling, seed=11, return_logits=True)
     assert generate(model, PROMPTS, 12, sampling, seed=11) == a
@@ -433,7 +433,7 @@ def test_fast_filters_follow_the_tie_rules():
 
 def test_fast_generate_rejects_bad_input():
     config, params = peaked("tiny")
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     for prompts, match in [([[]], "empty"), ([[config.vocab_size]], "outside"), ([], "non-empty")]:
         with pytest.raises(ValueError, match=match):
             generate(model, prompts, 3)
@@ -482,7 +482,7 @@ class TopKExactlyK(TorchBackend):
         return R.sampling_distribution(z, temperature, None, top_p)
 
 
-def _literal_loop(params, config, prompts, max_new_tokens, crop, next_logits=None, **options):
+def _literal_loop(prompts, params, config, max_new_tokens, crop, next_logits=None, **options):
     """The reference loop with a replaceable crop (for planted bugs)."""
     out, out_logits = [], []
     for prompt in prompts:
@@ -501,18 +501,18 @@ def _literal_loop(params, config, prompts, max_new_tokens, crop, next_logits=Non
 
 
 class CropsTheWrongEnd(ReferenceBackend):
-    def generate(self, params, config, prompts, max_new_tokens, **options):
-        return _literal_loop(params, config, prompts, max_new_tokens,
+    def generate(self, prompts, params, config, max_new_tokens, **options):
+        return _literal_loop(prompts, params, config, max_new_tokens,
                              lambda seq, n_ctx: seq[:n_ctx], **options)
 
 
 class LeftPaddedBatch(TorchBackend):
     """Pads a batch on the left with token 0 and lets the padding into the context."""
 
-    def generate(self, params, config, prompts, max_new_tokens, **options):
+    def generate(self, prompts, params, config, max_new_tokens, **options):
         width = max(len(p) for p in prompts)
         padded = [[0] * (width - len(p)) + list(p) for p in prompts]
-        return _literal_loop(params, config, padded, max_new_tokens,
+        return _literal_loop(padded, params, config, max_new_tokens,
                              lambda seq, n_ctx: seq[-n_ctx:], **options)
 
 
@@ -523,16 +523,16 @@ class GeneratorKeptAcrossCalls(TorchBackend):
         super().__init__(*args, **kwargs)
         self.rng = np.random.default_rng(0)
 
-    def generate(self, params, config, prompts, max_new_tokens, **options):
+    def generate(self, prompts, params, config, max_new_tokens, **options):
         options["rng"] = self.rng
-        return super().generate(params, config, prompts, max_new_tokens, **options)
+        return super().generate(prompts, params, config, max_new_tokens, **options)
 
 
 class SamplesFromTheUnfilteredSoftmax(TorchBackend):
-    def generate(self, params, config, prompts, max_new_tokens, **options):
+    def generate(self, prompts, params, config, max_new_tokens, **options):
         options.pop("top_k", None)
         options.pop("top_p", None)
-        return super().generate(params, config, prompts, max_new_tokens, **options)
+        return super().generate(prompts, params, config, max_new_tokens, **options)
 
 
 @pytest.mark.parametrize("backend, check_id", [
@@ -564,7 +564,7 @@ def test_fast_greedy_equals_transformers_generate_on_the_same_weights():
 
     config = preset("tiny").replace(n_ctx=32)
     params = init_parameters(config, seed=5, std=0.5)
-    model = fast_model(config, params)
+    model = fast_model(params, config)
     hf = hf_model(config, model)
     prompts = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
     ours = generate(model, prompts.tolist(), 12, GREEDY)

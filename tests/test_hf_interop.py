@@ -102,7 +102,7 @@ def test_float32_transformers_and_fast_backend_within_the_derived_budget(case):
     bound = gpt_forward_bound(tokens, params, config, Precision.of("float32"))
     hf = compare(hf_logits(model, tokens), expected, bound)
     assert hf.passed, hf.describe()
-    fast = GPT.from_parameters(config, params, device="cpu", dtype=torch.float32).eval()
+    fast = GPT.from_parameters(params, config, device="cpu", dtype=torch.float32).eval()
     with torch.no_grad():
         ours = fast(torch.as_tensor(tokens)).double().numpy()
     result = compare(ours, expected, bound)
@@ -113,7 +113,7 @@ def test_float32_transformers_and_fast_backend_within_the_derived_budget(case):
 def test_export_loads_in_transformers_with_the_same_logits(tmp_path, case):
     source = random_hf_model(**HF_CONFIGS[case])
     config, params = from_hf_model(source)
-    out = save_hf_dir(tmp_path / "hf", config, params, dtype=torch.float64)
+    out = save_hf_dir(tmp_path / "hf", params, config, dtype=torch.float64)
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     loaded = transformers.GPT2LMHeadModel.from_pretrained(str(out), dtype=torch.float64).eval()
     tokens = tokens_for(config)
@@ -127,7 +127,7 @@ def test_float32_export_within_the_derived_budget(tmp_path):
     from gptspec.spec import init_parameters
 
     params = {k: round_to(v, "float32") for k, v in init_parameters(config, seed=5).items()}
-    out = save_hf_dir(tmp_path / "hf", config, params)
+    out = save_hf_dir(tmp_path / "hf", params, config)
     loaded = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
     assert loaded.dtype == torch.float32
     tokens = tokens_for(config)
@@ -140,13 +140,13 @@ def test_float32_export_within_the_derived_budget(tmp_path):
 def test_round_trip_is_exact(tmp_path, case):
     source = random_hf_model(dtype=torch.float32, **HF_CONFIGS[case])
     config, params = from_hf_model(source)
-    out = save_hf_dir(tmp_path / "hf", config, params)
+    out = save_hf_dir(tmp_path / "hf", params, config)
     config2, params2 = load_hf_dir(out)
     assert config2 == config
     assert params2.keys() == params.keys()
     for k in params:
         np.testing.assert_array_equal(params2[k], params[k])
-    exported = to_hf_model(config2, params2).state_dict()
+    exported = to_hf_model(params2, config2).state_dict()
     for k, v in source.state_dict().items():
         assert torch.equal(exported[k], v), k
 
@@ -198,14 +198,14 @@ def test_bad_directories(tmp_path):
     with pytest.raises(InteropError, match="no .safetensors"):
         load_hf_dir(tmp_path / "bin")
     config, params = from_hf_model(model)
-    out = save_hf_dir(tmp_path / "ok", config, params)
+    out = save_hf_dir(tmp_path / "ok", params, config)
     weights = out / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(InteropError, match="cannot be loaded") as err:
         load_hf_dir(out)
     assert "\n" not in str(err.value)
     with pytest.raises(InteropError, match="already exists"):
-        save_hf_dir(out, config, params)
+        save_hf_dir(out, params, config)
     (out / "config.json").write_text("{not json")
     with pytest.raises(InteropError, match="config.json cannot be read") as err:
         load_hf_dir(out)
@@ -224,7 +224,7 @@ def test_convert_command_round_trip(tmp_path, capsys):
     from gptspec.spec import init_parameters
 
     params = {k: round_to(v, "float32") for k, v in init_parameters(config, seed=7).items()}
-    save_model(tmp_path / "ck", config, params)
+    save_model(tmp_path / "ck", params, config)
     assert main(["convert", "--to-hf", str(tmp_path / "ck"), str(tmp_path / "hf")]) == 0
     loaded = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf"))
     assert from_hf_model(loaded)[0] == config
@@ -237,7 +237,7 @@ def test_convert_command_round_trip(tmp_path, capsys):
     # refusals: an existing output, a missing source, an inexpressible model
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 2
     assert main(["convert", "--to-hf", str(tmp_path / "none"), str(tmp_path / "x")]) == 2
-    save_model(tmp_path / "post", PRESETS["tiny-post"], init_parameters(PRESETS["tiny-post"]))
+    save_model(tmp_path / "post", init_parameters(PRESETS["tiny-post"]), PRESETS["tiny-post"])
     assert main(["convert", "--to-hf", str(tmp_path / "post"), str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("gptspec convert: error:") for line in err)
@@ -287,7 +287,7 @@ def write_checkpoint(path, tokenizer=None, vocab_size=320, seed=7):
 
     config = PRESETS["tiny"].replace(vocab_size=vocab_size)
     params = {k: round_to(v, "float32") for k, v in init_parameters(config, seed=seed).items()}
-    save_model(path, config, params)
+    save_model(path, params, config)
     if tokenizer is not None:
         tokenizer.save(path / "tokenizer.json")
     return config, params
@@ -345,8 +345,8 @@ def test_round_trip_keeps_the_tokenizer_and_the_logits(tmp_path, capsys):
     assert config2 == config
     tokens = torch.as_tensor([ids[: config.n_ctx]])
     with torch.no_grad():
-        before = GPT.from_parameters(config, params, dtype=torch.float32)(tokens)
-        after = GPT.from_parameters(config2, params2, dtype=torch.float32)(tokens)
+        before = GPT.from_parameters(params, config, dtype=torch.float32)(tokens)
+        after = GPT.from_parameters(params2, config2, dtype=torch.float32)(tokens)
     assert torch.equal(before, after)
 
     # end to end: the converted checkpoint generates what the original does
@@ -369,7 +369,7 @@ def hf_model_dir(path, vocab_size=320):
     """A transformers directory holding weights only."""
     config, params = from_hf_model(random_hf_model(dtype=torch.float32, vocab_size=vocab_size,
                                                    n_positions=16, n_embd=32, n_layer=1))
-    return save_hf_dir(path, config, params)
+    return save_hf_dir(path, params, config)
 
 
 def test_from_hf_reads_gpt2_classic_vocab_and_merges(tmp_path):

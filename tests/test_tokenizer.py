@@ -231,8 +231,9 @@ def test_fast_backend_passes_conformance_check(check_id):
 def test_a_model_backend_without_a_tokenizer_is_reported_not_implemented():
     class NoTokenizer:
         name, version, device, dtype = "none", "0", "cpu", "float64"
+        protocol_version = 2
 
-        def forward(self, config, params, tokens):
+        def forward(self, tokens, params, config):
             raise NotImplementedError
 
     results = run_tokenizer_checks(NoTokenizer(), *TOKENIZER_CHECKS)

@@ -130,12 +130,12 @@ def test_training_is_deterministic_and_resumes_bit_identically():
     config = CONFIGS[0].replace(vocab_size=256)
     params = init_parameters(config, 1)
     tokens = _tokens(config, 200)
-    a = train.train_losses(config, params, tokens, 4, seed=5)
-    b = train.train_losses(config, params, tokens, 4, seed=5)
+    a = train.train_losses(tokens, params, config, 4, seed=5)
+    b = train.train_losses(tokens, params, config, 4, seed=5)
     assert a == b
-    assert train.train_losses(config, params, tokens, 4, seed=6) != a  # the seed matters
+    assert train.train_losses(tokens, params, config, 4, seed=6) != a  # the seed matters
     for k in (1, 3):
-        assert train.train_losses(config, params, tokens, 4, seed=5, resume_at=k) == a
+        assert train.train_losses(tokens, params, config, 4, seed=5, resume_at=k) == a
 
 
 def test_resume_with_a_sampler_state_the_checkpoint_lacks_is_not_identical(monkeypatch):
@@ -150,8 +150,8 @@ def test_resume_with_a_sampler_state_the_checkpoint_lacks_is_not_identical(monke
         return [self.data.batch("train", self.settings.batch_size, rng)]
 
     monkeypatch.setattr(train.Trainer, "next_batches", stateful)
-    whole = train.train_losses(config, params, tokens, 4, seed=5)
-    assert train.train_losses(config, params, tokens, 4, seed=5, resume_at=2) != whole
+    whole = train.train_losses(tokens, params, config, 4, seed=5)
+    assert train.train_losses(tokens, params, config, 4, seed=5, resume_at=2) != whole
 
 
 def test_the_batches_are_keyed_by_seed_rank_and_step():

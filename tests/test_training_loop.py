@@ -38,7 +38,7 @@ def test_one_step_of_the_reference_loop_worked_out_by_hand():
                                  warmup_steps=2, decay_steps=10, weight_decay=0.1, grad_clip=0.05,
                                  seed=9)
     params, tokens = _params(), _tokens()
-    losses, lrs, trajectory = ref.train_loop(CONFIG, params, tokens, settings)
+    losses, lrs, trajectory = ref.train_loop(tokens, params, CONFIG, settings)
 
     # the batches: one generator keyed [seed, rank 0, step 0], two draws of 2 offsets
     rng = np.random.default_rng([9, 0, 0])
@@ -103,7 +103,7 @@ def test_bad_settings_are_refused_in_one_line():
     with pytest.raises(ValueError, match="cannot hold a sequence"):
         training_batches(np.arange(4), 0, TrainLoopSettings(max_steps=1, batch_size=1), 4)
     with pytest.raises(ValueError, match="float32 or float64 parameters, not bfloat16"):
-        TorchBackend("cpu", "bfloat16").train_loop(CONFIG, _params(), _tokens(),
+        TorchBackend("cpu", "bfloat16").train_loop(_tokens(), _params(), CONFIG,
                                                    TrainLoopSettings(max_steps=1, batch_size=1))
 
 
@@ -125,9 +125,9 @@ def test_the_fast_loop_follows_the_reference_loop_in_float64():
     settings = TrainLoopSettings(max_steps=3, batch_size=2, grad_accum=2, lr=1e-2, min_lr=1e-3,
                                  warmup_steps=1, weight_decay=0.1, grad_clip=0.3, seed=2)
     params, tokens = _params(), _tokens()
-    losses, lrs, trajectory = ref.train_loop(CONFIG, params, tokens, settings)
+    losses, lrs, trajectory = ref.train_loop(tokens, params, CONFIG, settings)
     got_losses, got_lrs, got_trajectory = TorchBackend("cpu", "float64").train_loop(
-        CONFIG, params, tokens, settings)
+        tokens, params, CONFIG, settings)
     np.testing.assert_allclose(got_losses, losses, rtol=1e-12)
     assert got_lrs == lrs
     for name, value in trajectory[-1].items():
@@ -163,7 +163,7 @@ def test_the_loop_check_is_declared_float32_and_float64_only():
 
 @pytest.mark.parametrize("name", LOOP_MUTANTS)
 def test_each_trainer_loop_mutant_is_killed_by_a_loop_check(name):
-    from gptspec.conformance.mutants import BY_NAME
+    from gptspec.fast.mutants import BY_NAME
 
     mutant = BY_NAME[name]
     for check_id in ("lr_schedule.in_the_loop", "train_loop.matches_reference"):

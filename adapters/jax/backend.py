@@ -54,6 +54,7 @@ class JaxBackend:
     """The decoder-only GPT in JAX, jit-compiled on the CPU, in float32 or a 16-bit dtype
     with float32 accumulation."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "jax"
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
@@ -162,10 +163,10 @@ class JaxBackend:
 
     # --- the whole model ---------------------------------------------------------------------
 
-    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         tokens = np.asarray(tokens)
         _check_tokens(tokens, config)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         return self._call("gpt_forward", ops.gpt_forward, (tokens, dict(params), config))
 
     # --- training ------------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class JaxBackend:
         tokens, targets = np.asarray(tokens), np.asarray(targets)
         _check_tokens(tokens, config)
         _check_ids(targets, config.vocab_size)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         loss, grads = self._call("gpt_backward", _loss_and_grads,
                                  (tokens, targets, dict(params), config))
         return float(loss), {k: np.asarray(g, dtype=np.float64) for k, g in grads.items()}
@@ -227,7 +228,7 @@ class JaxBackend:
         return self._run(f"sampling_distribution/{top_k}/{nucleus}", distribution,
                          (logits, jnp.float32(temperature), jnp.float32(top_p or 1.0)))
 
-    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+    def generate(self, prompts: Any, params: Mapping[str, Any], config: GPTConfig,
                  max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eot_token: int | None = None,
                  rng: np.random.Generator | None = None, return_logits: bool = False) -> Any:
@@ -248,7 +249,7 @@ class JaxBackend:
             if not seq:
                 raise ValueError(f"prompt {b} is empty: generation needs at least one token")
             _check_ids(np.asarray(seq), config.vocab_size)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         weights = self._in(dict(params))
         new: list[list[int]] = [[] for _ in sequences]
         logits_out: list[list[np.ndarray]] = [[] for _ in sequences]

@@ -56,8 +56,8 @@ def report_paths(root: Path) -> list[Path]:
 
 
 SCHEMA = "gptspec-conformance"
-VERSIONS = (1, 2, 3)  # 2 added settings.timeout_s, isolated, saved and adjudication;
-# 3 the status not-applicable, checks[].not_applicable and provenance
+VERSIONS = (1, 2, 3, 4)  # 2 added settings.timeout_s, isolated, saved and adjudication;
+# 3 the status not-applicable, checks[].not_applicable and provenance; 4 protocol
 
 
 def _describe_backend(info: Any) -> str:

@@ -73,7 +73,7 @@ CHOSEN: dict[str, tuple[tuple[str, ...], str, str | None]] = {
                            "tokens = np.array([1, 4, 2, 0, 3, 1, 2, 4, 0, 3, 2, 1])",
                            "settings = TrainLoopSettings(max_steps=3, batch_size=2, "
                            "warmup_steps=1, seed=0)"),
-                   "config, params, tokens, settings", "[round(loss, 6) for loss in result[0]]"),
+                   "tokens, params, config, settings", "[round(loss, 6) for loss in result[0]]"),
     "gpt_backward": (TINY, "np.array([1, 4, 2]), np.array([4, 2, 0]), params, config",
                      'result[0], result[1]["wte"]'),
     "adamw_step": (("theta = np.array([1.0, -2.0])", "g = np.array([0.5, 0.5])",
@@ -88,7 +88,7 @@ CHOSEN: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "sample_token": (("q = np.array([0.1, 0.6, 0.3])",), "q, np.random.default_rng(0)", None),
     "crop_context": ((), "[1, 2, 3, 4, 5, 6], 4", None),
     "stop_condition": ((), "50256, 3, 10, eot_token=50256", None),
-    "generate": (TINY, "params, config, [[1, 4]], 3, temperature=0.0", None),
+    "generate": (TINY, "[[1, 4]], params, config, 3, temperature=0.0", None),
     # the loss entries take the targets as token ids, not one-hot rows
     "cross_entropy_sum": (CE, "logits, targets", None),
     "cross_entropy_mean": (CE, "logits, targets", None),

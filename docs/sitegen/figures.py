@@ -131,7 +131,7 @@ def _train(config: Any, tokens: np.ndarray) -> tuple[Any, dict[str, np.ndarray],
     return config, params, history
 
 
-def attention_patterns(config: Any, params: dict[str, np.ndarray], tokens: np.ndarray
+def attention_patterns(tokens: np.ndarray, params: dict[str, np.ndarray], config: Any
                        ) -> list[np.ndarray]:
     """Per layer, the (h, T, T) attention weights, computed with the reference functions."""
     from gptspec import reference as ref
@@ -215,7 +215,7 @@ def make_figures(out_dir: Path, cache_root: Path) -> dict[str, float]:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         plot_loss(history, tmp / "loss-curve.png")
-        plot_attention(attention_patterns(config, params, tokens), PROMPT, tmp / "attention.png")
+        plot_attention(attention_patterns(tokens, params, config), PROMPT, tmp / "attention.png")
         stats = {"train_seconds": seconds, "steps": STEPS, "final_val": history["val"][-1],
                  "model": model_class()[1]}
         (tmp / "stats.json").write_text(json.dumps(stats))

@@ -72,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         # memory): one line, and with GPTSPEC_TRACEBACK=1 the traceback for a bug report
         if os.environ.get("GPTSPEC_TRACEBACK"):
             raise
+        if isinstance(err, ModuleNotFoundError) and (err.name or "").partition(".")[0] == "torch":
+            # torch is an extra: the conformance suite runs without it, training and
+            # generation do not
+            print(error_line(args.command, CLIError(
+                "this needs PyTorch, which is not installed: pip install 'gptspec[torch]'")),
+                file=sys.stderr)
+            return 2
         print(f"gptspec {args.command}: error: {_describe(err)}", file=sys.stderr)
         return 1
 

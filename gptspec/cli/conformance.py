@@ -3,7 +3,7 @@
 With no ``--backend`` it validates the built-in PyTorch backend on the CPU in float32
 and float64, and, when a CUDA device is present, on it in float32, bfloat16 and float16,
 also with the FlashAttention and memory-efficient SDPA kernels forced
-(:mod:`gptspec.conformance.sdpa_kernels`).
+(:mod:`gptspec.fast.sdpa_kernels`).
 
 A backend given with ``--backend`` runs isolated by default: its checks run in a worker
 process, with a per-check time limit, so that a hang or a crash is reported and the run
@@ -48,13 +48,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "take down (default: on for --backend, off for the built-in)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                         help="time limit per check (default 300; 0 for none)")
+    parser.add_argument("--adjudicate-with", default="torch", metavar="SPEC",
+                        help="the plain backend a low-precision failure is compared with, "
+                             "on the CPU in the same dtype (default: the built-in torch; "
+                             "none: no adjudication)")
     parser.add_argument("--list-checks", action="store_true", help="list the checks and exit")
     parser.add_argument("--list-backends", action="store_true",
                         help="list the installed backends and exit")
 
 
-FLASH = "gptspec.conformance.sdpa_kernels:flash"
-EFFICIENT = "gptspec.conformance.sdpa_kernels:efficient"
+FLASH = "gptspec.fast.sdpa_kernels:flash"
+EFFICIENT = "gptspec.fast.sdpa_kernels:efficient"
 
 
 def _cuda_targets() -> list[tuple[str, str | None, str | None]]:
@@ -171,6 +175,7 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
     common = dict(profile=args.profile, seed=args.seed, select=selected, area=area,
                   reproduce=shlex.join(repro), timeout=timeout,
                   save_failures=args.save_failures,
+                  plain=None if args.adjudicate_with == "none" else args.adjudicate_with,
                   on_result=lambda r: print(report.line(r), flush=True),
                   header=lambda s: print(report.header(s), flush=True))
     try:

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                       else str(folder / "model.safetensors"))
             tokenizer = None if args.no_tokenizer else _checkpoint_tokenizer(source)
             try:
-                save_hf_dir(out, config, params, dtype=getattr(torch, args.dtype),
+                save_hf_dir(out, params, config, dtype=getattr(torch, args.dtype),
                             tokenizer=tokenizer)
             except TokenizerInteropError as err:
                 raise CLIError(f"{err}{NO_TOKENIZER_HINT}") from None
@@ -160,7 +160,7 @@ def _from_hf(args: argparse.Namespace, out: Path) -> None:
     try:
         if tokenizer is not None:
             tokenizer.save(out / TOKENIZER_FILE)  # atomic: temporary name, then rename
-        save_model(out, config, _cast(params, args.dtype))  # refuses NaN or infinite weights
+        save_model(out, _cast(params, args.dtype), config)  # refuses NaN or infinite weights
     except BaseException:
         # all or nothing: no tokenizer left without its model, no folder we made
         if tokenizer is not None:

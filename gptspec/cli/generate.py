@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
               f"context of {config.n_ctx}; keeping its last {config.n_ctx}", file=sys.stderr)
         prompt = prompt[-config.n_ctx:]
     try:
-        model = GPT.from_parameters(config, params, device=args.device, dtype=args.dtype)
+        model = GPT.from_parameters(params, config, device=args.device, dtype=args.dtype)
     except ValueError as err:
         raise CLIError(f"cannot build the model: {_one_line(err)}") from None
     model.requires_grad_(False)

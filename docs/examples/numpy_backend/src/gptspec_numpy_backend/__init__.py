@@ -5,9 +5,9 @@ named axes (b batch, t/s positions, h heads, k head features, d model features, 
 features, v vocabulary), activations are computed in float32, and the only thing taken
 from gptspec is what the protocol hands over (a ``GPTConfig`` and parameter names).
 
-Protocol (see ``gptspec.conformance.protocol``): ``name``, ``version``, ``device``,
-``dtype``, ``forward(config, params, tokens)``, and optional operations under the
-reference functions' names, each taking float64 NumPy and returning float32 NumPy.
+Protocol 2 (see ``gptspec.conformance.protocol``): ``protocol_version = 2``, ``name``,
+``version``, ``device``, ``dtype``, ``forward(tokens, params, config)``, and optional
+operations under the reference functions' names, each taking float64 NumPy and returning float32 NumPy.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def _f32(x: Any) -> np.ndarray:
 class NumpyBackend:
     """The forward pass in float32 NumPy. ``device`` is always the CPU."""
 
+    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "numpy-f32"
     version = f"{__version__} (numpy {np.__version__})"
     device = "cpu"
@@ -199,7 +200,7 @@ class NumpyBackend:
         nxt = np.asarray(tokens)[..., 1:, None]
         return np.take_along_axis(log_p, nxt, axis=-1)[..., 0].sum(axis=-1, dtype=F32)
 
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         tokens = np.asarray(tokens)
         block = getattr(self, {"pre": "block_pre_ln", "post": "block_post_ln",
                                "guide": "block_guide"}[config.norm])

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from gptspec.conformance.mutants import patched_ops
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend
+from gptspec.fast.mutants import patched_ops
 
 KERNELS = ("flash", "efficient")
 
@@ -70,9 +70,9 @@ class SDPAKernelBackend(TorchBackend):
 
         return sdpa_kernel([_kernel(self.kernel)])
 
-    def forward(self, config: Any, params: Any, tokens: Any) -> Any:
+    def forward(self, tokens: Any, params: Any, config: Any) -> Any:
         with self._forced(), patched_ops({"scaled_dot_product_attention": _sdpa_causal_flag}):
-            return super().forward(config, params, tokens)
+            return super().forward(tokens, params, config)
 
     def _wrap(self, name: str) -> Callable[..., Any]:
         def op(*args: Any, **kwargs: Any) -> Any:

@@ -13,7 +13,8 @@ generation mutant replaces a function of ``gptspec.fast.generate`` or a method o
 cache the same way. A tokenizer mutant is the built-in backend bringing a subclass of the
 fast tokenizer.
 
-``gptspec.conformance.mutation`` runs the suite against each and reports the first check
+The catalog lives beside the backend it mutates, not in the judge: ``gptspec.conformance``
+knows no backend. ``gptspec.fast.mutation`` runs the suite against each and reports the first check
 that fails ("killed by") and whether that check names one of the entries the mutant breaks.
 """
 
@@ -121,9 +122,9 @@ class MutantTorchBackend(TorchBackend):
         with patched_ops(self.patches), patched_paths(self.elsewhere):
             yield
 
-    def forward(self, config: Any, params: Any, tokens: Any) -> Any:
+    def forward(self, tokens: Any, params: Any, config: Any) -> Any:
         with self._mutated():
-            return super().forward(config, params, tokens)
+            return super().forward(tokens, params, config)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         with self._mutated():
