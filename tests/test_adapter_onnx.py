@@ -77,7 +77,7 @@ def test_forward_is_the_model_within_the_suites_budget(variant, dtype):
     backend = OnnxRuntimeBackend(dtype=dtype)
     params = {k: B.round_to(v, dtype) for k, v in small_params(config).items()}
     tokens = np.array([[1, 2, 3, 4, 0, 10], [5, 6, 7, 8, 9, 9]])
-    got = backend.forward(config, params, tokens)
+    got = backend.forward(tokens, params, config)
     assert got.shape == (2, 6, config.vocab_size) and got.dtype == np.float32
     bound = B.gpt_forward_bound(tokens, params, config, B.Precision.of(dtype))
     result = B.compare(got, ref.gpt_forward(tokens, params, config), B.budget(bound))
@@ -92,7 +92,7 @@ def test_one_session_serves_every_size_of_a_structure():
     for config, seed in ((BASE, 0), (BASE, 1), (other, 2)):
         params = small_params(config, seed)
         tokens = np.array([[0, 3, 5]])
-        got = backend.forward(config, params, tokens)
+        got = backend.forward(tokens, params, config)
         bound = B.gpt_forward_bound(tokens, params, config, B.Precision.of("float32"))
         assert B.compare(got, ref.gpt_forward(tokens, params, config), B.budget(bound)).passed
     assert sum(key[0] == "gpt_forward" for key in backend._sessions) == 1
@@ -114,7 +114,7 @@ def test_bad_input_is_refused_in_one_line():
     with pytest.raises(ValueError, match="top-k must be a positive integer"):
         backend.sampling_distribution(np.zeros(4), 1.0, top_k=0)
     with pytest.raises(ValueError, match="needs an explicit seeded rng"):
-        backend.generate(params, BASE, [[1]], 2, temperature=1.0)
+        backend.generate([[1]], params, BASE, 2, temperature=1.0)
 
 
 def test_every_configuration_is_supported():

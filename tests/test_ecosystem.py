@@ -26,8 +26,9 @@ import numpy as np
 
 class BrokenSoftmax:
     name, version, device, dtype = "broken-softmax", "0", "cpu", "float64"
+    protocol_version = 2
 
-    def forward(self, config, params, tokens):
+    def forward(self, tokens, params, config):
         raise NotImplementedError
 
     def softmax(self, z, axis=-1):

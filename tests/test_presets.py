@@ -95,7 +95,7 @@ def test_each_preset_shrunk_runs_within_budget_in_fast(name: str, dtype: str) ->
     tokens = np.random.default_rng(1).integers(0, config.vocab_size, (2, config.n_ctx))
     want = ref.gpt_forward(tokens, params, config)
     bound = B.budget(B.gpt_forward_bound(tokens, params, config, B.Precision.of(dtype)))
-    model = GPT.from_parameters(config, params, dtype=dtype)
+    model = GPT.from_parameters(params, config, dtype=dtype)
     whole = B.compare(model(torch.as_tensor(tokens)).detach().double().numpy(), want, bound)
     assert whole.passed, whole.describe()
     cache = model.new_cache(2)

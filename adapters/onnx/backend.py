@@ -46,6 +46,7 @@ class OnnxRuntimeBackend:
     float32 arithmetic)."""
 
     name = "onnxruntime"
+    protocol_version = 2
     KEEP_SESSIONS = 64
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
@@ -177,10 +178,10 @@ class OnnxRuntimeBackend:
         tied or untied output with or without bias, biases on or off, final norm or not)."""
         return None
 
-    def forward(self, config: GPTConfig, params: Mapping[str, Any], tokens: Any) -> np.ndarray:
+    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         tokens = np.asarray(tokens)
         _check_tokens(tokens, config)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         # one graph per structure: the sizes are dynamic, so the key leaves them out
         structure = (config.n_layers, config.n_heads, config.norm, config.ffn,
                      config.tied_embeddings, config.attn_bias, config.ffn_bias,
@@ -232,7 +233,7 @@ class OnnxRuntimeBackend:
         session = self._session(("sampling_distribution", logits.ndim, with_k, with_p), build)
         return _run(session, feeds, "sampling_distribution")[0]
 
-    def generate(self, params: Mapping[str, Any], config: GPTConfig, prompts: Any,
+    def generate(self, prompts: Any, params: Mapping[str, Any], config: GPTConfig,
                  max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eot_token: int | None = None,
                  rng: np.random.Generator | None = None, return_logits: bool = False) -> Any:
@@ -252,7 +253,7 @@ class OnnxRuntimeBackend:
             if not seq:
                 raise ValueError(f"prompt {b} is empty: generation needs at least one token")
             _check_ids(np.asarray(seq), config.vocab_size)
-        check_parameters(config, dict(params))
+        check_parameters(dict(params), config)
         new: list[list[int]] = [[] for _ in sequences]
         rows: list[list[np.ndarray]] = [[] for _ in sequences]
         active = list(range(len(sequences))) if max_new_tokens > 0 else []
@@ -260,7 +261,7 @@ class OnnxRuntimeBackend:
             still = []
             for b in active:
                 context = np.asarray([sequences[b][-config.n_ctx:]], dtype=np.int64)
-                row = self.forward(config, params, context)[0, -1]
+                row = self.forward(context, params, config)[0, -1]
                 q = np.asarray(self.sampling_distribution(row, temperature, top_k, top_p),
                                dtype=np.float64)
                 token = int(np.argmax(q)) if temperature == 0 else _draw(q, rng)
