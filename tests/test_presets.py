@@ -114,7 +114,7 @@ def test_the_budget_comparison_can_fail() -> None:
     want = ref.gpt_forward(tokens, params, config)
     bound = B.budget(B.gpt_forward_bound(tokens, params, config, B.Precision.of("float64")))
     no_positions = config.replace(positional_embedding=False)
-    model = GPT.from_parameters(no_positions, {k: v for k, v in params.items() if k != "wpe"},
+    model = GPT.from_parameters({k: v for k, v in params.items() if k != "wpe"}, no_positions,
                                 dtype="float64")
     assert not B.compare(model(torch.as_tensor(tokens)).detach().numpy(), want, bound).passed
 
