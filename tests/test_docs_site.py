@@ -106,6 +106,15 @@ def test_no_page_links_an_outside_asset(site: Path) -> None:
     assert not outside_assets(site)
 
 
+def test_the_repository_link_fetches_nothing(site: Path) -> None:
+    """The theme's stock repository link (data-md-component="source") makes its script ask
+    GitHub's API for stars and forks from the reader's browser; the site's own partial
+    (docs/overrides) links the repository without it."""
+    pages = list(site.rglob("*.html"))
+    assert any('class="md-source"' in p.read_text(encoding="utf-8") for p in pages)
+    assert not [p for p in pages if 'data-md-component="source"' in p.read_text(encoding="utf-8")]
+
+
 def test_the_outside_asset_scan_catches_each_kind(tmp_path: Path) -> None:
     planted = ['<script src="https://cdn.example.invalid/katex.js"></script>',
                '<link rel="stylesheet" href="//fonts.example.invalid/css">',
