@@ -108,14 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", action="append", choices=sorted(BACKENDS))
     parser.add_argument("--dtype", action="append",
                         choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 (default 3)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="N seeds from --first-seed (default 3)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first seed (default 0): to split the gate over processes")
     parser.add_argument("--profile", default=None, choices=("quick", "default", "thorough"))
     parser.add_argument("--area", default="all")
     args = parser.parse_args(argv)
     backends = args.backend or (list(QUICK_BACKENDS) if args.quick else list(BACKENDS))
     dtypes = args.dtype or (["float32", "bfloat16"] if args.quick
                             else ["float32", "bfloat16", "float16"])
-    seeds = range(1 if args.quick else args.seeds)
+    seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
     profile = args.profile or ("default" if args.quick else "thorough")
 
     rows, start = [], time.perf_counter()
