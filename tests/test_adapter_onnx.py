@@ -106,7 +106,7 @@ def test_bad_input_is_refused_in_one_line():
                             (np.zeros((1, 7), dtype=np.int64), "exceeds n_ctx=6"),
                             (np.array([[0.5]]), "token ids must be integers")):
         with pytest.raises(ValueError, match=message) as err:
-            backend.forward(BASE, params, tokens)
+            backend.forward(tokens, params, BASE)
         assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="linear: ONNX Runtime refused the input: .*MatMul") as err:
         backend.linear(np.ones((2, 3)), np.ones((4, 5)))
@@ -185,7 +185,7 @@ def test_the_adapter_imports_no_torch():
         "c = GPTConfig(vocab_size=5, n_ctx=4, d_model=4, n_layers=1, n_heads=2, d_ff=8)\n"
         "p = {s.name: np.full(s.shape, 0.1) for s in parameter_schema(c)}\n"
         "b = load_backend('onnxruntime', dtype='float16')\n"
-        "print(b.forward(c, p, np.array([[1, 2, 3]])).shape)\n"
+        "print(b.forward(np.array([[1, 2, 3]]), p, c).shape)\n"
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
