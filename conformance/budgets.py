@@ -69,6 +69,11 @@ LARGEST = {
     "bfloat16": 3.3895313892515355e38,
 }
 
+# The format a dtype's sums and products accumulate in (the attention_scores entry's
+# decision; Precision.u_acc is its unit roundoff): float32 for the 16-bit formats.
+ACCUMULATION = {"float64": "float64", "float32": "float32", "float16": "float32",
+                "bfloat16": "float32"}
+
 # Roundings inside one evaluation of an elementwise function, counted from the formula
 # each backend is expected to use (library exp/tanh/erf are within 1-2 ulps).
 ROUNDINGS = {
@@ -410,13 +415,24 @@ def matmul_bound(A, eA, B, eB, p: Precision) -> tuple[Array, Array]:
     return C, _q(inherited, local, p.store(C))
 
 
+def scores_error(QK, eQK, Q, K, p: Precision) -> Array:
+    """The error scale of S = Q Kᵀ/√d_k from that of the product Q Kᵀ (``matmul_bound``):
+    the stored result's rounding u·|S|, and the two roundings of a backend that scales Q
+    and K by d_k^(−1/4) before the product (as fused kernels do, so that Q Kᵀ cannot
+    overflow where S does not), 2·u_acc·|Q||K|ᵀ/√d_k."""
+    dk = np.shape(Q)[-1]
+    prescaled = 2 * p.u_acc * (np.abs(np.asarray(Q, dtype=np.float64))
+                               @ np.abs(np.swapaxes(np.asarray(K, dtype=np.float64), -1, -2)))
+    return _q(eQK, p.u * np.abs(QK), prescaled) / math.sqrt(dk)
+
+
 def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision) -> tuple[Array, Array, Array, Array]:
     """softmax(QKᵀ/√d_k + M)V, stage by stage: scores, weights, output.
     Returns (weights, their error scale, output, its error scale)."""
     dk = np.shape(Q)[-1]
     KT, eKT = np.swapaxes(K, -1, -2), np.swapaxes(eK, -1, -2)
     S, eS = matmul_bound(Q, eQ, KT, eKT, p)
-    S, eS = S / math.sqrt(dk), _q(eS, p.u * np.abs(S)) / math.sqrt(dk)
+    S, eS = S / math.sqrt(dk), scores_error(S, eS, Q, K, p)
     masked = np.isneginf(np.asarray(M, dtype=np.float64))
     S = np.where(masked, -np.inf, S + M)
     eS = np.where(masked, 0.0, eS)

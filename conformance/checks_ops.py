@@ -16,6 +16,8 @@ range (``EDGE_FLAVOURS``), as their spec entries ask.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -238,17 +240,44 @@ def _qkv(data, ctx, T, dk, Tk=None):
             _draw(data, (Tk, dk), ctx, n=Tk))
 
 
+def _scores_at_the_edge(data, ctx, T, dk):
+    """Q and K = Q of magnitude (0.45 … 0.9)·(LARGEST/√d_k)^½: each diagonal score
+    Σ_k q_k²/√d_k lies below the dtype's largest value while the unscaled Q Kᵀ, √d_k times
+    it, lies past it for d_k ≳ 25 (keys equal to the queries make those sums one-signed).
+    Drawn only where Q Kᵀ still fits the format sums are accumulated in (float16, whose
+    products accumulate in float32: the attention_scores entry's decision); None for
+    float32, bfloat16 and float64, whose accumulation format has their own range."""
+    largest = B.LARGEST[ctx.precision.dtype]
+    if largest * math.sqrt(dk) >= B.LARGEST[B.ACCUMULATION[ctx.precision.dtype]]:
+        return None
+    edge = 0.9 * math.sqrt(largest / math.sqrt(dk))
+    Q = _draw(data, (T, dk), ctx, flavours=("overflow_edge",), edge=edge)
+    return Q, Q.copy()
+
+
 @check("attention_scores.differential", entries="attention_scores", ops=("attention_scores",),
        budget="λ·(√d_k·u·|Q||K|ᵀ/√d_k ⊕ u|S|); masked entries exactly −∞")
 def attention_scores(backend, ctx):
-    """Q Kᵀ/√d_k + M; masked entries must be exactly −∞."""
+    """Q Kᵀ/√d_k + M; masked entries must be exactly −∞. Also scores near the dtype's
+    overflow edge whose unscaled product Q Kᵀ lies past it (``_scores_at_the_edge``): the
+    spec's S is representable there, so a backend that forms Q Kᵀ in the dtype before
+    scaling (∞, then ∞ − ∞ = NaN under the mask) fails."""
+    def compare(Q, K, dk):
+        M = ref.causal_mask(Q.shape[0])
+        S, eS = B.matmul_bound(Q, 0 * Q, K.T, 0 * K.T, ctx.precision)
+        scale = B.scores_error(S, eS, Q, K, ctx.precision)
+        _check_against(ctx, "attention_scores", (Q, K, M), ref.attention_scores(Q, K, M), scale)
+
     @ctx.given(T=lengths(8), dk=head_widths(16), data=st.data())
     def _(T, dk, data):
         Q, K, _ = _qkv(data, ctx, T, dk)
-        M = ref.causal_mask(T)
-        S, eS = B.matmul_bound(Q, 0 * Q, K.T, 0 * K.T, ctx.precision)
-        scale = np.sqrt(np.square(eS) + np.square(ctx.precision.u * S)) / np.sqrt(dk)
-        _check_against(ctx, "attention_scores", (Q, K, M), ref.attention_scores(Q, K, M), scale)
+        compare(Q, K, dk)
+
+    @ctx.given(T=lengths(8), dk=head_widths(16), data=st.data())
+    def _(T, dk, data):
+        edge = _scores_at_the_edge(data, ctx, T, dk)
+        if edge is not None:
+            compare(*edge, dk)
 
 
 @check("attention_weights.differential", entries="attention_weights",
@@ -263,6 +292,15 @@ def attention_weights(backend, ctx):
         A, eA, _, _ = B.attention_bound(Q, 0 * Q, K, 0 * K, V, 0 * V, M, ctx.precision)
         _check_against(ctx, "attention_weights", (Q, K, M), A, eA)
 
+    @ctx.given(T=lengths(8), dk=head_widths(16), data=st.data())
+    def _(T, dk, data):  # scores near the overflow edge, Q Kᵀ past it (attention_scores)
+        edge = _scores_at_the_edge(data, ctx, T, dk)
+        if edge is not None:
+            Q, K = edge
+            M = ref.causal_mask(T)
+            A, eA, _, _ = B.attention_bound(Q, 0 * Q, K, 0 * K, K, 0 * K, M, ctx.precision)
+            _check_against(ctx, "attention_weights", (Q, K, M), A, eA)
+
 
 @check("scaled_dot_product_attention.differential", entries="scaled_dot_product_attention",
        ops=("scaled_dot_product_attention",), depends_on=("softmax.differential",),
@@ -275,6 +313,16 @@ def scaled_dot_product_attention(backend, ctx):
         M = ref.causal_mask(T)
         _, _, O, eO = B.attention_bound(Q, 0 * Q, K, 0 * K, V, 0 * V, M, ctx.precision)
         _check_against(ctx, "scaled_dot_product_attention", (Q, K, V, M), O, eO)
+
+    @ctx.given(T=lengths(8), dk=head_widths(12), data=st.data())
+    def _(T, dk, data):  # scores near the overflow edge, Q Kᵀ past it (attention_scores)
+        edge = _scores_at_the_edge(data, ctx, T, dk)
+        if edge is not None:
+            Q, K = edge
+            V = _draw(data, (T, dk), ctx, n=T)
+            M = ref.causal_mask(T)
+            _, _, O, eO = B.attention_bound(Q, 0 * Q, K, 0 * K, V, 0 * V, M, ctx.precision)
+            _check_against(ctx, "scaled_dot_product_attention", (Q, K, V, M), O, eO)
 
 
 def _mha_sizes():

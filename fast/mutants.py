@@ -804,6 +804,12 @@ def _decode_step_drops_partial_key_tile(self: Any, layer: int, K: Tensor, V: Ten
     return k[:, :, :n], v[:, :, :n]
 
 
+def _scores_scaled_after_the_product(Q: Tensor, K: Tensor, M: Tensor) -> Tensor:
+    # Q Kᵀ formed in the dtype, then scaled: past the dtype's largest value it is ∞ (and
+    # ∞ − ∞ = NaN under the mask) where the scaled scores are finite
+    return Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1]) + M
+
+
 def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable[..., Any]
          ) -> Mutant:
     return Mutant(name, (breaks,) if isinstance(breaks, str) else breaks, "forward", doc,
@@ -1039,6 +1045,10 @@ MUTANTS: tuple[Mutant, ...] = (
     _fwd("sdpa_drops_partial_key_tile", "scaled_dot_product_attention",
          "Attention over keys in tiles of 64 never loads the last partial tile (only "
          "past 64 keys).", scaled_dot_product_attention=_sdpa_drops_partial_key_tile),
+    Mutant("scores_overflow_before_scaling", ("attention_scores",), "forward",
+           "Q Kᵀ rounded to float16 before 1/√d_k: scores near float16's overflow edge "
+           "become ∞ (NaN under the mask) although the scaled scores are finite.",
+           {"attention_scores": _scores_scaled_after_the_product}, dtype="float16"),
     _fwd("sdpa_scale_capped_at_64", "scaled_dot_product_attention",
          "Attention scaled by 1/√64 for every head wider than 64 (a kernel tuned up to "
          "d_k = 64).", scaled_dot_product_attention=_sdpa_scale_capped_at_64),

@@ -168,8 +168,12 @@ def softmax(z: Tensor, axis: int = -1) -> Tensor:
 
 
 def attention_scores(Q: Tensor, K: Tensor, M: Tensor) -> Tensor:
-    """S = Q Kᵀ / √d_k + M."""
-    return Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1]) + M
+    """S = Q Kᵀ / √d_k + M, in the accumulation dtype with 1/√d_k split over both factors
+    (as fused kernels do): near the dtype's largest value Q Kᵀ overflows where S does not."""
+    acc = accumulation_dtype(Q.dtype)
+    quarter = Q.shape[-1] ** -0.25
+    S = (Q.to(acc) * quarter) @ (K.to(acc) * quarter).transpose(-1, -2)
+    return (S + M.to(acc)).to(Q.dtype)
 
 
 def attention_weights(Q: Tensor, K: Tensor, M: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ from gptspec.spec.sources import (
     BROWN_2020,
     GUIDE,
     HIGHAM_MARY_2019,
+    MICIKEVICIUS_2018,
     NOTES,
     RADFORD_2019,
     VASWANI_2017,
@@ -307,6 +308,30 @@ MASK_PLACEMENT = Decision(
 )
 
 
+SCORES_RANGE = Decision(
+    question=r"In a 16-bit format, must $S$ be right where $Q K^\top$ lies past the format's "
+             r"largest value but $S = Q K^\top / \sqrt{d_k}$ does not?",
+    readings=(
+        Reading(Source(BLUEPRINT, "eq 3"),
+                r"$S$ is defined exactly; the documents say nothing of number formats"),
+        Reading(Source(MICIKEVICIUS_2018, "sec. 3.3"),
+                "16-bit products are accumulated in float32 and rounded to 16 bits when "
+                "stored"),
+    ),
+    decision=r"Yes where $Q K^\top$ fits the accumulation format: a 16-bit backend forms "
+             r"$Q K^\top / \sqrt{d_k}$ in float32 and rounds $S$ once, so in float16 "
+             r"(largest 65504) a score is right whenever it is representable. Where "
+             r"$Q K^\top$ exceeds the accumulation format itself (float32 and bfloat16, "
+             r"whose ranges are float32's) the spec asks nothing, and the suite draws no "
+             r"such input.",
+    why=r"Rounding $Q K^\top$ to float16 before scaling turns a score of $1.3 \cdot 10^4$ "
+        r"with $d_k = 64$ into $\infty$, and under the mask into $\infty - \infty = "
+        r"\mathrm{NaN}$: a real failure of 16-bit attention, which fused kernels avoid by "
+        r"scaling inside the product. At float32's range no engine checked (XLA, ONNX "
+        r"Runtime, PyTorch's own) avoids it, and no model's scores come near it.",
+)
+
+
 @equation(
     id="attention_scores",
     title="Attention scores",
@@ -323,7 +348,7 @@ MASK_PLACEMENT = Decision(
     reference="attention_scores",
     tolerance=Tolerance(r"\lambda\sqrt{d_k}\,u\,\frac{|Q|\,|K|^\top}{\sqrt{d_k}} + u\,|M|",
                         reduction="d_k"),
-    decisions=(MASK_PLACEMENT,),
+    decisions=(MASK_PLACEMENT, SCORES_RANGE),
     sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("M", "(T, T) mask")),
 )
 def attention_scores(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
