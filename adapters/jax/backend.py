@@ -26,7 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import gptspec
+from gptspec.adapters.inputs import check_ids, check_tokens
 from gptspec.adapters.jax import ops, sampling
+from gptspec.reference.sampling import sample_token
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters
 
@@ -152,9 +154,9 @@ class JaxBackend:
             bound.apply_defaults()
             full = tuple(bound.arguments.values())
             if name == "one_hot":
-                _check_ids(np.asarray(full[0]), full[1])
+                check_ids(np.asarray(full[0]), full[1])
             if name == "token_embedding":
-                _check_ids(np.asarray(full[0]), np.shape(full[1])[0])
+                check_ids(np.asarray(full[0]), np.shape(full[1])[0])
             return self._call(name, fn, full)
 
         op.__name__ = op.__qualname__ = name
@@ -165,7 +167,7 @@ class JaxBackend:
 
     def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         tokens = np.asarray(tokens)
-        _check_tokens(tokens, config)
+        check_tokens(tokens, config)
         check_parameters(dict(params), config)
         return self._call("gpt_forward", ops.gpt_forward, (tokens, dict(params), config))
 
@@ -176,8 +178,8 @@ class JaxBackend:
         """The mean cross-entropy of the logits (computed in the accumulation dtype) and
         its gradient by parameter name, by ``jax.value_and_grad`` through ``gpt_forward``."""
         tokens, targets = np.asarray(tokens), np.asarray(targets)
-        _check_tokens(tokens, config)
-        _check_ids(targets, config.vocab_size)
+        check_tokens(tokens, config)
+        check_ids(targets, config.vocab_size)
         check_parameters(dict(params), config)
         loss, grads = self._call("gpt_backward", _loss_and_grads,
                                  (tokens, targets, dict(params), config))
@@ -248,7 +250,7 @@ class JaxBackend:
         for b, seq in enumerate(sequences):
             if not seq:
                 raise ValueError(f"prompt {b} is empty: generation needs at least one token")
-            _check_ids(np.asarray(seq), config.vocab_size)
+            check_ids(np.asarray(seq), config.vocab_size)
         check_parameters(dict(params), config)
         weights = self._in(dict(params))
         new: list[list[int]] = [[] for _ in sequences]
@@ -268,7 +270,7 @@ class JaxBackend:
             widened = self._out(rows)
             still = []
             for row, b in enumerate(active):
-                token = int(np.argmax(q[row])) if temperature == 0 else _draw(q[row], rng)
+                token = int(np.argmax(q[row])) if temperature == 0 else sample_token(q[row], rng)
                 sequences[b].append(token)
                 new[b].append(token)
                 logits_out[b].append(widened[row])
@@ -320,37 +322,8 @@ def _clip(grads: dict, max_norm: jax.Array, eps: float = 1e-6) -> tuple[dict, ja
     return {k: (g * scale).astype(grads[k].dtype) for k, g in wide.items()}, norm
 
 
-# --- input checks and the draw --------------------------------------------------------------
+# --- arguments --------------------------------------------------------------------------------
 
 
 def _as_int(k: Any) -> int | None:
     return int(k) if isinstance(k, np.integer) else k
-
-
-def _check_ids(ids: np.ndarray, vocab_size: int) -> None:
-    """jnp's indexing clamps an id outside [0, V); refuse it instead, in one line."""
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
-                         f"[{ids.min()}, {ids.max()}]")
-
-
-def _check_tokens(tokens: np.ndarray, config: GPTConfig) -> None:
-    if tokens.ndim < 1:
-        raise ValueError(f"tokens must be an array (…, T), got shape {tokens.shape}")
-    if tokens.shape[-1] > config.n_ctx:
-        raise ValueError(f"sequence length {tokens.shape[-1]} exceeds n_ctx={config.n_ctx}")
-    _check_ids(tokens, config.vocab_size)
-
-
-def _draw(q: np.ndarray, rng: Any) -> int:
-    """The first token whose cumulative mass exceeds one uniform of ``rng`` (the spec's
-    sample_token); where the total falls just short of it, the last token with mass."""
-    u = rng.random()
-    mass = 0.0
-    for i, q_i in enumerate(q):
-        mass += q_i
-        if mass > u:
-            return i
-    return int(np.flatnonzero(q > 0)[-1])

@@ -29,8 +29,10 @@ import onnx
 import onnxruntime as ort
 
 import gptspec
+from gptspec.adapters.inputs import check_ids, check_tokens
 from gptspec.adapters.onnx import ops, sampling
 from gptspec.adapters.onnx.graph import ELEM_TYPES, FLOAT, INT64, NUMPY_TYPES, OPSET, Graph
+from gptspec.reference.sampling import sample_token
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
@@ -123,7 +125,7 @@ class OnnxRuntimeBackend:
             values = list(bound.arguments.values())
             if name in ("one_hot", "token_embedding"):
                 vocab = values[1] if name == "one_hot" else np.shape(values[1])[0]
-                _check_ids(np.asarray(values[0]), vocab)
+                check_ids(np.asarray(values[0]), vocab)
             return self._run_op(name, emit, values)
 
         op.__name__ = op.__qualname__ = name
@@ -180,7 +182,7 @@ class OnnxRuntimeBackend:
 
     def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         tokens = np.asarray(tokens)
-        _check_tokens(tokens, config)
+        check_tokens(tokens, config)
         check_parameters(dict(params), config)
         # one graph per structure: the sizes are dynamic, so the key leaves them out
         structure = (config.n_layers, config.n_heads, config.norm, config.ffn,
@@ -252,7 +254,7 @@ class OnnxRuntimeBackend:
         for b, seq in enumerate(sequences):
             if not seq:
                 raise ValueError(f"prompt {b} is empty: generation needs at least one token")
-            _check_ids(np.asarray(seq), config.vocab_size)
+            check_ids(np.asarray(seq), config.vocab_size)
         check_parameters(dict(params), config)
         new: list[list[int]] = [[] for _ in sequences]
         rows: list[list[np.ndarray]] = [[] for _ in sequences]
@@ -264,7 +266,7 @@ class OnnxRuntimeBackend:
                 row = self.forward(context, params, config)[0, -1]
                 q = np.asarray(self.sampling_distribution(row, temperature, top_k, top_p),
                                dtype=np.float64)
-                token = int(np.argmax(q)) if temperature == 0 else _draw(q, rng)
+                token = int(np.argmax(q)) if temperature == 0 else sample_token(q, rng)
                 sequences[b].append(token)
                 new[b].append(token)
                 rows[b].append(np.asarray(row, dtype=np.float32))
@@ -314,33 +316,3 @@ def _run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], what: str)
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ValueError(f"{what}: ONNX Runtime refused the input: {first}") from None
         raise
-
-
-def _draw(q: np.ndarray, rng: Any) -> int:
-    """The spec's sample_token: the first token whose cumulative mass exceeds one uniform of
-    ``rng``; where the total falls just short of it, the last token with mass."""
-    u = rng.random()
-    mass = 0.0
-    for i, q_i in enumerate(q):
-        mass += q_i
-        if mass > u:
-            return i
-    return int(np.flatnonzero(q > 0)[-1])
-
-
-def _check_ids(ids: np.ndarray, vocab_size: int) -> None:
-    """ONNX Runtime's Gather fails on an id outside [0, V) with a long message; refuse it
-    first, in one line."""
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
-                         f"[{ids.min()}, {ids.max()}]")
-
-
-def _check_tokens(tokens: np.ndarray, config: GPTConfig) -> None:
-    if tokens.ndim < 1:
-        raise ValueError(f"tokens must be an array (…, T), got shape {tokens.shape}")
-    if tokens.shape[-1] > config.n_ctx:
-        raise ValueError(f"sequence length {tokens.shape[-1]} exceeds n_ctx={config.n_ctx}")
-    _check_ids(tokens, config.vocab_size)
