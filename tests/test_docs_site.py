@@ -346,6 +346,12 @@ def test_mkdocs_serve_serves_the_generated_pages(tmp_path: Path) -> None:
     with socket.socket() as s:  # a free port on the loopback
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # mkdocs serve mounts the site at site_url's path (/gptspec/ for the placeholder)
+    import re
+    from urllib.parse import urlparse
+    found = re.search(r"^site_url:\s*(\S+)", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"),
+                      re.M)
+    base = (urlparse(found[1]).path if found else "/").rstrip("/")
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "mkdocs", "serve", "-f", str(ROOT / "mkdocs.yml"),
@@ -356,14 +362,14 @@ def test_mkdocs_serve_serves_the_generated_pages(tmp_path: Path) -> None:
         page = None
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/spec/", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{base}/spec/", timeout=5) as r:
                     page = r.read().decode("utf-8")
                     break
             except OSError:
                 time.sleep(1)
         assert page is not None, (tmp_path / "serve.log").read_text()[-3000:]
         assert "The specification" in page and 'class="arithmatex"' in page
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/assets/katex/katex.min.js",
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{base}/assets/katex/katex.min.js",
                                     timeout=5) as r:
             assert r.status == 200 and b"katex" in r.read(2000)
     finally:
