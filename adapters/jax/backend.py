@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import gptspec
-from gptspec.adapters.inputs import check_ids, check_tokens
+from gptspec.adapters.inputs import check_generation, check_ids, check_tokens
 from gptspec.adapters.jax import ops, sampling
-from gptspec.reference.sampling import sample_token
+from gptspec.reference.sampling import check_sampling_settings, sample_token
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters
 
@@ -214,7 +214,7 @@ class JaxBackend:
 
     def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None) -> np.ndarray:
-        sampling.check_settings(temperature, _as_int(top_k), top_p)
+        check_sampling_settings(temperature, _as_int(top_k), top_p)
         logits = self._in(np.asarray(z, dtype=np.float64))
         return np.asarray(self._distribution(logits, temperature, _as_int(top_k), top_p))
 
@@ -241,17 +241,8 @@ class JaxBackend:
         ``sampling_distribution`` with one uniform of ``rng`` per token, in the order
         step by step, then sequence by sequence."""
         top_k = _as_int(top_k)
-        sampling.check_settings(temperature, top_k, top_p)
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
-        if temperature > 0 and rng is None:
-            raise ValueError("sampling (temperature > 0) needs an explicit seeded rng")
-        sequences = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
-        for b, seq in enumerate(sequences):
-            if not seq:
-                raise ValueError(f"prompt {b} is empty: generation needs at least one token")
-            check_ids(np.asarray(seq), config.vocab_size)
-        check_parameters(dict(params), config)
+        sequences = check_generation(prompts, dict(params), config, max_new_tokens,
+                                     temperature, top_k, top_p, rng)
         weights = self._in(dict(params))
         new: list[list[int]] = [[] for _ in sequences]
         logits_out: list[list[np.ndarray]] = [[] for _ in sequences]

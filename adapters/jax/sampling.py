@@ -6,27 +6,12 @@ lowest-id maximum for τ = 0. Row by row over the last axis; computed in float32
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 from gptspec.adapters.jax.ops import accumulation_dtype
 
 Array = jax.Array
-
-
-def check_settings(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Refuse settings that define no distribution, naming the setting in one line."""
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature < 0:
-        raise ValueError(f"temperature must be a finite number ≥ 0 (0 is greedy), "
-                         f"got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                              or top_k <= 0):
-        raise ValueError(f"top-k must be a positive integer, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top-p must lie in (0, 1], got {top_p!r}")
 
 
 def greedy(z: Array) -> Array:

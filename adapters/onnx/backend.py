@@ -29,10 +29,10 @@ import onnx
 import onnxruntime as ort
 
 import gptspec
-from gptspec.adapters.inputs import check_ids, check_tokens
+from gptspec.adapters.inputs import check_generation, check_ids, check_tokens
 from gptspec.adapters.onnx import ops, sampling
 from gptspec.adapters.onnx.graph import ELEM_TYPES, FLOAT, INT64, NUMPY_TYPES, OPSET, Graph
-from gptspec.reference.sampling import sample_token
+from gptspec.reference.sampling import check_sampling_settings, sample_token
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
@@ -205,7 +205,7 @@ class OnnxRuntimeBackend:
         """The distribution a token is drawn from (:mod:`gptspec.adapters.onnx.sampling`),
         computed by its graph in float32 from logits in the backend's dtype."""
         top_k = int(top_k) if isinstance(top_k, np.integer) else top_k
-        sampling.check_settings(temperature, top_k, top_p)
+        check_sampling_settings(temperature, top_k, top_p)
         logits = self._feed(np.asarray(z, dtype=np.float64))
         if temperature == 0:
             def build_greedy() -> onnx.ModelProto:
@@ -245,17 +245,8 @@ class OnnxRuntimeBackend:
         row's ``sampling_distribution`` (its graph) by the spec's sample_token, one
         uniform of ``rng`` per token, step by step, then sequence by sequence."""
         top_k = int(top_k) if isinstance(top_k, np.integer) else top_k
-        sampling.check_settings(temperature, top_k, top_p)
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
-        if temperature > 0 and rng is None:
-            raise ValueError("sampling (temperature > 0) needs an explicit seeded rng")
-        sequences = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
-        for b, seq in enumerate(sequences):
-            if not seq:
-                raise ValueError(f"prompt {b} is empty: generation needs at least one token")
-            check_ids(np.asarray(seq), config.vocab_size)
-        check_parameters(dict(params), config)
+        sequences = check_generation(prompts, dict(params), config, max_new_tokens,
+                                     temperature, top_k, top_p, rng)
         new: list[list[int]] = [[] for _ in sequences]
         rows: list[list[np.ndarray]] = [[] for _ in sequences]
         active = list(range(len(sequences))) if max_new_tokens > 0 else []

@@ -8,26 +8,11 @@ nucleus apply at all shapes the graph.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from gptspec.adapters.onnx.graph import FLOAT, Graph
 
 Name = str
-
-
-def check_settings(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Refuse settings that define no distribution, naming the setting in one line."""
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature < 0:
-        raise ValueError(f"temperature must be a finite number ≥ 0 (0 is greedy), "
-                         f"got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                              or top_k <= 0):
-        raise ValueError(f"top-k must be a positive integer, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top-p must lie in (0, 1], got {top_p!r}")
 
 
 def _minus_inf(g: Graph) -> Name:
