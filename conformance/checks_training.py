@@ -40,6 +40,7 @@ from gptspec.conformance import budgets as B
 from gptspec.conformance.context import NotImplementedOp
 from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.conformance.registry import check
+from gptspec.conformance.checks_model import MODEL_SHARE
 from gptspec.conformance.strategies import model_cases
 from gptspec.spec import GPTConfig, init_parameters
 
@@ -76,7 +77,8 @@ def gradients(backend, ctx):
     Precondition: d_model ≥ 2. Over a single feature LayerNorm's output is exactly β
     (x − μ = 0), so the exact gradient of its gain is 0 while a backend's is rounding
     noise amplified by 1/√ε — a property of the model, not of the backend."""
-    @ctx.given(case=model_cases(ctx.precision.dtype).filter(lambda c: c[0].d_model >= 2),
+    @ctx.given(case=model_cases(ctx.precision.dtype, share=MODEL_SHARE)
+               .filter(lambda c: c[0].d_model >= 2),
                data=st.data())
     def _(case, data):
         config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
@@ -101,7 +103,7 @@ def loss(backend, ctx):
     −Σ_t log P_ref(y_t | x_≤t), within N times the budget. log P_ref is taken as the
     reference's ``log_softmax`` (the same number), since log of a probability that
     underflows to 0 (a logit gap past 745) would be −∞ where a correct loss is finite."""
-    @ctx.given(case=model_cases(ctx.precision.dtype), data=st.data())
+    @ctx.given(case=model_cases(ctx.precision.dtype, share=MODEL_SHARE), data=st.data())
     def _(case, data):
         config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
         log_probs = ref.log_softmax(ref.gpt_forward(tokens, params, config))

@@ -189,14 +189,18 @@ def activation_backward_bound(name: str, dY, edY, x, ex, p: Precision) -> Bounde
     """∂x = ∂y ⊙ σ'(x): ∂y's error times |σ'|, x's error times |σ''| ≤ 1 (all three
     activations), the derivative's own roundings (ROUNDINGS, of the size of its terms,
     at most 1 + |x|). ReLU: where x lies within λ·(its error) of 0 the backend's mask may
-    differ, and ∂x be off by all of the backend's ∂y, up to |∂y| + λ·(its error): a
-    scale of |∂y|/λ + (its error)."""
+    differ, and ∂x be off by all of the backend's ∂y, up to |∂y| + λ·(its error). That
+    error is a scale of its own, |∂y| + (its error), not |∂y|/λ: a budget of exactly
+    |∂y| leaves no room for what comes after, where one flip's error reaches every
+    element of ∂y Wᵀ with the same sign pattern (a coherent sum, which the quadrature
+    of the later stages may undercount: 135% of such a budget was seen in bfloat16 at
+    d_model 8). With the flip's scale the same λ covers it as it covers a rounding."""
     dY, x = np.asarray(dY, dtype=np.float64), np.asarray(x, dtype=np.float64)
     dx = getattr(ref, f"{name}_backward")(dY, x)
     slope = np.abs(getattr(ref, f"{name}_backward")(np.ones_like(x), x))
     if name == "relu":
         flips = (np.abs(x) <= LAMBDA * ex) & (dY != 0)
-        return dx, _q(edY * slope, np.where(flips, np.abs(dY) / LAMBDA + edY, 0.0), p.store(dx))
+        return dx, _q(edY * slope, np.where(flips, np.abs(dY) + edY, 0.0), p.store(dx))
     curvature = np.abs(dY) * ex * (1 + LAMBDA * ex)
     local = B.ROUNDINGS[name] * p.u_acc * np.abs(dY) * (1 + np.abs(x))
     return dx, _q(edY * slope, curvature, local, p.store(dx))

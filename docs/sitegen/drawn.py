@@ -18,6 +18,7 @@ def _magnitude(x: float) -> str:
 def section() -> str:
     """The conformance page's section on sizes and magnitudes, in Markdown."""
     from gptspec.conformance import budgets, strategies
+    from gptspec.conformance.checks_generation import GENERATION_SHARE
     from gptspec.conformance.checks_model import GPT2_SMALL, MODEL_SHARE
     from gptspec.conformance.checks_ops import ROW_WISE_SHARE
     from gptspec.conformance.context import PROFILES
@@ -45,6 +46,15 @@ def section() -> str:
         ["Model configurations", "small (≤ 2 layers, ≤ 3 heads, n_ctx ≤ 8), or, with "
                                  f"probability {MODEL_SHARE:.2g}, big in one of "
                                  f"{esc(', '.join(s.MODEL_CONCERNS))}"],
+        ["Which checks draw big configurations",
+         "the model checks (gpt_forward, the blocks, the next-token distribution), the "
+         f"gradients and the loss (gpt_backward, cross_entropy_mean) with probability "
+         f"{MODEL_SHARE:.2g}; the generation checks with probability "
+         f"{GENERATION_SHARE:.2g}, their prompts crossing a kernel block. The training "
+         "loop, determinism and resume checks draw small ones: their subject is the "
+         "loop's bookkeeping (schedule, decay, clipping, accumulation, state), which does "
+         "not change with size, while N steps of a big model against the float64 reference "
+         "would cost minutes per example"],
         ["Every run", f"a GPT-2-small-shaped model ({c.n_layers} block, d_model "
                       f"{c.d_model}, {c.n_heads} heads, d_ff {c.d_ff}, vocabulary "
                       f"{c.vocab_size}) at T = {c.n_ctx}, batch 1"],
