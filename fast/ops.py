@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,8 +87,33 @@ def token_embedding_one_hot(X: Tensor, W_E: Tensor) -> Tensor:
 
 
 def token_embedding(tokens: Tensor, W_E: Tensor) -> Tensor:
-    """e_t = W_E[x_t]: the same map as row selection."""
+    """e_t = W_E[x_t]: the same map as row selection.
+
+    A 16-bit W_E whose gradient will be taken goes through _RowSelection: PyTorch 2.13's
+    CPU backward of F.embedding adds the rows of ∂E into ∂W_E one at a time in the 16-bit
+    dtype, so a token seen a thousand times gets a gradient hundreds of roundings off
+    (about 190·u·|∂W_E| in bfloat16 at 2048 repeats), where the spec sums in float32."""
+    if (W_E.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
+            and W_E.requires_grad):
+        return _RowSelection.apply(tokens, W_E)
     return F.embedding(tokens, W_E)
+
+
+class _RowSelection(torch.autograd.Function):
+    """W[tokens], whose backward sums the rows of each token in float32 and rounds once."""
+
+    @staticmethod
+    def forward(ctx: Any, tokens: Tensor, W: Tensor) -> Tensor:
+        ctx.save_for_backward(tokens)
+        ctx.table_shape = W.shape
+        return F.embedding(tokens, W)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor]:
+        (tokens,) = ctx.saved_tensors
+        total = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad.device)
+        total.index_add_(0, tokens.reshape(-1), grad.reshape(-1, grad.shape[-1]).float())
+        return None, total.to(grad.dtype)
 
 
 def positional_embedding(T: int, W_P: Tensor) -> Tensor:
@@ -233,8 +259,15 @@ def layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
 
     16-bit inputs: mean, variance and the affine map run in float32, rounded back once.
     PyTorch's CPU and CUDA kernels do that themselves for 16-bit tensors (one call instead
-    of five, which counts when decoding a token at a time); elsewhere it is spelled out."""
-    if x.device.type in _WIDENING_LAYER_NORM and gamma.dtype == beta.dtype == x.dtype:
+    of five, which counts when decoding a token at a time); elsewhere it is spelled out.
+    So is every call whose backward will run: PyTorch 2.13's CPU backward of a bfloat16
+    LayerNorm sums ∂γ and ∂β over the rows with bfloat16 partial sums (errors of about
+    √N·u_bf16·Σ|terms| where float32's would be 2¹⁶ times smaller; the suite's
+    gpt_backward check found it at 126 rows), while the widened call's backward runs in
+    float32 and rounds each gradient once. Both paths compute the same forward value."""
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad)
+    if (x.device.type in _WIDENING_LAYER_NORM and gamma.dtype == beta.dtype == x.dtype
+            and not (needs_grad and x.dtype in (torch.bfloat16, torch.float16))):
         return F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
     acc = accumulation_dtype(x.dtype)
     y = F.layer_norm(x.to(acc), (x.shape[-1],), gamma.to(acc), beta.to(acc), eps)
