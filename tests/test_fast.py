@@ -685,3 +685,40 @@ def test_reference_backend() -> None:
         assert getattr(backend, name) is getattr(R, name)
     with pytest.raises(AttributeError):
         backend.no_such_op  # noqa: B018
+
+
+# --- 16-bit gradients are summed in float32 ------------------------------------------------
+# PyTorch 2.13's CPU backward of a 16-bit LayerNorm sums ∂γ and ∂β over the rows, and its
+# F.embedding backward sums a repeated token's rows, in the 16-bit dtype. The spec sums in
+# float32 and rounds once; these pin the built-in backend to that, at sizes where the
+# difference is hundreds of roundings.
+
+SIXTEEN_BIT = [(torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11)]
+
+
+@pytest.mark.parametrize(("dtype", "u"), SIXTEEN_BIT)
+def test_layer_norm_parameter_gradients_are_one_rounding_off(dtype: torch.dtype,
+                                                             u: float) -> None:
+    rows, d = 1024, 64
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, d, generator=gen).to(dtype).requires_grad_()
+    gamma = torch.randn(d, generator=gen).to(dtype).requires_grad_()
+    beta = torch.zeros(d, dtype=dtype, requires_grad=True)
+    upstream = (torch.rand(rows, d, generator=gen) + 0.5).to(dtype)  # one sign: no cancelling
+    ops.layer_norm(x, gamma, beta, 1e-5).backward(upstream)
+    exact = upstream.double().sum(0)
+    # float32 sums of 1024 terms add at most 1024·2⁻²⁴ ≈ 6·10⁻⁵ relative: far below u
+    assert torch.all((beta.grad.double() - exact).abs() <= 1.01 * u * exact.abs())
+
+
+@pytest.mark.parametrize(("dtype", "u"), SIXTEEN_BIT)
+def test_a_repeated_tokens_embedding_gradient_is_one_rounding_off(dtype: torch.dtype,
+                                                                 u: float) -> None:
+    W = torch.randn(4, 8, dtype=torch.float64).to(dtype).requires_grad_()
+    tokens = torch.zeros(2, 1024, dtype=torch.long)  # token 0 at all 2048 positions
+    upstream = (torch.rand(2, 1024, 8, generator=torch.Generator().manual_seed(1))
+                + 0.5).to(dtype)
+    ops.token_embedding(tokens, W).backward(upstream)
+    exact = upstream.double().reshape(-1, 8).sum(0)
+    assert torch.all((W.grad[0].double() - exact).abs() <= 1.01 * u * exact.abs())
+    assert torch.all(W.grad[1:] == 0)
