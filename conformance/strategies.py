@@ -333,14 +333,21 @@ DRAWN_IDS = 64
 def token_arrays(draw, config: GPTConfig, batch: int | None = None,
                  length: int | None = None) -> np.ndarray:
     """Tokens (B, T): B of 1–3, T ≤ n_ctx (at a block boundary where n_ctx reaches one).
-    A long array is made from a seed, with the vocabulary's top ids and those past 2¹⁶
-    planted in it."""
+    A long array is made from a seed: uniform ids, or half the time ids as skewed as a
+    text's (Zipf), with the vocabulary's top ids and those past 2¹⁶ planted in it."""
     B = batch if batch is not None else draw(st.integers(1, 3))
     T = length if length is not None else draw(sequence_lengths(config.n_ctx))
     if B * T <= DRAWN_IDS:
         return draw(token_ids(config.vocab_size, B * T, B * T)).reshape(B, T)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="token seed"))
-    ids = rng.integers(0, config.vocab_size, B * T)
+    if draw(st.booleans(), label="skewed like text"):
+        # a text's frequencies: Zipf's law, the commonest id (a random one) at about a
+        # quarter of the positions, hundreds of times in a long batch, where a backward
+        # pass that sums a repeated token's rows in 16 bits drifts
+        ranks = (rng.zipf(1.3, B * T) - 1) % config.vocab_size
+        ids = rng.permutation(config.vocab_size)[ranks]
+    else:
+        ids = rng.integers(0, config.vocab_size, B * T)
     special = draw(token_ids(config.vocab_size, 1, 8), label="planted ids")
     ids[rng.choice(B * T, special.size, replace=False)] = special
     return ids.reshape(B, T)
