@@ -24,6 +24,7 @@ from gptspec.experiments.studies import (
     FULL,
     QUICK,
     STUDY_NAMES,
+    curve_steps,
     design,
     non_embedding_params,
     width_matching_params,
@@ -163,6 +164,14 @@ def test_matched_parameters_are_the_nearest_the_spec_counts_allow(scale):
                                  tied=True) == scale.d_model
 
 
+def test_curve_points_are_evenly_spread_and_end_at_the_last_step():
+    for steps, points in ((116, 5), (1200, 20), (3, 20), (40, 4), (1, 1)):
+        marks = curve_steps(steps, points)
+        assert marks[-1] == steps and len(marks) == min(steps, points)
+        gaps = np.diff([0, *marks])
+        assert gaps.min() >= 1 and gaps.max() - gaps.min() <= 1
+
+
 def test_head_widths_free_of_d_model_are_in_the_design():
     study = design("head-width", FULL)
     free = [a for a in study.arms if a.config.d_attn != a.config.d_model]
@@ -289,9 +298,9 @@ def test_an_interrupted_study_continues_where_it_stopped(tmp_path, capsys, corpu
 
 
 def test_first_difference_names_the_key():
-    assert first_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}).startswith("a.c:")
+    assert first_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == "a.c was 2, is now 3"
     assert first_difference({"a": [1, 2]}, {"a": [1, 2]}) is None
-    assert first_difference({"a": 1}, {"a": 1, "z": 0}).startswith("z:")
+    assert first_difference({"a": 1}, {"a": 1, "z": 0}) == "z was null, is now 0"
 
 
 # --- the page ------------------------------------------------------------------------------------
@@ -365,6 +374,11 @@ def test_the_page_answers_from_the_numbers(tmp_path):
     assert "![Vocabulary size: final validation loss](experiments/vocab-final.svg)" in page
     assert "answered by a controlled experiment" in open_questions.entry_note(
         "token_embedding", results, STUDIES)
+    for name in ("tying", "head-width"):
+        synthetic(tmp_path, name)
+    page = open_questions.page(open_questions.load_results(tmp_path, STUDY_NAMES), STUDIES)
+    assert page.count("**Answer.**") == 3 and "No results are committed yet" not in page
+    assert "embedding holds 39% of the tied model" in page  # 524,288 of 1,334,016
 
 
 def test_quick_results_and_stale_figures_are_refused(tmp_path):

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gptspec.experiments.studies import SEEDS
 from gptspec.reference.costs import param_count_total
 from sitegen.markup import esc, table
 
@@ -39,19 +40,29 @@ ENTRIES = {
 }
 ANCHORS = {"vocab": "vocabulary-size", "tying": "tied-or-untied-embeddings",
            "head-width": "head-width"}
-LIMITS = {
-    "vocab": "The best vocabulary here is the best for a model of under a million "
-             "non-embedding parameters with a context of a fixed number of tokens: a larger "
-             "vocabulary also sees more bytes of context per window, and its embedding is a "
-             "large share of so small a model. In large models the embedding is a small share "
-             "of the parameters and of the FLOPs, so the cost side of the trade changes.",
-    "tying": "With a large vocabulary and a small model the embedding holds a large share of "
-             "the parameters, which is where tying matters most; in a large model it is a "
-             "small share, and these numbers say nothing about which choice wins there.",
-    "head-width": "Byte-level text and a context of 128 bytes ask little of long-range "
+LIMITS = {  # filled in from the results' design (its sizes)
+    "vocab": "The best vocabulary here is the best for a model of {non_embedding} "
+             "non-embedding parameters with a context of {n_ctx} tokens: a larger vocabulary "
+             "also sees more bytes of context per window, and its embedding is a large share "
+             "of so small a model. In large models the embedding is a small share of the "
+             "parameters and of the FLOPs, so the cost side of the trade changes.",
+    "tying": "With a vocabulary of {vocab} and d_model = {d_model} the embedding holds "
+             "{share:.0%} of the tied model's parameters, which is where tying matters most; "
+             "in a large model it is a small share, and these numbers say nothing about which "
+             "choice wins there.",
+    "head-width": "Byte-level text and a context of {n_ctx} bytes ask little of long-range "
                   "attention; what head width buys on tasks that need many distinct "
                   "long-range relations, or at widths of thousands, is not measured here.",
 }
+
+
+def limits(name: str, data: Mapping[str, Any]) -> str:
+    """What the study cannot say, with its own sizes."""
+    base = _arm(data, data["design"]["baseline"])
+    return LIMITS[name].format(
+        non_embedding=f"{base['non_embedding_params']:,}", n_ctx=data["design"]["common"]["n_ctx"],
+        vocab=base["vocab"], d_model=base["config"]["d_model"],
+        share=1 - base["non_embedding_params"] / base["params"])
 
 
 class OpenQuestionsError(ValueError):
@@ -278,9 +289,9 @@ def _provenance(data: Mapping[str, Any]) -> str:
             "</small></p>\n")
 
 
-def _planned_table(study: Any, seeds: int) -> str:
+def _planned_table(study: Any) -> str:
     from gptspec.experiments.studies import non_embedding_params
-    from gptspec.reference.costs import param_count_total, training_flops_per_token
+    from gptspec.reference.costs import training_flops_per_token
 
     rows = []
     for a in study.arms:
@@ -304,14 +315,14 @@ def _section(name: str, study: Any, data: Mapping[str, Any] | None) -> str:
             f"<code>docs/experiments/{esc(name)}.json</code> and its figures.</p>\n",
             f"The design: every arm trained with the same data split, batch "
             f"({study.scale.batch_size} × {study.scale.n_ctx} tokens), optimiser and schedule, "
-            f"{esc(study.matched)} matched, each with 3 seeds; validation on the whole held-out "
-            "split, in bits per byte.\n",
-            _planned_table(study, 3),
+            f"{esc(study.matched)} matched, each with {SEEDS} seeds; validation on the whole "
+            "held-out split, in bits per byte.\n",
+            _planned_table(study),
         ]
         return "\n".join(parts)
     parts += [
         f"**Answer.** {esc(ANSWERS[name](data))}\n",
-        f"*What it cannot say.* {esc(LIMITS[name])}\n",
+        f"*What it cannot say.* {esc(limits(name, data))}\n",
         f"![{esc(study.title)}: final validation loss](experiments/{name}-final.svg)\n",
         f"![{esc(study.title)}: learning curves](experiments/{name}-curves.svg)\n",
         _arms_table(data),

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"runs at once, one thread each (default: the cores, "
                              f"{default_jobs()})")
     parser.add_argument("--seeds", type=int, default=None,
-                        help="seeds per arm (default 3, with --quick 1)")
+                        help="seeds per arm (default 3, with --quick 1); more seeds keep the "
+                             "runs of the first ones")
     parser.add_argument("--plan", action="store_true",
                         help="print the arms, their steps, sizes and FLOPs, and stop")
 
@@ -118,7 +119,9 @@ def _corpus(args: argparse.Namespace, scale):
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    from gptspec.experiments.studies import SEEDS
+
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else SEEDS)
     studies = _studies(args)
     if args.plan:
         _print_plan(studies, seeds)

@@ -97,7 +97,8 @@ def run_settings(study: Study, arm: Arm, seed: int, corpus: Corpus, tokens: Toke
 
 
 def first_difference(old: Any, new: Any, path: str = "") -> str | None:
-    """The first key path where two JSON values differ, with both values; None if equal."""
+    """The first key path where two JSON values differ, with both values (``old``, the
+    file's, then ``new``, the plan's); None if they are equal."""
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
             found = first_difference(old.get(key), new.get(key), f"{path}.{key}" if path else key)
@@ -105,7 +106,7 @@ def first_difference(old: Any, new: Any, path: str = "") -> str | None:
                 return found
         return None
     if old != new:
-        return f"{path or 'settings'}: {json.dumps(old)[:40]} then, {json.dumps(new)[:40]} now"
+        return f"{path or 'settings'} was {json.dumps(old)[:40]}, is now {json.dumps(new)[:40]}"
     return None
 
 
