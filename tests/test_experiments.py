@@ -276,6 +276,11 @@ def test_an_interrupted_study_continues_where_it_stopped(tmp_path, capsys, corpu
     assert len(after) == 4 and all(after[name] == kept[name] for name in kept)
     study = json.loads((out / "tying.json").read_text())
     assert study["quick"] is True and len(study["runs"]) == 4
+    assert {"commit", "modified", "date", "machine", "cpu", "cores", "torch"} <= set(
+        study["provenance"]) and study["design"]["seeds"] == [0]
+    assert all(set(r["settings"]) >= {"config", "train", "tokenizer", "data"} for r in study["runs"])
+    with pytest.raises(open_questions.OpenQuestionsError, match="quick-mode"):
+        open_questions.load_results(out, STUDY_NAMES)  # never an answer
 
     # 3. a deleted result is recomputed, the same number bit for bit (CPU, one thread)
     name = sorted(after)[-1]

@@ -273,8 +273,7 @@ def _provenance(data: Mapping[str, Any]) -> str:
     p = data["provenance"]
     command = p.get("command", {})
     commits = ", ".join(p.get("run_commits") or ["not recorded"])
-    torch = next((r["provenance"].get("torch") for r in data["runs"]
-                  if r.get("provenance", {}).get("torch")), "?")
+    torch = p.get("torch") or "?"
     return (f'<p class="gs-provenance"><small>Produced by <code>gptspec experiment '
             f"{esc(command.get('name', data['study']))}</code> on {esc(p.get('date', '?'))}: "
             f"runs at gptspec commit(s) {esc(commits)} (+ marks local changes); "

@@ -299,11 +299,21 @@ def study_results(study: Study, runs: Sequence[PlannedRun], records: dict[str, d
         "data": {"source": corpus.source, "sha256": corpus.sha256,
                  "train_chars": len(corpus.train_text), "val_chars": len(corpus.val_text),
                  "train_bytes": corpus.train_bytes, "val_bytes": corpus.val_bytes},
-        "provenance": {**provenance(), "started": started["date"], "command": command,
-                       "run_commits": commits, "run_process_seconds": round(process, 1)},
+        "provenance": {**provenance(), "torch": _version("torch"), "numpy": _version("numpy"),
+                       "started": started["date"], "command": command, "run_commits": commits,
+                       "run_process_seconds": round(process, 1)},
         "runs": rows,
         "summary": summarize(design["arms"], design["comparisons"], rows),
     }
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def write_study(data: dict, out: Path) -> list[Path]:
