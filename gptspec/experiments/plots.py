@@ -57,13 +57,13 @@ def curves(data: dict) -> bytes:
         per_step = arm["train_flops"] / arm["steps"]
         scale = 1 if by_steps else per_step / 1e12
         colour = f"C{i % 10}"
-        for r in runs:
-            steps, bpb = zip(*r["result"]["curve"], strict=True)
-            ax.plot([s * scale for s in steps], bpb, color=colour, lw=0.6, alpha=0.35)
-        steps = [s for s, _ in runs[0]["result"]["curve"]]
+        for r in runs:  # each seed, faint
+            ax.plot([s * scale for s, _ in r["result"]["curve"]],
+                    [b for _, b in r["result"]["curve"]], color=colour, lw=0.6, alpha=0.35)
+        marks = [s for s, _ in runs[0]["result"]["curve"]]  # the same steps for every seed
         mean = [sum(r["result"]["curve"][k][1] for r in runs) / len(runs)
-                for k in range(len(steps))]
-        ax.plot([s * scale for s in steps], mean, color=colour, lw=1.6, label=arm["label"])
+                for k in range(len(marks))]
+        ax.plot([s * scale for s in marks], mean, color=colour, lw=1.6, label=arm["label"])
     ax.set_xlabel("training step" if by_steps else "training compute (TFLOP, spec formula)")
     ax.set_ylabel("validation loss (bits per byte)")
     ax.set_title(_title(data, f"learning curves ({data['design']['common']['curve_windows']} "
