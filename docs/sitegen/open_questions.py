@@ -165,7 +165,10 @@ def _noise_sentence(data: Mapping[str, Any]) -> str:
                      f"{min(s['against_best'][a]['difference']['mean'] for a in apart):.3f} to "
                      f"{s['against_best'][worst]['difference']['mean']:.3f} bits per byte "
                      f"({_label(data, worst)} the worst)")
-    return ("; ".join(parts) + ".") if parts else ""
+    if not parts:
+        return ""
+    sentence = "; ".join(parts) + "."
+    return sentence[0].upper() + sentence[1:]
 
 
 # --- the answers ------------------------------------------------------------------------------
