@@ -1,5 +1,5 @@
 """Sessions: tests, conformance, lint, docs, bench, mutants, wheel, soundness, ecosystem,
-judge_without_torch (not by default).
+experiments, judge_without_torch (not by default).
 
 Every session but judge_without_torch installs torch 2.13.0 (the CPU wheel in /opt/wheels
 on the project's machines) with the package's ``torch`` extra; all install the versions in
@@ -170,3 +170,14 @@ def ecosystem(session: nox.Session) -> None:
     (default: default), --out DIR, --engine NAME, --check PATTERN, --seed N."""
     install(session, "interop,jax,onnx")
     session.run("python", "-m", "gptspec.adapters.ecosystem", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def experiments(session: nox.Session) -> None:
+    """The Notes' three open questions as controlled studies (``gptspec experiment all``):
+    about 100 minutes of two cores; results and SVG figures into docs/experiments/, which the
+    site's Open questions page reads. Options after --: --quick (the CI part: tiny models,
+    a few steps, one seed, into out/experiments; answers nothing), --jobs N, --seeds N,
+    --data PATH, --out DIR. An interrupted run continues where it stopped."""
+    install(session, "experiments")
+    session.run("gptspec", "experiment", "all", *session.posargs)

@@ -3,7 +3,8 @@
 Registered in mkdocs.yml (``hooks: [docs/hooks.py]``). At each build:
 
 - ``on_config`` reads ``gptspec.spec.REGISTRY``, writes a page per entry, the index by
-  group, the traceability matrix and the conformance results into ``docs/generated/``,
+  group, the traceability matrix, the conformance results and the Open questions page
+  (from the committed results in ``docs/experiments/``) into ``docs/generated/``,
   adds them to the navigation, and fails the build if the matrix has an empty cell;
   it also makes the figures (a tiny model trained for a few seconds) and installs KaTeX;
 - ``on_files`` adds the generated files and KaTeX's ``dist`` to the site (``docs/generated``
@@ -35,6 +36,7 @@ from sitegen import (  # noqa: E402
     dataflow,
     figures,
     katex,
+    open_questions,
     search_text,
     spec_pages,
     verification,
@@ -55,6 +57,7 @@ SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
 VERIFICATION_PAGE = f"{spec_pages.SPEC_DIR}/verification.md"
 COMPATIBILITY_PAGE = f"{spec_pages.SPEC_DIR}/compatibility.md"
+OPEN_QUESTIONS_PAGE = open_questions.PAGE  # in mkdocs.yml's nav
 
 _state: dict[str, Any] = {}
 
@@ -89,6 +92,26 @@ def _compatibility_page(root: Path) -> str:
         raise PluginError(str(err)) from None
 
 
+def _open_questions(root: Path, pages: dict[str, str]) -> None:
+    """The Open questions page, from the committed results in docs/experiments/ (quick-mode
+    results, or figures that are not the ones drawn from the results, fail the build), and
+    a paragraph on the page of each entry a question concerns."""
+    from gptspec.experiments.studies import FULL, STUDY_NAMES, design
+
+    studies = {name: design(name, FULL) for name in STUDY_NAMES}
+    try:
+        results = open_questions.load_results(root / open_questions.RESULTS, STUDY_NAMES)
+    except open_questions.OpenQuestionsError as err:
+        raise PluginError(str(err)) from None
+    pages[OPEN_QUESTIONS_PAGE] = open_questions.page(results, studies)
+    for entry_id in sorted({i for ids in open_questions.ENTRIES.values() for i in ids}):
+        path = f"{spec_pages.SPEC_DIR}/{entry_id}.md"
+        if path not in pages:
+            raise PluginError(f"the Open questions page links the entry {entry_id!r}, which "
+                              "has no page")
+        pages[path] += "\n" + open_questions.entry_note(entry_id, results, studies)
+
+
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
     root = Path(config.config_file_path).resolve().parent
     import gptspec.reference
@@ -109,6 +132,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     pages = spec_pages.render_pages(views, GROUPS, reports)
     pages[VERIFICATION_PAGE] = _verification_page(views, root)
     pages[COMPATIBILITY_PAGE] = _compatibility_page(root)
+    _open_questions(root, pages)
     for path, text in pages.items():
         spec_pages.write_if_changed(GENERATED / path, text)
     for stale in (GENERATED / spec_pages.SPEC_DIR).glob("*.md"):  # entries renamed or removed

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "generate": "generate text from a checkpoint",
     "info": "sizes and costs of a preset",
     "convert": "convert checkpoints to and from the transformers layout",
+    "experiment": "answer the Notes' open questions with controlled studies",
 }
 
 

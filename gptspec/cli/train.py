@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _stdlib_text() -> tuple[str, str]:
+def stdlib_text() -> tuple[str, str]:
     root = Path(sysconfig.get_paths()["stdlib"])
     parts, size = [], 0
     for file in sorted(root.rglob("*.py")):
@@ -78,7 +78,7 @@ def _stdlib_text() -> tuple[str, str]:
     return "\n".join(parts), f"the .py files of Python's standard library ({root})"
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
     checks.input_file(path, "--data")
     try:
         return path.read_bytes().decode("utf-8")
@@ -152,7 +152,7 @@ def _prepare_data(args: argparse.Namespace, out: Path):
             return tokenizer, config, open_tokens(data, config.vocab_size), str(data)
         except DataError as err:
             raise CLIError(str(err)) from None
-    text, source = (_read_text(data), str(data)) if data is not None else _stdlib_text()
+    text, source = (read_text(data), str(data)) if data is not None else stdlib_text()
     if not text:
         raise CLIError(f"the corpus {source} is empty")
     tokenizer = _tokenizer(args, text)

@@ -1,0 +1,144 @@
+"""``gptspec experiment NAME``: answer one of the Notes' open questions with a controlled
+study, or all three.
+
+    gptspec experiment all                  # the full studies (about 100 minutes on 2 cores)
+    gptspec experiment vocab --seeds 5      # more seeds: the 3 finished ones are kept
+    gptspec experiment all --quick          # tiny models, a few steps, one seed (CI)
+    gptspec experiment tying --plan         # the arms, their steps, sizes and FLOPs
+
+Runs are independent processes, ``--jobs`` at a time, each on one thread. Each finished
+run is kept in OUT/.runs/, so a study that was interrupted continues where it stopped when
+the same command is run again; an earlier run made with other settings is refused (delete
+it to recompute). Each study writes OUT/<study>.json and its figures OUT/<study>-*.svg,
+which the site's "Open questions" page reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from pathlib import Path
+
+from gptspec.cli import CLIError, checks
+
+NAMES = ("vocab", "tying", "head-width", "all")
+FULL_OUT = Path("docs") / "experiments"  # the results the site answers from
+QUICK_OUT = Path("out") / "experiments"
+MAX_SEEDS = 100
+
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=NAMES, metavar="NAME",
+                        help="the study: vocab, tying, head-width, or all")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny models, a few steps, one seed: proves the harness, answers "
+                             "nothing (default --out out/experiments)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="UTF-8 text to train and validate on (default: the .py files of "
+                             "Python's standard library, as gptspec train)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results folder (default: {FULL_OUT}, with --quick {QUICK_OUT})")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help=f"runs at once, one thread each (default: the cores, "
+                             f"{default_jobs()})")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds per arm (default 3, with --quick 1); more seeds keep the "
+                             "runs of the first ones")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the arms, their steps, sizes and FLOPs, and stop")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.jobs is not None:
+        checks.integer(args.jobs, "--jobs", low=1)
+    if args.seeds is not None:
+        checks.integer(args.seeds, "--seeds", low=1, high=MAX_SEEDS)
+    if args.plan:
+        return
+    if args.data is not None:
+        checks.input_file(args.data, "--data")
+        if args.data.suffix in (".bin", ".npy"):
+            raise CLIError(f"--data: {args.data} looks like token ids; the studies need text "
+                           "(the vocabulary study trains its tokenizers on it)")
+    out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)
+    checks.output_dir(out, "--out")
+    if args.quick and out.resolve() == FULL_OUT.resolve():
+        raise CLIError(f"--out {out}: quick results answer nothing and are not written where "
+                       "the site reads its answers; choose another folder")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CLIError("the studies draw their figures with matplotlib, which is not "
+                       "installed: pip install 'gptspec[experiments]'")
+
+
+def _studies(args: argparse.Namespace):
+    from gptspec.experiments.studies import FULL, QUICK, STUDY_NAMES, design
+
+    scale = QUICK if args.quick else FULL
+    names = STUDY_NAMES if args.name == "all" else (args.name,)
+    return [design(n, scale) for n in names]
+
+
+def _print_plan(studies, seeds: int) -> None:
+    from gptspec.experiments.studies import non_embedding_params
+    from gptspec.reference.costs import param_count_total, training_flops_per_token
+
+    total = 0
+    for s in studies:
+        print(f"{s.name} ({s.scale.name}): {s.title}; matched: {s.matched}; "
+              f"{len(s.arms)} arms × {seeds} seeds")
+        for a in s.arms:
+            c = a.config
+            flops = a.steps * s.scale.tokens_per_step * training_flops_per_token(c)
+            total += flops * seeds
+            print(f"  {a.name:<14} V {c.vocab_size:>5}  d {c.d_model:>4}  L {c.n_layers}  "
+                  f"h {c.n_heads:>2}  d_H {c.d_head:>3}  {'tied' if c.tied_embeddings else 'untied'}"
+                  f"  params {param_count_total(c):>9,} (non-embedding {non_embedding_params(c):,})"
+                  f"  steps {a.steps:>5}  {flops / 1e12:.3f} TFLOP")
+    print(f"in all: {total / 1e12:.1f} TFLOP of training")
+
+
+def _corpus(args: argparse.Namespace, scale):
+    from gptspec.cli.train import read_text, stdlib_text
+    from gptspec.experiments.corpus import split_text
+
+    text, source = (read_text(args.data), str(args.data)) if args.data else stdlib_text()
+    if scale.max_chars is not None and len(text) > scale.max_chars:
+        text, source = text[: scale.max_chars], f"the first {scale.max_chars:,} characters of {source}"
+    if not text.strip():
+        raise CLIError(f"--data: {source} holds no text")
+    return split_text(text, source, scale.val_fraction)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    from gptspec.experiments.studies import SEEDS
+
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else SEEDS)
+    studies = _studies(args)
+    if args.plan:
+        _print_plan(studies, seeds)
+        return 0
+    from gptspec.experiments.runner import ExperimentError, run_studies
+
+    out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    corpus = _corpus(args, studies[0].scale)
+    command = {"name": args.name, "quick": args.quick, "seeds": seeds,
+               "data": str(args.data) if args.data else None}
+    try:
+        return run_studies(studies, corpus, out, jobs, seeds, command,
+                           log=lambda line: print(line, flush=True))
+    except ExperimentError as err:
+        raise CLIError(str(err)) from None
+    except KeyboardInterrupt:
+        print(f"interrupted: the finished runs are kept in {out / '.runs'}; the same command "
+              "continues the study", flush=True)
+        return 130

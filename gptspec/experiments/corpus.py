@@ -1,0 +1,117 @@
+"""The text every study trains and validates on, and its tokenizations.
+
+The split is made on the *text*, not on tokens, so that every tokenizer sees the same
+training text and is judged on the same validation text: the last ``val_fraction`` of
+the characters, cut at the start of a line. Each BPE tokenizer is trained (the project's
+trainer, ``gptspec.fast.tokenizer.Tokenizer.train``, without special tokens, so every id
+is a BPE token) on the training split alone; both splits are then encoded with it and
+kept as ``.npy`` files beside the tokenizer, named by the text's SHA-256, so a rerun on
+the same text reuses them and a different text cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptspec.atomic_files import replacing, write_text
+from gptspec.experiments.studies import BYTE_LEVEL
+
+PREPARATION_VERSION = 1  # bump when the files below would be made differently
+
+
+@dataclass(frozen=True)
+class Corpus:
+    source: str  # what the text is, for the results' provenance
+    train_text: str
+    val_text: str
+    sha256: str  # of the whole text used (both splits)
+
+    @property
+    def train_bytes(self) -> int:
+        return len(self.train_text.encode("utf-8"))
+
+    @property
+    def val_bytes(self) -> int:
+        return len(self.val_text.encode("utf-8"))
+
+
+def split_text(text: str, source: str, val_fraction: float) -> Corpus:
+    """The text's first (1 − val_fraction) of characters for training, the rest for
+    validation, cut after the last newline before that point (if there is one)."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    point = int(len(text) * (1 - val_fraction))
+    newline = text.rfind("\n", 0, point)
+    cut = newline + 1 if newline > 0 else point
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return Corpus(source, text[:cut], text[cut:], digest)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A tokenizer's files for one corpus, and what the runs' settings record of them."""
+
+    vocab: int
+    tokenizer: Path
+    train: Path
+    val: Path
+    tokenizer_sha256: str
+    train_tokens: int
+    val_tokens: int
+
+    def describe(self) -> dict:
+        """What decides a run's result: the tokenizer's exact content and the split sizes."""
+        return {"vocab": self.vocab, "sha256": self.tokenizer_sha256,
+                "train_tokens": self.train_tokens, "val_tokens": self.val_tokens}
+
+
+def _name(vocab: int) -> str:
+    return "bytes" if vocab == BYTE_LEVEL else f"bpe-{vocab}"
+
+
+def tokenize(corpus: Corpus, vocab: int, cache: Path) -> Tokenized:
+    """The tokenizer of ``vocab`` tokens for this corpus and both splits' token ids, made
+    once and kept under ``cache`` (every file written whole, then renamed)."""
+    from gptspec.fast.tokenizer import Tokenizer
+
+    folder = cache / f"{corpus.sha256[:16]}-{len(corpus.train_text)}"
+    stem = folder / _name(vocab)
+    meta_path = stem.with_suffix(".json")
+    files = {"tokenizer": stem.with_suffix(".tokenizer.json"),
+             "train": stem.with_suffix(".train.npy"), "val": stem.with_suffix(".val.npy")}
+    meta = _read_meta(meta_path)
+    if (meta is None or meta.get("version") != PREPARATION_VERSION
+            or meta.get("corpus") != corpus.sha256 or not all(f.is_file() for f in files.values())):
+        tokenizer = (Tokenizer.byte_level() if vocab == BYTE_LEVEL
+                     else Tokenizer.train(corpus.train_text, vocab, special_tokens=()))
+        if tokenizer.vocab_size != vocab:
+            raise ValueError(f"its training split has too few distinct pairs for a BPE "
+                             f"vocabulary of {vocab} (training stopped at "
+                             f"{tokenizer.vocab_size})")
+        folder.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(files["tokenizer"])  # written whole, then renamed
+        counts = {}
+        for split, text in (("train", corpus.train_text), ("val", corpus.val_text)):
+            ids = np.asarray(tokenizer.encode_ordinary(text), dtype=np.uint16)
+            with replacing(files[split]) as tmp, open(tmp, "wb") as f:
+                np.save(f, ids, allow_pickle=False)
+            counts[split] = int(ids.size)
+        meta = {"version": PREPARATION_VERSION, "corpus": corpus.sha256, "vocab": vocab,
+                "tokenizer_sha256": hashlib.sha256(files["tokenizer"].read_bytes()).hexdigest(),
+                "train_tokens": counts["train"], "val_tokens": counts["val"]}
+        write_text(meta_path, json.dumps(meta, indent=1))
+    return Tokenized(vocab, files["tokenizer"], files["train"], files["val"],
+                     meta["tokenizer_sha256"], meta["train_tokens"], meta["val_tokens"])
+
+
+def _read_meta(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,413 @@
+"""``gptspec experiment``: the metric arithmetic, matched compute against the spec's
+formulas, the runner's resume after an interruption, bad input, and the Open questions
+page with and without results (quick results refused as answers)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptspec.cli import main
+from gptspec.experiments import metrics, worker
+from gptspec.experiments.runner import describe_design, first_difference
+from gptspec.experiments.studies import (
+    FULL,
+    QUICK,
+    STUDY_NAMES,
+    curve_steps,
+    design,
+    non_embedding_params,
+    width_matching_params,
+)
+from gptspec.spec import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+
+from sitegen import open_questions  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """About 200 kB of real text (this project's spec modules), enough for the quick
+    scale's tokenizers and windows."""
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "spec").glob("*.py")))
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+class Uniform(torch.nn.Module):
+    """A model that knows nothing: equal logits over V tokens, so each predicted token
+    costs ln V nats whatever it is."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*x.shape, self.vocab)
+
+
+def test_bits_per_byte_of_a_model_that_knows_nothing():
+    # Byte tokens 0..255 each spell 1 byte; 256..299 spell 3 (their lengths given here).
+    # A uniform model over 300 tokens pays ln 300 nats per token, so over the split the
+    # bits per byte are log2(300) · (predicted tokens) / (bytes they spell).
+    lengths = np.array([1] * 256 + [3] * 44)
+    ids = np.array([5, 260, 7, 299, 299, 1, 256, 2, 3, 270, 11])  # 11 tokens, n_ctx 4
+    nats, count, n_bytes = worker.split_loss(Uniform(300), ids, worker.window_starts(len(ids), 4),
+                                             4, lengths, batch=2)
+    targets = ids[1:]  # every token but the first is predicted once
+    assert count == len(targets)
+    assert n_bytes == 1 * np.sum(targets < 256) + 3 * np.sum(targets >= 256)  # = 18
+    expected = len(targets) * math.log2(300) / n_bytes
+    # one float32 rounding of ln 300 per token, summed in float64
+    assert metrics.bits_per_byte(nats, n_bytes) == pytest.approx(
+        expected, rel=len(targets) * np.finfo(np.float32).eps)
+
+
+def test_bits_per_byte_is_nats_over_bytes_and_ln2():
+    assert metrics.bits_per_byte(8 * math.log(2) * 10, 10) == pytest.approx(8, rel=1e-15)
+    with pytest.raises(ValueError):
+        metrics.bits_per_byte(1.0, 0)
+
+
+def test_windows_cover_the_split_once():
+    for n, T in ((2, 4), (5, 4), (9, 4), (10, 3), (64, 8)):
+        covered = [i for s in worker.window_starts(n, T) for i in range(s + 1, min(s + T + 1, n))]
+        assert covered == list(range(1, n))
+
+
+# Student's t for 2 degrees of freedom at 0.975, as printed in tables: 4.303 (three
+# decimals, so the table itself is within 0.0005 of the exact value).
+T_2 = 4.303
+
+
+def test_t_interval_against_a_table_value():
+    i = metrics.t_interval([1.0, 2.0, 3.0])  # mean 2, sample standard deviation 1
+    half = T_2 * 1.0 / math.sqrt(3)
+    assert i.mean == 2.0 and i.n == 3
+    assert abs(i.half_width - half) <= 0.0005 / math.sqrt(3)
+    assert i.low < 2.0 < i.high and i.contains(2.0) and not i.contains(4.6)
+
+
+def test_paired_difference_and_noise():
+    d = metrics.paired_difference([3.0, 5.0, 7.0], [1.0, 3.0, 4.0])  # differences 2, 2, 3
+    s = math.sqrt(((2 - 7 / 3) ** 2 * 2 + (3 - 7 / 3) ** 2) / 2)
+    assert d.mean == pytest.approx(7 / 3, rel=1e-15)
+    assert abs(d.half_width - T_2 * s / math.sqrt(3)) <= 0.0005 * s / math.sqrt(3)
+    assert not d.contains(0.0)  # a clear difference
+    noisy = metrics.paired_difference([1.0, 2.0, 3.0], [2.0, 1.0, 3.0])  # differences −1, 1, 0
+    assert noisy.contains(0.0)
+    one = metrics.t_interval([1.5])
+    assert math.isnan(one.low) and not one.contains(1.5)  # one seed: no interval at all
+
+
+# --- the designs against the spec's formulas ----------------------------------------------------
+
+
+def spec_value(entry: str, config) -> int:
+    return int(REGISTRY[entry].sympy(config))
+
+
+@pytest.mark.parametrize("scale", [FULL, QUICK], ids=["full", "quick"])
+@pytest.mark.parametrize("name", ["vocab", "head-width"])
+def test_matched_compute_is_the_spec_s_training_flops(scale, name):
+    study = design(name, scale)
+    base = study.arm(study.baseline)
+    per_token = scale.batch_size * scale.n_ctx
+    budget = base.steps * per_token * spec_value("training_flops_per_token", base.config)
+    for arm in study.arms:
+        per_step = per_token * spec_value("training_flops_per_token", arm.config)
+        # the nearest whole number of steps to the budget: within half a step of it
+        assert abs(arm.steps * per_step - budget) <= per_step / 2, arm.name
+    if name == "vocab":  # the same model outside the embedding, whatever the vocabulary
+        sizes = {spec_value("param_count_total", a.config)
+                 - spec_value("param_count_token_embedding", a.config) for a in study.arms}
+        assert len(sizes) == 1
+        assert sizes == {non_embedding_params(a.config) for a in study.arms}
+
+
+@pytest.mark.parametrize("scale", [FULL, QUICK], ids=["full", "quick"])
+def test_matched_parameters_are_the_nearest_the_spec_counts_allow(scale):
+    study = design("tying", scale)
+    tied, untied = study.arm(f"tied-d{scale.d_model}"), study.arm(f"untied-d{scale.d_model}")
+    assert spec_value("param_count_total", untied.config) - spec_value(
+        "param_count_total", tied.config) == scale.d_model * scale.tying_vocab
+    h = scale.n_heads
+    for c in study.comparisons[1:]:
+        arm, target = study.arm(c.a), study.arm(c.b)
+        goal = spec_value("param_count_total", target.config)
+        d = arm.config.d_model
+
+        def miss(width: int, config=arm.config, goal=goal) -> int:
+            return abs(spec_value("param_count_total", config.replace(d_model=width,
+                                                                      d_ff=4 * width)) - goal)
+
+        assert d % h == 0 and miss(d) <= miss(d - h) and miss(d) <= miss(d + h), c
+        assert arm.config.tied_embeddings != target.config.tied_embeddings
+        assert arm.steps == target.steps
+    assert width_matching_params(spec_value("param_count_total", tied.config), tied.config,
+                                 tied=True) == scale.d_model
+
+
+def test_curve_points_are_evenly_spread_and_end_at_the_last_step():
+    for steps, points in ((116, 5), (1200, 20), (3, 20), (40, 4), (1, 1)):
+        marks = curve_steps(steps, points)
+        assert marks[-1] == steps and len(marks) == min(steps, points)
+        gaps = np.diff([0, *marks])
+        assert gaps.min() >= 1 and gaps.max() - gaps.min() <= 1
+
+
+def test_head_widths_free_of_d_model_are_in_the_design():
+    study = design("head-width", FULL)
+    free = [a for a in study.arms if a.config.d_attn != a.config.d_model]
+    derived = [a for a in study.arms if a.config.d_attn == a.config.d_model]
+    assert len(free) >= 2 and len(derived) >= 3
+    assert len({a.config.d_model for a in study.arms}) == 1
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0].lower()
+
+
+def test_bad_names_and_numbers(capsys):
+    for argv, needle in ((["experiment", "everything"], "invalid choice"),
+                         (["experiment", "vocab", "--jobs", "0"], "--jobs"),
+                         (["experiment", "vocab", "--jobs", "two"], "--jobs"),
+                         (["experiment", "vocab", "--seeds", "0"], "--seeds"),
+                         (["experiment", "vocab", "--seeds", "-3"], "--seeds")):
+        with pytest.raises(SystemExit) as stop:  # argparse's errors exit by themselves
+            code = main(argv)
+            raise SystemExit(code)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and needle in err.lower(), err
+
+
+def test_bad_data_and_output(tmp_path, capsys, monkeypatch, corpus):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ids.npy").write_bytes(b"\x93NUMPY")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "tiny.txt").write_text("print(1)\n" * 30)
+    (tmp_path / "a_file").write_text("x")
+    out = ["--out", str(tmp_path / "res")]
+    for argv, needle in (
+            (["--data", "missing.txt", *out], "does not exist"),
+            (["--data", str(tmp_path), *out], "directory"),
+            (["--data", "ids.npy", *out], "token ids"),
+            (["--data", "latin1.txt", *out], "utf-8"),
+            (["--data", "empty.txt", *out], "no text"),
+            (["--data", "tiny.txt", *out], "too short"),
+            (["--data", str(corpus), "--out", "a_file"], "not a directory"),
+            (["--data", str(corpus), "--out", "docs/experiments"], "quick results")):
+        line = one_line_error(capsys, ["experiment", "vocab", "--quick", *argv])
+        assert needle in line, (argv, line)
+    assert not (tmp_path / "res" / ".runs").exists()  # refused before any run
+
+
+def test_missing_matplotlib_is_one_line(tmp_path, capsys, monkeypatch, corpus):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    line = one_line_error(capsys, ["experiment", "tying", "--quick", "--data", str(corpus),
+                                   "--out", str(tmp_path / "res")])
+    assert "matplotlib" in line and "gptspec[experiments]" in line
+
+
+# --- resume --------------------------------------------------------------------------------------
+
+
+def _results(folder: Path) -> dict[str, tuple[int, bytes]]:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.glob("*.seed*.json")) if not p.name.endswith(".spec.json")}
+
+
+def test_an_interrupted_study_continues_where_it_stopped(tmp_path, capsys, corpus):
+    out = tmp_path / "res"
+    argv = ["experiment", "tying", "--quick", "--data", str(corpus), "--out", str(out),
+            "--jobs", "1"]
+    runs = out / ".runs" / "tying"
+    # 1. interrupted (SIGINT, as Ctrl-C) once the first run has finished
+    process = subprocess.Popen([sys.executable, "-m", "gptspec", *argv], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not _results(runs) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "same command" in output
+    kept = _results(runs)
+    assert 1 <= len(kept) < 4, output  # the study's four arms were not all done
+    assert not list(runs.glob("*.tmp")) and not (out / "tying.json").exists()
+    for _, data in kept.values():
+        assert json.loads(data)["result"]["bits_per_byte"] > 0  # whole files only
+
+    # 2. the same command finishes the rest and leaves the finished runs alone
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert f"{len(kept)} finished earlier, {4 - len(kept)} to run" in said
+    after = _results(runs)
+    assert len(after) == 4 and all(after[name] == kept[name] for name in kept)
+    study = json.loads((out / "tying.json").read_text())
+    assert study["quick"] is True and len(study["runs"]) == 4
+    assert {"commit", "modified", "date", "machine", "cpu", "cores", "torch"} <= set(
+        study["provenance"]) and study["design"]["seeds"] == [0]
+    assert all(set(r["settings"]) >= {"config", "train", "tokenizer", "data"} for r in study["runs"])
+    with pytest.raises(open_questions.OpenQuestionsError, match="quick-mode"):
+        open_questions.load_results(out, STUDY_NAMES)  # never an answer
+
+    # 3. a deleted result is recomputed, the same number bit for bit (CPU, one thread)
+    name = sorted(after)[-1]
+    (runs / name).unlink()
+    assert main(argv) == 0
+    assert "3 finished earlier, 1 to run" in capsys.readouterr().out
+    again = _results(runs)
+    assert all(again[n] == after[n] for n in after if n != name)
+    old, new = (json.loads(x[name][1]) for x in (after, again))
+    assert new["result"]["bits_per_byte"] == old["result"]["bits_per_byte"]
+    assert new["result"]["curve"] == old["result"]["curve"]
+
+    # 4. a result made with other settings is refused, naming it, before anything runs
+    record = json.loads((runs / name).read_text())
+    record["settings"]["train"]["lr"] *= 2
+    (runs / name).write_text(json.dumps(record))
+    line = one_line_error(capsys, argv)
+    assert name.lower() in line and "train.lr" in line and "other settings" in line
+    assert _results(runs)[name][1] == (runs / name).read_bytes()
+
+
+def test_first_difference_names_the_key():
+    assert first_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == "a.c was 2, is now 3"
+    assert first_difference({"a": [1, 2]}, {"a": [1, 2]}) is None
+    assert first_difference({"a": 1}, {"a": 1, "z": 0}) == "z was null, is now 0"
+
+
+# --- the page ------------------------------------------------------------------------------------
+
+STUDIES = {name: design(name, FULL) for name in STUDY_NAMES}
+VALUES = {"bytes": [2.0, 2.1, 2.2], "bpe-512": [1.90, 1.95, 2.00], "bpe-1024": [1.97, 1.93, 2.01]}
+
+
+def synthetic(folder: Path, name: str = "vocab", seeds: int = 3, quick: bool = False) -> dict:
+    """A results file in ``folder`` for the full design of ``name``, with made-up numbers:
+    arm i has bits per byte VALUES[arm] or 2.5 + i/10 + seed/100, and two made-up figures."""
+    study = STUDIES[name]
+    runs = []
+    for i, arm in enumerate(study.arms):
+        for seed in range(seeds):
+            bpb = VALUES[arm.name][seed] if arm.name in VALUES else 2.5 + i / 10 + seed / 100
+            runs.append({"arm": arm.name, "seed": seed, "settings": {}, "provenance": {},
+                         "result": {"bits_per_byte": bpb, "val_tokens_per_byte": 1 / (i + 1),
+                                    "train_tokens_per_byte": 1 / (i + 1), "train_flops": 1e13,
+                                    "train_flops_per_byte": 1e6, "inference_flops_per_byte": 3e5,
+                                    "train_bytes_seen": 2e6 * (i + 1), "curve": [[1, bpb]],
+                                    "seconds": {"train_wall": 100.0, "process_wall": 110.0}}})
+    figures = {}
+    for figure in (f"{name}-final.svg", f"{name}-curves.svg"):
+        svg = f"<svg xmlns='http://www.w3.org/2000/svg'><title>{figure}</title></svg>".encode()
+        (folder / figure).write_bytes(svg)
+        figures[figure] = hashlib.sha256(svg).hexdigest()
+    data = {"schema": "gptspec-experiment", "version": 1, "study": name, "title": study.title,
+            "question": study.question, "quick": quick, "scale": "full",
+            "design": describe_design(study, seeds), "runs": runs, "figures": figures,
+            "data": {"source": "a made-up corpus", "sha256": "0" * 64, "train_bytes": 9_000_000,
+                     "val_bytes": 400_000, "train_chars": 1, "val_chars": 1},
+            "provenance": {"commit": "abc", "date": "2026-11-24 10:00 UTC", "machine": "test",
+                           "cpu": "test CPU", "cores": 2, "run_commits": ["abc1234567"],
+                           "run_process_seconds": 6000.0, "command": {"name": name, "jobs": 2}}}
+    (folder / f"{name}.json").write_text(json.dumps(data))
+    return data
+
+
+def test_the_page_without_results_says_so(tmp_path):
+    results = open_questions.load_results(tmp_path, STUDY_NAMES)
+    assert results == {}
+    page = open_questions.page(results, STUDIES)
+    assert page.count("No results are committed yet") == 1 + len(STUDY_NAMES)
+    assert "**Answer.**" not in page and "bits per byte, mean" not in page
+    for study in STUDIES.values():
+        assert study.question in page and study.arms[0].label in page  # the design is shown
+    for entry_id in {i for ids in open_questions.ENTRIES.values() for i in ids}:
+        assert entry_id in REGISTRY
+        assert "no results are committed yet" in open_questions.entry_note(
+            entry_id, results, STUDIES)
+
+
+def test_the_page_answers_from_the_numbers(tmp_path):
+    synthetic(tmp_path, "vocab")
+    results = open_questions.load_results(tmp_path, STUDY_NAMES)
+    page = open_questions.page(results, STUDIES)
+    assert page.count("No results are committed yet") == 2  # tying and head width
+    # the best arm is bpe-512 (mean 1.95; 1.97 for bpe-1024, 2.1 for bytes, the rest
+    # above 2.7); its interval is 1.95 ± t(2) · 0.05/√3
+    half = T_2 * 0.05 / math.sqrt(3)
+    assert "came from BPE 512: 1.950 [" in page
+    low = float(page.split("came from BPE 512: 1.950 [")[1].split(",")[0])
+    # printed to 3 decimals (0.0005) from a t within 0.0005 of the table's
+    assert abs(low - (1.95 - half)) <= 0.0005 + 0.0005 * 0.05 / math.sqrt(3)
+    # bpe-1024 − bpe-512 seed by seed: 0.07, −0.02, 0.01, an interval around 0: noise;
+    # bytes − bpe-512: 0.1, 0.15, 0.2, an interval above 0: not noise
+    answer = page.split("**Answer.**")[1].split("*What")[0]
+    assert "BPE 1024 is inside the noise of it" in answer
+    assert "bytes (256)" not in answer.split("inside the noise")[0]
+    assert "![Vocabulary size: final validation loss](experiments/vocab-final.svg)" in page
+    assert "answered by a controlled experiment" in open_questions.entry_note(
+        "token_embedding", results, STUDIES)
+    for name in ("tying", "head-width"):
+        synthetic(tmp_path, name)
+    page = open_questions.page(open_questions.load_results(tmp_path, STUDY_NAMES), STUDIES)
+    assert page.count("**Answer.**") == 3 and "No results are committed yet" not in page
+    assert "embedding holds 39% of the tied model" in page  # 524,288 of 1,334,016
+
+
+def test_quick_results_and_stale_figures_are_refused(tmp_path):
+    synthetic(tmp_path, "tying", quick=True)
+    with pytest.raises(open_questions.OpenQuestionsError, match="quick-mode"):
+        open_questions.load_results(tmp_path, STUDY_NAMES)
+    synthetic(tmp_path, "tying", seeds=2)
+    with pytest.raises(open_questions.OpenQuestionsError, match="2 seed"):
+        open_questions.load_results(tmp_path, STUDY_NAMES)
+    synthetic(tmp_path, "tying")
+    (tmp_path / "tying-final.svg").write_text("<svg>another figure</svg>")
+    with pytest.raises(open_questions.OpenQuestionsError, match="SHA-256"):
+        open_questions.load_results(tmp_path, STUDY_NAMES)
+
+
+def test_figures_are_reproducible_bytes(tmp_path):
+    from gptspec.experiments.plots import figures
+
+    data = synthetic(tmp_path, "head-width")
+    from gptspec.experiments.summary import summarize
+
+    data["summary"] = summarize(data["design"]["arms"], data["design"]["comparisons"],
+                                data["runs"])
+    first, second = figures(data), figures(data)
+    assert first == second and set(first) == {"head-width-final.svg", "head-width-curves.svg"}
+    assert all(svg.startswith(b"<?xml") for svg in first.values())
+
