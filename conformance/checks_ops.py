@@ -331,12 +331,20 @@ def _mha_sizes():
 
 
 def _mha_inputs(data, ctx, T, h, dk, with_bias):
+    """H and the weights, drawn so that Q K V and the scores fit the dtype: two stacked
+    products of "large" inputs can pass float16's 65504 in the scores, where the spec
+    asks nothing (the SCORES_RANGE decision): an engine that stores S in the dtype gets
+    ∞, and NaN from its softmax, where the exact output is finite."""
     d = h * dk
     H = _draw(data, (T, d), ctx)
     W_qkv = _draw(data, (d, 3 * d), ctx, scale=0.3)
     W_O = _draw(data, (d, d), ctx, scale=0.3)
     b_qkv = _draw(data, (3 * d,), ctx, scale=0.3) if with_bias else None
     b_O = _draw(data, (d,), ctx, scale=0.3) if with_bias else None
+    QKV = ref.linear(H, W_qkv, b_qkv)
+    Q, K = (ref.split_heads(QKV[..., i * d:(i + 1) * d], h) for i in (0, 1))
+    assume(B.representable(QKV, ctx.precision.dtype)
+           and B.representable(Q @ np.swapaxes(K, -1, -2) / np.sqrt(dk), ctx.precision.dtype))
     return H, W_qkv, b_qkv, W_O, b_O
 
 

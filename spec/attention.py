@@ -323,7 +323,9 @@ SCORES_RANGE = Decision(
              r"(largest 65504) a score is right whenever it is representable. Where "
              r"$Q K^\top$ exceeds the accumulation format itself (float32 and bfloat16, "
              r"whose ranges are float32's) the spec asks nothing, and the suite draws no "
-             r"such input.",
+             r"such input; nor where $S$ itself lies past the format's largest value, of "
+             r"$S$ or of what is computed from it (an engine that stores $S$ in float16 "
+             r"gets $\infty$ there, and NaN from the softmax).",
     why=r"Rounding $Q K^\top$ to float16 before scaling turns a score of $1.3 \cdot 10^4$ "
         r"with $d_k = 64$ into $\infty$, and under the mask into $\infty - \infty = "
         r"\mathrm{NaN}$: a real failure of 16-bit attention, which fused kernels avoid by "
