@@ -37,10 +37,10 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
+from gptspec.conformance.checks_model import MODEL_SHARE
 from gptspec.conformance.context import NotImplementedOp
 from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.conformance.registry import check
-from gptspec.conformance.checks_model import MODEL_SHARE
 from gptspec.conformance.strategies import model_cases
 from gptspec.spec import GPTConfig, init_parameters
 
