@@ -32,14 +32,27 @@ def _resolve(spec: str) -> Any:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 — report any import failure in one line
-        raise BackendError(f"cannot import backend module {module_name!r}: {err}") from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001 — any import failure, in one line
+        # SystemExit too: a module calling sys.exit(0) on import must not end the run as
+        # if every check had passed
+        raise BackendError(f"cannot import backend module {module_name!r}: "
+                           f"{_what_raised(err)}") from None
     obj: Any = module
     for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise BackendError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise BackendError(f"module {module_name!r} has no attribute {attr!r}") from None
+        except Exception as err:  # noqa: BLE001 — a module __getattr__ may raise anything
+            raise BackendError(f"backend {spec!r}: looking up {part!r} raised "
+                               f"{_what_raised(err)}") from None
     return obj
+
+
+def _what_raised(err: BaseException) -> str:
+    if isinstance(err, SystemExit):
+        return f"it called exit({err.code!r})"
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 def load_backend(spec: str, device: str | None = None, dtype: str | None = None) -> Any:
@@ -52,14 +65,29 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
                   if v is not None and k in params}
         try:
             obj = obj(**kwargs)
+        except (Exception, SystemExit) as err:  # noqa: BLE001
+            raise BackendError(f"backend {spec!r} failed to start: {_what_raised(err)}"
+                               ) from None
+    missing = []
+    for attribute in ("protocol_version", *REQUIRED):  # read once here, where a raising
+        try:                                            # property is the backend's fault
+            getattr(obj, attribute)
+        except AttributeError:
+            missing.append(attribute)
         except Exception as err:  # noqa: BLE001
-            raise BackendError(f"backend {spec!r} failed to start: "
-                               f"{type(err).__name__}: {err}") from None
+            raise BackendError(f"backend {spec!r}: reading its {attribute!r} raised "
+                               f"{_what_raised(err)}") from None
     check_protocol_version(spec, obj)
-    missing = [a for a in REQUIRED if not hasattr(obj, a)]
+    missing = [a for a in missing if a != "protocol_version"]
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} "
                            "(see the protocol in gptspec.conformance.protocol)")
+    from gptspec.conformance.budgets import Precision
+
+    try:  # the dtype the budgets are derived for
+        Precision.of(str(obj.dtype))
+    except ValueError as err:
+        raise BackendError(f"backend {spec!r}: {err}") from None
     return obj
 
 

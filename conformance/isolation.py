@@ -39,13 +39,18 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     from gptspec.conformance.registry import CHECKS, all_checks
     from gptspec.conformance.runner import _missing_ops, describe_backend
 
+    # Ctrl-C reaches every process of the terminal's group: the parent handles it (and
+    # stops this one); here it would only print a traceback from inside the backend
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         backend = load_backend(spec, device=device, dtype=dtype)
         precision = Precision.of(str(getattr(backend, "dtype", "float64")))
-    except Exception as err:  # noqa: BLE001 — reported to the parent in one line
-        conn.send_bytes(json.dumps({"load_error": f"{err}"}).encode())
+        described = describe_backend(backend)
+    except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
+        message = (str(err) if isinstance(err, BackendError) else
+                   f"backend {spec!r} failed to start: {type(err).__name__} {err}".rstrip())
+        conn.send_bytes(json.dumps({"load_error": message}).encode())
         return
-    described = describe_backend(backend)
     origin = {**described, "spec": spec, "device": device or described["device"],
               "dtype": dtype or described["dtype"]}
     conn.send_bytes(json.dumps({"backend": described}).encode())
@@ -58,10 +63,15 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
         if check_id == "":
             return
         check = CHECKS[check_id]
-        missing = _missing_ops(backend, check)
-        result = (not_implemented(check, missing) if missing else
-                  run_check(check, backend, precision, profile, seed, None, save_failures,
-                            origin, plain))
+        try:
+            missing = _missing_ops(backend, check)
+            result = (not_implemented(check, missing) if missing else
+                      run_check(check, backend, precision, profile, seed, None, save_failures,
+                                origin, plain))
+        except BaseException as err:  # noqa: BLE001 — run_check lets KeyboardInterrupt out
+            result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
+                                 f"the backend raised {type(err).__name__}: {err}".rstrip(": "),
+                                 0, 0, 0.0, check.budget)
         conn.send_bytes(json.dumps(result.to_dict(), default=str).encode())
 
 
@@ -93,7 +103,12 @@ class _Worker:
         child.close()
         self.backend: dict[str, str] = {}
         # a module that hangs on import is stopped by the run's time limit too
-        if not self.conn.poll(start_timeout):
+        try:
+            started = self.conn.poll(start_timeout)
+        except BaseException:  # Ctrl-C while waiting: the worker must not outlive us
+            self.stop()
+            raise
+        if not started:
             self.stop()
             raise BackendError(f"backend {spec!r} did not start within {start_timeout:g} s "
                                "(importing and building it)")

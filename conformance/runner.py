@@ -74,11 +74,26 @@ class SuiteResult:
 
 
 def describe_backend(backend: Any) -> dict[str, str]:
-    return {k: str(getattr(backend, k, "?")) for k in ("name", "version", "device", "dtype")}
+    return {k: _read(backend, k, "?") for k in ("name", "version", "device", "dtype")}
+
+
+def _read(backend: Any, attribute: str, default: str) -> str:
+    """str(backend.attribute), or ``default`` where reading it raises (a backend's
+    property or __getattr__ may raise anything)."""
+    try:
+        return str(getattr(backend, attribute, default))
+    except Exception:  # noqa: BLE001
+        return default
 
 
 def _missing_ops(backend: Any, check: Check) -> list[str]:
-    return [op for op in check.ops if not callable(getattr(backend, op, None))]
+    def usable(op: str) -> bool:
+        try:
+            return callable(getattr(backend, op, None))
+        except Exception:  # noqa: BLE001 — a __getattr__ that raises has no such operation
+            return False
+
+    return [op for op in check.ops if not usable(op)]
 
 
 def _first(err: BaseException) -> BaseException:
@@ -106,17 +121,28 @@ def _time_limit(seconds: float | None) -> Any:
         yield
         return
 
+    armed = [True]
+
     def expire(signum: int, frame: Any) -> None:
-        raise CheckTimeout(f"timed out after {seconds:g} s")
+        if armed[0]:
+            raise CheckTimeout(f"timed out after {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    # fires again every second until cleared, should anything swallow the first one
-    signal.setitimer(signal.ITIMER_REAL, float(seconds), 1.0)  # type: ignore[arg-type]
-    try:
+    try:  # armed inside the try: a limit so short that it fires at once is still cleared
+        # fires again every second until cleared, should anything swallow the first one
+        signal.setitimer(signal.ITIMER_REAL, float(seconds), 1.0)  # type: ignore[arg-type]
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        # a repeat that fires while this runs would leave the timer armed for the rest of
+        # the process (and end it, once Python resets the handler at exit): disarm first
+        while True:
+            try:
+                armed[0] = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                break
+            except CheckTimeout:
+                continue
 
 
 def run_check(check: Check, backend: Any, precision: Precision, profile: str,

@@ -37,6 +37,9 @@ ACTIVATION_ALIASES = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                       "gelu_fast": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
 
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names
+
+
 class InteropError(ValueError):
     """A model or directory that cannot be converted; the message says why, in one line."""
 
@@ -269,18 +272,32 @@ def check_hf_weights(path: Path, config: GPTConfig) -> None:
     be allocated before any check."""
     from safetensors import SafetensorError, safe_open
 
+    buffers = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
     found: dict[str, tuple[int, ...]] = {}
+    stored_in: dict[str, str] = {}
     for file in sorted(path.glob("*.safetensors")):
+        if not file.is_file():  # a FIFO would block the read for ever
+            raise InteropError(f"{path}: {file.name} is not a regular file")
         try:
             with safe_open(str(file), framework="numpy") as f:
                 for name in f.keys():
                     short = name.removeprefix("transformer.")
+                    if short in stored_in:  # which copy transformers takes is not defined
+                        raise InteropError(f"{path}: tensor {short!r} is stored twice, in "
+                                           f"{stored_in[short]} and {file.name}")
+                    stored_in[short] = file.name
                     found[short] = tuple(f.get_slice(name).get_shape())
+                    dtype = f.get_slice(name).get_dtype()
+                    if dtype not in FLOAT_DTYPES and not short.endswith(buffers):
+                        # integers are quantized weights without their scales, not a model
+                        raise InteropError(f"{path}: tensor {short!r} has dtype {dtype}, not "
+                                           "a floating-point one")
+        except InteropError:
+            raise
         except (SafetensorError, OSError, ValueError) as err:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise InteropError(f"{path}: weights cannot be loaded ({file.name} is not a readable "
                                f"safetensors file: {first})") from None
-    buffers = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
     optional = {"lm_head.weight"} if config.tied_embeddings else set()
     expected: set[str] = set()
     for name, shape in _hf_shapes(config):

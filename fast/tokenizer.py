@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import regex
@@ -50,6 +51,15 @@ MAX_VOCAB_SIZE = 1 << 21
 # all tokens together are capped, and counted before any token is built, so loading costs
 # time and memory linear in this cap. GPT-2's and cl100k's vocabularies hold < 1 MiB.
 MAX_VOCAB_BYTES = 16 << 20
+
+# The `regex` module backtracks, so a pattern can take exponential time on the wrong text
+# ((?:a|a)*b on a run of a's). tiktoken's engine, which encoding goes through, is linear
+# for a pattern without look-around or back-references. Where a pattern runs in `regex`
+# (the probe below, training's chunk counts, the encoder for merges tiktoken cannot hold)
+# it gets a second plus 10 µs per character: some 50 times what GPT-2's and cl100k's
+# patterns take (≈ 0.15 µs per character of source code).
+REGEX_SECONDS = 1.0
+REGEX_SECONDS_PER_CHAR = 1e-5
 
 # A probe of every kind of character a pre-tokenization pattern must cover: a pattern
 # that skips any of them would make encode → decode lose text.
@@ -115,7 +125,10 @@ class TokenizerError(ValueError):
 
 def resolve_pattern(pattern: str) -> str:
     """'gpt2' and 'cl100k' name the two patterns of the spec; any other string is a
-    regex of the `regex` module, checked here so that a typo fails at once."""
+    regex of the `regex` module, checked here so that a typo fails at once. Beside the
+    spec's two, a pattern may not use look-around or back-references: tiktoken would run
+    it on a backtracking engine, where a hostile text costs unbounded time (or a panic
+    past its step limit)."""
     if pattern in PATTERNS:
         return PATTERNS[pattern]
     if not pattern:
@@ -127,6 +140,11 @@ def resolve_pattern(pattern: str) -> str:
     if compiled.groups:
         raise TokenizerError("the pre-tokenization pattern has capture groups, which change "
                              "what findall returns; write (?:…) instead")
+    construct = None if pattern in PATTERNS.values() else backtracking_construct(pattern)
+    if construct:
+        raise TokenizerError(f"the pre-tokenization pattern uses {construct}, which only a "
+                             "backtracking engine can run (unbounded time on a hostile "
+                             "text); only the spec's gpt2 and cl100k patterns may")
     check_pattern_covers(pattern, _PATTERN_PROBE)
     try:  # encoding runs the pattern in tiktoken's regex engine, which must accept it too
         tiktoken.Encoding("probe", pat_str=pattern, mergeable_ranks={bytes([b]): b
@@ -139,10 +157,59 @@ def resolve_pattern(pattern: str) -> str:
     return pattern
 
 
+def backtracking_construct(pattern: str) -> str | None:
+    """The first construct of ``pattern`` that needs a backtracking engine (look-around,
+    a back-reference, an atomic group, a possessive quantifier, a conditional), or None.
+    Escapes and character classes are stepped over, so ``[(?=]`` and ``\\p{L}+`` are
+    not taken for one."""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            follower = pattern[i + 1:i + 2]
+            if follower and (follower in "123456789gkGK"):
+                return f"the escape \\{follower} (a back-reference or anchor)"
+            if follower in ("p", "P", "N", "x", "u", "U") and pattern[i + 2:i + 3] == "{":
+                end = pattern.find("}", i)
+                i = n if end < 0 else end + 1
+            else:
+                i += 2
+            continue
+        if c == "[":  # a class: up to its closing bracket (a ] first in it is literal)
+            i += 2 if pattern[i + 1:i + 2] == "^" else 1
+            i += 1 if pattern[i:i + 1] == "]" else 0
+            while i < n and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
+            continue
+        for opening, name in (("(?=", "a look-ahead"), ("(?!", "a look-ahead"),
+                              ("(?<=", "a look-behind"), ("(?<!", "a look-behind"),
+                              ("(?>", "an atomic group"), ("(?P=", "a back-reference"),
+                              ("(?(", "a conditional")):
+            if pattern.startswith(opening, i):
+                return f"{name} ({opening}…)"
+        if c in "*+?}" and pattern[i + 1:i + 2] == "+":
+            return f"a possessive quantifier ({c}+)"
+        i += 1
+    return None
+
+
+def findall_within_budget(compiled: Any, text: str) -> list[str]:
+    """``compiled.findall(text)`` in the `regex` module, refused past REGEX_SECONDS plus
+    REGEX_SECONDS_PER_CHAR per character (see there)."""
+    budget = REGEX_SECONDS + REGEX_SECONDS_PER_CHAR * len(text)
+    try:
+        return compiled.findall(text, timeout=budget)
+    except TimeoutError:
+        raise TokenizerError(f"the pre-tokenization pattern took more than {budget:.3g} s on "
+                             f"{len(text):,} characters: it backtracks without bound on "
+                             "this text") from None
+
+
 def check_pattern_covers(pattern: str, text: str) -> None:
     """Refuse a pattern whose chunks do not spell ``text`` whole: text it skips would be
     dropped by encoding, silently."""
-    pieces = regex.findall(pattern, text)
+    pieces = findall_within_budget(regex.compile(pattern), text)
     if "".join(pieces) != text:
         covered = 0
         for piece in pieces:
@@ -172,7 +239,7 @@ def _chunk_counts(text: str, pattern: str, special_tokens: Collection[str]) -> C
     compiled = regex.compile(pattern)
     counts: Counter[str] = Counter()
     for piece in pieces:
-        counts.update(compiled.findall(piece))
+        counts.update(findall_within_budget(compiled, piece))
     if sum(len(chunk) * n for chunk, n in counts.items()) != sum(map(len, pieces)):
         for piece in pieces:  # name the first text the pattern skips
             check_pattern_covers(pattern, piece)
@@ -423,19 +490,27 @@ class Tokenizer:
                 return [t for part in parts for t in part]
             return self._encode_tiktoken(text)
         ids: list[int] = []
-        for chunk in self._compiled.findall(text):
+        for chunk in findall_within_budget(self._compiled, text):
             ids += self._chunk_cache(chunk)
         return ids
 
     def _encode_tiktoken(self, text: str) -> list[int]:
         assert self._encoding is not None
         encode = self._encoding.encode_ordinary
-        if not self._cut_runs:
-            return encode(text)
-        ids: list[int] = []
-        for piece in cut_whitespace_runs(text):
-            ids += encode(piece)
-        return ids
+        try:
+            if not self._cut_runs:
+                return encode(text)
+            ids: list[int] = []
+            for piece in cut_whitespace_runs(text):
+                ids += encode(piece)
+            return ids
+        except BaseException as err:  # noqa: BLE001
+            # tiktoken's regex engine past its backtracking limit panics (a BaseException
+            # from Rust); resolve_pattern keeps such patterns out, this is the backstop
+            if type(err).__name__ != "PanicException":
+                raise
+            raise TokenizerError(f"tiktoken gave up encoding this text: "
+                                 f"{str(err).splitlines()[0] if str(err) else 'panic'}") from None
 
     def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
         token_of_byte = {b: i for i, b in enumerate(self.base)}

@@ -359,9 +359,14 @@ def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
     if not isinstance(vocab, dict) or not isinstance(merges_text, list):
         raise TokenizerFileError(f"{path}: the BPE model lacks 'vocab' or 'merges'")
     special = {}
-    for added in doc.get("added_tokens") or []:
-        if not isinstance(added, dict):
-            continue
+    added_tokens = doc.get("added_tokens") or []
+    if not isinstance(added_tokens, list):  # a dict would be read as its keys, dropping ids
+        raise TokenizerFileError(f"{path}: 'added_tokens' must be a list, got "
+                                 f"{type(added_tokens).__name__}")
+    for added in added_tokens:
+        if not isinstance(added, dict):  # skipping it would drop a special token unnoticed
+            raise TokenizerFileError(f"{path}: an added token is not an object: "
+                                     f"{str(added)[:40]!r}")
         if not added.get("special"):  # HF matches these in raw text; BPE here would not
             raise TokenizerFileError(f"{path}: added token {added.get('content')!r} is not "
                                      f"special; only special added tokens are supported")

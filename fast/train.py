@@ -33,7 +33,12 @@ import torch.nn.functional as F
 
 from gptspec.atomic_files import replacing
 from gptspec.fast import ops
-from gptspec.fast.checkpoint import load_training_checkpoint, save_training_checkpoint
+from gptspec.fast.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
 from gptspec.fast.data import TokenData
 from gptspec.fast.model import GPT
 from gptspec.reference.optim import lr_schedule
@@ -58,6 +63,16 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class OutputLost(Interrupted):
+    """The progress log could not be written (standard output's reader went away, or its
+    disk is full): the run stops as after Ctrl-C, checkpoint saved, rather than losing
+    the steps since the last one. ``error`` is the OSError."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(signal.SIGPIPE)
+        self.error = error
 
 
 _held: dict[str, Any] = {"depth": 0, "signal": None}  # see stop_on_signals
@@ -288,6 +303,7 @@ class Trainer:
         self._saving = False  # a signal during a save waits for its end (stop_on_signals)
         self._pending_signal: int | None = None
         self.stopped_by = int(signal.SIGINT)  # the signal that interrupted run(), if any
+        self.output_lost: OSError | None = None  # why the log could not be written, if so
 
     @property
     def tokens_per_step(self) -> int:
@@ -418,7 +434,12 @@ class Trainer:
         trainer = cls(config, settings, data, tokenizer, params=params)
         trainer.step_count = int(state["step"])
         load_optimizer_tensors(trainer.model, trainer.optimizer, optimizer, trainer.step_count)
-        set_rng_state(state["rng"])
+        try:
+            set_rng_state(state["rng"])
+        except (ValueError, TypeError, RuntimeError) as err:  # base64, sizes, Python's state
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CheckpointError(f"{Path(directory) / STATE_FILE}: 'rng' is not a saved RNG "
+                                  f"state ({why})") from None
         trainer.history = state["history"]
         trainer.elapsed = float(state.get("elapsed_seconds", 0.0))
         trainer.extra_state = {k: v for k, v in state.items() if k == "data"}
@@ -453,7 +474,7 @@ class Trainer:
                 if self.step_count % s.eval_interval == 0 or last:
                     val = self.evaluate()
                     if main:
-                        bar.write(f"step {self.step_count}: train loss {loss:.4f}, "
+                        _log(bar, f"step {self.step_count}: train loss {loss:.4f}, "
                                   f"val loss {val:.4f}")
                 if checkpoint_dir is not None and main and (self.step_count % ckpt_every == 0
                                                             or last):
@@ -462,6 +483,7 @@ class Trainer:
                     saved_step = self.step_count
         except KeyboardInterrupt as stop:
             self.stopped_by = getattr(stop, "signum", int(signal.SIGINT))
+            self.output_lost = stop.error if isinstance(stop, OutputLost) else None
             bar.close()
             if checkpoint_dir is not None and main and self.step_count != saved_step:
                 try:
@@ -473,6 +495,13 @@ class Trainer:
         finally:
             bar.close()
         return "done"
+
+
+def _log(bar: Any, text: str) -> None:
+    try:
+        bar.write(text)
+    except OSError as err:  # standard output, not a checkpoint: see OutputLost
+        raise OutputLost(err) from None
 
 
 class _NoBar:

@@ -144,6 +144,8 @@ class GPTConfig:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"config is not valid JSON: {err}") from None
+        except RecursionError:  # "[[[[…": an untrusted file's, in a checkpoint's metadata
+            raise ConfigError("config is not valid JSON: nested too deeply") from None
         if not isinstance(data, dict):
             raise ConfigError("config JSON must be an object")
         return cls.from_dict(data)

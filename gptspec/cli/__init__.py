@@ -7,9 +7,13 @@ they are imported only when chosen, so ``gptspec info`` does not pay for torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from typing import TextIO
 
 SUBCOMMANDS = {
     "conformance": "validate a backend against the float64 reference",
@@ -26,16 +30,46 @@ class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def error_line(command: str, err: CLIError) -> str:
+def printable(text: object) -> str:
+    """``text`` on one line that a terminal shows as written: line breaks, escape
+    sequences and other invisible characters (from a file name, a prompt or a backend's
+    message) are spelled as Python escapes (``\\n``, ``\\x1b``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def error_line(command: str, err: CLIError | str) -> str:
     """The one line a CLIError is reported as."""
-    return f"gptspec {command}: error: {err}"
+    return f"gptspec {command}: error: {printable(err)}"
+
+
+def standard_stream(name: str, why: str) -> TextIO:
+    """sys.stdin or sys.stdout, which Python sets to None when the caller closed it
+    (``<&-``, ``>&-``): a command that needs it says so in one line."""
+    stream = getattr(sys, name)
+    if stream is None:
+        words = {"stdin": "standard input", "stdout": "standard output"}[name]
+        raise CLIError(f"{words} is closed; {why}")
+    return stream
+
+
+@contextlib.contextmanager
+def writing_stdout() -> Iterator[None]:
+    """A block that writes the command's output: standard output refusing it (a full
+    disk) is one line naming it. A reader that went away (BrokenPipeError) is left to
+    main, which stops quietly."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        raise CLIError(f"cannot write to standard output: {err.strerror or err}") from None
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad argument is reported in one line (the usage is one --help away)."""
 
     def error(self, message: str):  # type: ignore[override]
-        first = message.strip().splitlines()[0] if message.strip() else "bad arguments"
+        first = printable(message.strip()) if message.strip() else "bad arguments"
         self.exit(2, f"{self.prog}: error: {first} (see {self.prog} --help)\n")
 
 
@@ -50,18 +84,76 @@ def build_parser(which: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; its exit status. Called without ``argv`` (the ``gptspec``
+    command itself) it also looks after the process: closed standard streams, an
+    encoding that cannot spell the output, and Ctrl-C before the subcommand starts or
+    while Python shuts down."""
+    command = argv is None
     argv = sys.argv[1:] if argv is None else argv
     which = next((a for a in argv if a in SUBCOMMANDS), None)
+    try:
+        if command:
+            _guard_standard_streams()
+            signal.signal(signal.SIGTERM, _terminate)
+        return _run(argv, which)
+    except KeyboardInterrupt as stop:  # while the subcommand's modules were being imported
+        return _interrupted(f"gptspec{f' {which}' if which else ''}", stop)
+    finally:
+        if command:  # a Ctrl-C now would only interrupt Python's exit with a traceback:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # it ends the process, silently
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``docker stop``, a batch system), raised like Ctrl-C so that the
+    command's cleanup runs: temporary files go, a conformance worker is stopped, the
+    report of the finished checks is written."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _interrupted(who: str, stop: KeyboardInterrupt) -> int:
+    """The line and exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
+    terminated = isinstance(stop, Terminated)
+    print(f"{who}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+    return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+
+
+def _guard_standard_streams() -> None:
+    """A standard stream closed by the caller (``>&-``) leaves its descriptor free, and
+    the next file opened would get it: a C library's message to "stderr" would then land
+    in a checkpoint. /dev/null holds the place (Python's sys.stdout stays None, so a
+    command that must write there can say so). And an output encoding such as ASCII
+    (PYTHONIOENCODING) gets escapes for what it cannot spell, not a crash."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            placeholder = os.open(os.devnull, os.O_RDWR)
+            if placeholder != fd:
+                os.dup2(placeholder, fd)
+                os.close(placeholder)
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _run(argv: list[str], which: str | None) -> int:
     args = build_parser(which).parse_args(argv)
     module = importlib.import_module(f"gptspec.cli.{args.command}")
     try:
-        return int(module.run(args) or 0)
+        status = int(module.run(args) or 0)
+        if sys.stdout is not None:
+            with writing_stdout():  # here, not at exit, where a full disk goes unreported
+                sys.stdout.flush()
+        return status
     except CLIError as err:
         print(error_line(args.command, err), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"gptspec {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        return _interrupted(f"gptspec {args.command}", stop)
     except BrokenPipeError:
         # the reader went away (``gptspec generate … | head -c 2``): stop quietly, and keep
         # Python from complaining again when it flushes stdout at exit
@@ -80,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 "this needs PyTorch, which is not installed: pip install 'gptspec[torch]'")),
                 file=sys.stderr)
             return 2
-        print(f"gptspec {args.command}: error: {_describe(err)}", file=sys.stderr)
+        print(error_line(args.command, _describe(err)), file=sys.stderr)
         return 1
 
 

@@ -9,6 +9,7 @@ generators (0 ≤ seed < 2^63); devices for existing on this machine.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from pathlib import Path
@@ -52,10 +53,27 @@ def _writable_folder(folder: Path, flag: str, what: str) -> None:
     os.unlink(name)
 
 
-def _check_name(path: Path, flag: str) -> None:
-    if str(path) in ("", "."):
-        if not str(path):
-            raise CLIError(f"{flag}: the path is empty")
+def path_argument(text: str) -> Path:
+    """argparse's type for a path: an empty one is refused (``Path("")`` would quietly
+    be the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty")
+    return Path(text)
+
+
+def file_argument(text: str) -> Path:
+    """argparse's type for a file: as :func:`path_argument`, and a name ending in ``/``
+    (a folder's spelling, which ``Path`` would silently drop) is refused."""
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text!r} ends in '/', which names a folder, not a "
+                                         "file")
+    return path_argument(text)
+
+
+def _check_name(path: str | os.PathLike[str], flag: str) -> None:
+    if not str(path):  # before Path(), which reads "" as "."
+        raise CLIError(f"{flag}: the path is empty")
+    path = Path(path)
     if "\0" in str(path):
         raise CLIError(f"{flag}: the path contains a NUL byte")
     why = _name_too_long(path)
@@ -67,8 +85,8 @@ def _check_name(path: Path, flag: str) -> None:
 
 def input_file(path: str | os.PathLike[str], flag: str) -> Path:
     """A regular file this process can read."""
+    _check_name(path, flag)
     p = Path(path)
-    _check_name(p, flag)
     if not p.exists():
         raise CLIError(f"{flag}: {p} does not exist")
     if p.is_dir():
@@ -85,8 +103,8 @@ def input_file(path: str | os.PathLike[str], flag: str) -> Path:
 
 def input_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """A folder this process can list and read."""
+    _check_name(path, flag)
     p = Path(path)
-    _check_name(p, flag)
     if not p.exists():
         raise CLIError(f"{flag}: {p} does not exist")
     if not p.is_dir():
@@ -100,8 +118,8 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     """A file that can be (re)placed: its folder exists and is writable, and it is not a
     directory. (Files are written under a temporary name and renamed, so a read-only
     file in a writable folder is replaced, as ``mv`` would.)"""
+    _check_name(path, flag)
     p = Path(path)
-    _check_name(p, flag)
     if str(path).endswith(os.sep) or p.is_dir():
         raise CLIError(f"{flag}: {p} is a directory; give a file name")
     if p.exists() and not p.is_file():
@@ -115,11 +133,28 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     return p
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two existing paths name one file (links and other spellings included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist (yet)
+        return False
+
+
+def not_an_input(output: Path, flag: str, inputs: dict[str, Path | None]) -> None:
+    """Refuse an output that is one of the command's own inputs (the same file under any
+    name): the atomic replace would put the result where the input was."""
+    for input_flag, path in inputs.items():
+        if path is not None and same_file(output, path):
+            raise CLIError(f"{flag} {output} is the {input_flag} file; writing it would "
+                           f"replace that input")
+
+
 def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """A folder that exists and is writable, or can be made (its nearest existing
     ancestor is a writable folder)."""
+    _check_name(path, flag)
     p = Path(path)
-    _check_name(p, flag)
     if p.exists():
         if not p.is_dir():
             raise CLIError(f"{flag}: {p} exists and is not a directory")

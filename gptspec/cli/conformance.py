@@ -16,8 +16,9 @@ import argparse
 import fnmatch
 import shlex
 import sys
+from pathlib import Path
 
-from gptspec.cli import CLIError, checks
+from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,17 +111,23 @@ def run(args: argparse.Namespace) -> int:
     from gptspec.conformance.discovery import registered
     from gptspec.conformance.registry import all_checks
 
+    if args.list_backends or args.list_checks:
+        standard_stream("stdout", "the list is printed there")
     if args.list_backends:
-        for name, target in sorted(registered().items()):
-            print(f"{name:<16} {target}")
+        with writing_stdout():
+            for name, target in sorted(registered().items()):
+                print(f"{name:<16} {target}")
         return 0
     area = None if args.area == "all" else args.area
-    if args.list_checks:
-        for c in all_checks(area):
-            print(f"{c.id:<44} {c.kind:<12} {', '.join(c.entries)}")
-        return 0
     if area is not None and not all_checks(area):
         raise CLIError(f"no checks in area {args.area!r}")
+    if args.list_checks:
+        with writing_stdout():
+            for c in all_checks(area):
+                print(f"{c.id:<44} {c.kind:<12} {', '.join(c.entries)}")
+        return 0
+    if args.check and "" in args.check:  # it would match every check (a prefix of all)
+        raise CLIError("--check: the pattern is empty (omit --check to run every check)")
 
     def selected(check) -> bool:
         return not args.check or any(fnmatch.fnmatch(check.id, p) or check.id.startswith(p)
@@ -134,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
     for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
         if path is not None:
             checks.output_file(path, flag)
+    if args.report is not None and args.markdown is not None and (
+            Path(args.report).absolute() == Path(args.markdown).absolute() or
+            checks.same_file(Path(args.report), Path(args.markdown))):
+        raise CLIError(f"--report and --markdown name the same file ({args.report}); the "
+                       "second would replace the first")
     if args.save_failures is not None:
         checks.output_dir(args.save_failures, "--save-failures")
     if args.device and not args.backend:  # another backend's device names are its own
@@ -144,15 +156,23 @@ def run(args: argparse.Namespace) -> int:
     suites: list = []
     started = report.provenance()  # the code that runs is the code imported now
     try:
-        for spec, device, dtype in _targets(args):
-            suites.append(_run_one(args, spec, device, dtype, area, selected, timeout, isolate))
+        with writing_stdout():  # the results stream there as they come
+            for spec, device, dtype in _targets(args):
+                suites.append(_run_one(args, spec, device, dtype, area, selected, timeout,
+                                       isolate))
     finally:
         # whatever happened (a backend that cannot be built, Ctrl-C), the runs that
         # finished are reported
-        if args.report:
-            report.write_json(args.report, suites, started)
-        if args.markdown:
-            report.write_atomically(args.markdown, report.to_markdown(suites))
+        for flag, path, write in (
+                ("--report", args.report, lambda p: report.write_json(p, suites, started)),
+                ("--markdown", args.markdown,
+                 lambda p: report.write_atomically(p, report.to_markdown(suites)))):
+            if path:
+                try:
+                    write(path)
+                except OSError as err:  # a full disk: the temporary file is removed
+                    raise CLIError(f"{flag}: cannot write {path}: {err.strerror or err}"
+                                   ) from None
     failed = [s for s in suites if not s.ok]
     if failed:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)

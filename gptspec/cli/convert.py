@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError, checks
+from gptspec.cli import CLIError, checks, printable, writing_stdout
 
 DTYPES = ("float32", "float64", "bfloat16")
 NO_TOKENIZER_HINT = "; --no-tokenizer converts the weights alone"
@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise CLIError("transformers is not installed: pip install 'gptspec[interop]'") \
             from None
+    from safetensors import SafetensorError
+
     from gptspec.fast.hf_interop import InteropError, TokenizerInteropError
 
     hf_logging.disable_progress_bar()  # one line of output per conversion
@@ -77,8 +79,12 @@ def run(args: argparse.Namespace) -> int:
                             tokenizer=tokenizer)
             except TokenizerInteropError as err:
                 raise CLIError(f"{err}{NO_TOKENIZER_HINT}") from None
+            except (OSError, SafetensorError) as err:  # a full disk: the temporary folder went
+                raise CLIError(_cannot_write(out, err)) from None
             with_tokenizer = " and its tokenizer" if tokenizer is not None else ""
-            print(f"wrote {out} (transformers GPT2LMHeadModel, {args.dtype}{with_tokenizer})")
+            with writing_stdout():
+                print(f"wrote {out} (transformers GPT2LMHeadModel, {args.dtype}"
+                      f"{with_tokenizer})", flush=True)
             if tokenizer is None and not args.no_tokenizer:  # after any error, not before
                 _warn(f"{_tokenizer_file(source)} not found: wrote the model without a "
                       f"tokenizer")
@@ -104,7 +110,7 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _warn(message: str) -> None:
-    print(f"gptspec convert: warning: {message}", file=sys.stderr)
+    print(f"gptspec convert: warning: {printable(message)}", file=sys.stderr)
 
 
 def _tokenizer_file(source: str) -> Path:
@@ -128,6 +134,8 @@ def _checkpoint_tokenizer(source: str) -> Any:
 
 
 def _from_hf(args: argparse.Namespace, out: Path) -> None:
+    from safetensors import SafetensorError
+
     from gptspec.fast.checkpoint import TOKENIZER_FILE, model_file, save_model
     from gptspec.fast.hf_interop import (
         TokenizerInteropError,
@@ -161,18 +169,27 @@ def _from_hf(args: argparse.Namespace, out: Path) -> None:
         if tokenizer is not None:
             tokenizer.save(out / TOKENIZER_FILE)  # atomic: temporary name, then rename
         save_model(out, _cast(params, args.dtype), config)  # refuses NaN or infinite weights
-    except BaseException:
+    except BaseException as err:
         # all or nothing: no tokenizer left without its model, no folder we made
         if tokenizer is not None:
             (out / TOKENIZER_FILE).unlink(missing_ok=True)
         if created and not any(out.iterdir()):
             out.rmdir()
+        if isinstance(err, (OSError, SafetensorError)):  # a full disk
+            raise CLIError(_cannot_write(out, err)) from None
         raise
     with_tokenizer = f" and {out / TOKENIZER_FILE}" if tokenizer is not None else ""
-    print(f"wrote {model_file(out)} ({args.dtype}){with_tokenizer}")
+    with writing_stdout():
+        print(f"wrote {model_file(out)} ({args.dtype}){with_tokenizer}", flush=True)
     if tokenizer is None and not args.no_tokenizer:
         _warn(f"{source} holds no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
               f"wrote the weights only; gptspec generate needs {out / TOKENIZER_FILE}")
+
+
+def _cannot_write(out: Path, err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    reason = getattr(err, "strerror", None) or text
+    return f"OUT_DIR: cannot write {out}: {reason}; nothing was written"
 
 
 def _cast(params: dict, dtype: str) -> dict:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError, checks
+from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +109,7 @@ class TextStream:
 
 def run(args: argparse.Namespace) -> int:
     check_settings(args)
+    stdout = standard_stream("stdout", "generate writes the text there")
 
     from gptspec.fast.generate import NonFiniteLogits, Sampling, stream
     from gptspec.fast.model import GPT
@@ -139,18 +140,19 @@ def run(args: argparse.Namespace) -> int:
     model.requires_grad_(False)
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
 
-    out = TextStream(tokenizer, sys.stdout)
-    if args.prompt:
-        sys.stdout.write(args.prompt)
-    try:
-        for step in stream(model, [prompt], args.max_new_tokens, sampling, eot_token=eot,
-                           seed=args.seed):
-            token = step.tokens[0]
-            if token is not None and token != eot:
-                out.write(token)
-    except NonFiniteLogits as err:
-        sys.stdout.write("\n")
-        raise CLIError(str(err)) from None
-    out.close()
-    sys.stdout.write("\n")
+    out = TextStream(tokenizer, stdout)
+    with writing_stdout():
+        if args.prompt:
+            stdout.write(args.prompt)
+        try:
+            for step in stream(model, [prompt], args.max_new_tokens, sampling, eot_token=eot,
+                               seed=args.seed):
+                token = step.tokens[0]
+                if token is not None and token != eot:
+                    out.write(token)
+        except NonFiniteLogits as err:
+            stdout.write("\n")
+            raise CLIError(str(err)) from None
+        out.close()
+        stdout.write("\n")
     return 0

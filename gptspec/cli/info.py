@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptspec.cli import CLIError
+from gptspec.cli import CLIError, standard_stream, writing_stdout
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 
 
@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seq_len is not None and args.seq_len <= 0:
         raise CLIError("--seq-len must be positive")
     config = config_of(args.preset)
+    standard_stream("stdout", "info prints its table there")
     table = Table(title=f"{args.preset}: sizes and costs (spec/costs.py)")
     table.add_column("quantity")
     table.add_column("exact", justify="right")
@@ -115,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
         exact = f"{value:,}" + (" B" if unit == "B" else "")
         table.add_row(quantity, exact, human(value, "B" if unit == "B" else ""))
     console = Console()
-    console.print(table)
-    console.print("FLOPs: a multiply-add is 2, matrix products only, unembedding included, "
-                  "attention over a causal window of n_ctx (Kaplan et al. 2020, table 1). "
-                  "Activation memory: no recomputation, attention weights stored.")
+    with writing_stdout():
+        console.print(table)
+        console.print("FLOPs: a multiply-add is 2, matrix products only, unembedding "
+                      "included, attention over a causal window of n_ctx (Kaplan et al. "
+                      "2020, table 1). Activation memory: no recomputation, attention "
+                      "weights stored.")
     return 0

@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from gptspec.atomic_files import write_bytes
-from gptspec.cli import CLIError, checks
+from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
 FORMATS = ("gptspec", "tiktoken", "hf")
+DECIMAL = re.compile(r"-?[0-9]+")  # how a token id is written (a negative one is refused later)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     train = sub.add_parser("train", help="learn BPE merges from a text file")
-    train.add_argument("--data", required=True, type=Path, help="UTF-8 training text")
+    train.add_argument("--data", required=True, type=checks.file_argument, help="UTF-8 training text")
     train.add_argument("--vocab-size", required=True, type=int,
                        help="tokens in all: 256 bytes + merges + special tokens")
-    train.add_argument("--out", required=True, type=Path, help="tokenizer file to write")
+    train.add_argument("--out", required=True, type=checks.file_argument, help="tokenizer file to write")
     train.add_argument("--pattern", default="gpt2",
                        help="pre-tokenization: 'gpt2' (default), 'cl100k', or a regex")
     train.add_argument("--format", choices=FORMATS, default="gptspec",
@@ -39,10 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     for name, what in (("encode", "text → token ids"), ("decode", "token ids → text")):
         p = sub.add_parser(name, help=what)
-        p.add_argument("--tokenizer", required=True, type=Path,
+        p.add_argument("--tokenizer", required=True, type=checks.file_argument,
                        help="tokenizer file (gptspec JSON, tiktoken ranks or tokenizer.json)")
-        p.add_argument("--input", type=Path, default=None, help="input file (default: stdin)")
-        p.add_argument("--output", type=Path, default=None, help="output file (default: stdout)")
+        p.add_argument("--input", type=checks.file_argument, default=None,
+                       help="input file (default: stdin)")
+        p.add_argument("--output", type=checks.file_argument, default=None,
+                       help="output file (default: stdout)")
         if name == "encode":
             p.add_argument("--allow-special", action="store_true",
                            help="encode special tokens' text (<|endoftext|>) as their ids")
@@ -50,8 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action != "train" and args.output is not None:
-        checks.output_file(args.output, "--output")  # before reading a large input
+    if args.action != "train":  # before reading a large input
+        if args.output is not None:
+            checks.output_file(args.output, "--output")
+            checks.not_an_input(args.output, "--output",
+                                {"--tokenizer": args.tokenizer, "--input": args.input})
+        else:
+            standard_stream("stdout", "give --output FILE")
+        if args.input is None:
+            standard_stream("stdin", "give --input FILE")
     return {"train": _train, "encode": _encode, "decode": _decode}[args.action](args)
 
 
@@ -60,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _read_bytes(path: Path | None, what: str) -> bytes:
     if path is None:
-        return sys.stdin.buffer.read()
+        return standard_stream("stdin", "give --input FILE").buffer.read()
     checks.input_file(path, "--data" if what == "training data" else "--input")
     try:
         return path.read_bytes()
@@ -84,11 +95,16 @@ def _read_text(path: Path | None, what: str) -> str:
 
 def _write(path: Path | None, data: bytes) -> None:
     if path is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        with writing_stdout():
+            stdout = standard_stream("stdout", "give --output FILE")
+            stdout.buffer.write(data)
+            stdout.buffer.flush()
         return
     checks.output_file(path, "--output")
-    write_bytes(path, data)
+    try:
+        write_bytes(path, data)
+    except OSError as err:  # a full disk: the temporary file is removed, the target kept
+        raise CLIError(f"--output: cannot write {path}: {err.strerror or err}") from None
 
 
 def _load(path: Path):
@@ -121,6 +137,7 @@ def _train(args: argparse.Namespace) -> int:
     except TokenizerError as err:
         raise CLIError(str(err)) from None
     checks.output_file(args.out, "--out")
+    checks.not_an_input(args.out, "--out", {"--data": args.data})
     try:
         resolve_pattern(args.pattern)
     except TokenizerError as err:
@@ -166,10 +183,10 @@ def _parse_ids(text: str) -> list[int]:
         body = body[1:-1]
     ids = []
     for n, word in enumerate(body.replace(",", " ").split()):
-        try:
-            ids.append(int(word))
-        except ValueError:
-            raise CLIError(f"token ids: item {n} is not an integer: {word[:20]!r}") from None
+        # ASCII digits only: int() would also read '1_0', '+5' and other scripts' digits
+        if not DECIMAL.fullmatch(word):
+            raise CLIError(f"token ids: item {n} is not an integer: {word[:20]!r}")
+        ids.append(int(word))
     return ids
 
 

@@ -15,6 +15,7 @@ are the same either way.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import sysconfig
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.cli import CLIError, checks, error_line
+from gptspec.cli import CLIError, checks, error_line, writing_stdout
 
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
@@ -43,14 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, kind in MODEL_FLAGS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
                             help=f"override the preset's {name}")
-    parser.add_argument("--data", type=Path, default=None,
+    parser.add_argument("--data", type=checks.file_argument, default=None,
                         help="UTF-8 text, or token ids (.bin raw uint16/uint32, .npy); default: "
                              "the .py files of Python's standard library")
-    parser.add_argument("--tokenizer", type=Path, default=None,
+    parser.add_argument("--tokenizer", type=checks.file_argument, default=None,
                         help="tokenizer file to load (default: byte level, 256 tokens)")
     parser.add_argument("--train-tokenizer", type=int, default=None, metavar="VOCAB",
                         help="train a BPE tokenizer of this vocabulary size on the text first")
-    parser.add_argument("--out", type=Path, default=Path("out"), help="output directory")
+    parser.add_argument("--out", type=checks.path_argument, default=Path("out"), help="output directory")
     parser.add_argument("--resume", action="store_true",
                         help="continue from OUT/checkpoint (same data, same settings)")
     for flag, (field, kind) in TRAIN_FLAGS.items():
@@ -84,6 +85,8 @@ def read_text(path: Path) -> str:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise CLIError(f"data file {str(path)!r} is not valid UTF-8 (byte {err.start})") from None
+    except OSError as err:  # a file that opens but cannot be read (/proc/self/mem, EIO)
+        raise CLIError(f"--data: cannot read {path}: {err.strerror}") from None
 
 
 def _tokenizer(args: argparse.Namespace, text: str | None) -> Any:
@@ -198,6 +201,12 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(str(err)) from None
         except KeyError as err:
             raise CLIError(f"{checkpoint}/state.json lacks {err}") from None
+        if args.steps is not None and args.steps < state["step"]:
+            raise CLIError(f"--steps {args.steps} is below the checkpoint's step "
+                           f"{state['step']} ({checkpoint}); --resume trains on to a larger "
+                           "--steps")
+        if checkpoint.is_dir():  # before training, not at the first save
+            checks.output_dir(checkpoint, "--out")
         settings = _settings(args, state["settings"])
         _check_memory(config, settings.batch_size, settings.grad_accum)
         checks.device(settings.device, "--device" if args.device else
@@ -237,11 +246,12 @@ def run(args: argparse.Namespace) -> int:
                       "n_tokens": int(len(tokens)), "dtype": str(tokens.dtype)}
     trainer.extra_state = {"data": data_state}
     if rank == 0:
-        print(f"training {config.n_layers} layers × d_model {config.d_model} "
-              f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters) on "
-              f"{len(tokens):,} tokens of {source}; {trainer.tokens_per_step:,} tokens per step"
-              f"{f' on {world} processes' if world > 1 else ''}, device {settings.device}",
-              flush=True)
+        with writing_stdout():
+            print(f"training {config.n_layers} layers × d_model {config.d_model} "
+                  f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters) on "
+                  f"{len(tokens):,} tokens of {source}; {trainer.tokens_per_step:,} tokens "
+                  f"per step{f' on {world} processes' if world > 1 else ''}, device "
+                  f"{settings.device}", flush=True)
     from gptspec.fast.train import Interrupted, stop_on_signals
 
     interrupted: list[int] = []
@@ -272,15 +282,26 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if rank != 0:
         return 0
+    saved = (f"checkpoint saved in {checkpoint}; continue with: gptspec train --out {out} "
+             "--resume")
+    if status == "interrupted" and trainer.output_lost is not None:
+        lost = trainer.output_lost
+        error = CLIError(f"cannot write to standard output ({lost.strerror or lost}): "
+                         f"stopped at step {trainer.step_count}; {saved}")
+        if not isinstance(lost, BrokenPipeError):
+            raise error
+        print(error_line("train", error), file=sys.stderr, flush=True)
+        return 128 + signal.SIGPIPE  # 141, what a shell reports for a command its reader left
     if status == "interrupted":
-        print(f"interrupted at step {trainer.step_count}; checkpoint saved in {checkpoint}; "
-              f"continue with: gptspec train --out {out} --resume", flush=True)
+        with writing_stdout():
+            print(f"interrupted at step {trainer.step_count}; {saved}", flush=True)
         signum = interrupted[0] if interrupted else trainer.stopped_by
         return 128 + signum  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
     val = trainer.history["val"][-1][1] if trainer.history["val"] else float("nan")
-    print(f"done: {trainer.step_count} steps, validation loss {val:.4f}, "
-          f"{trainer.elapsed:.1f} s of training; checkpoint in {checkpoint}, loss curve in "
-          f"{out / 'loss.png'}", flush=True)
+    with writing_stdout():
+        print(f"done: {trainer.step_count} steps, validation loss {val:.4f}, "
+              f"{trainer.elapsed:.1f} s of training; checkpoint in {checkpoint}, loss curve in "
+              f"{out / 'loss.png'}", flush=True)
     return 0
 
 
