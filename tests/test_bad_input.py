@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import numpy as np
 import pytest
 
 from gptspec.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))  # hostile_backends, for --backend
 
 TEXT = "To be, or not to be, that is the question. " * 40
 RUN = "{w}/run"
@@ -289,6 +292,86 @@ for flag, value, needle in [
 case("conformance-backend-missing-module",
      CONF + ["--backend", "no_such_module_xyz:Backend", "--no-isolate"], "no_such_module_xyz")
 
+# --- found by an attacker's pass beyond the cases above (issue 15) ----------------------------
+# paths: empty (Path would read it as "."), a file's name ending in /, unreadable though it
+# opens, names holding a line break or a terminal escape (the error stays one printable line)
+for name, argv, needle in [
+    ("train-data-empty-path", _with(TRAIN, "--data", ""), "empty"),
+    ("train-out-empty-path", _with(TRAIN, "--out", ""), "empty"),
+    ("train-data-ends-in-slash", _with(TRAIN, "--data", "{w}/text.txt/"), "ends in '/'"),
+    ("train-data-unreadable", _with(TRAIN, "--data", "/proc/self/mem"), "cannot read"),
+    ("train-data-name-with-line-break", _with(TRAIN, "--data", "{w}/no\nsuch.txt"),
+     "does not exist"),
+    ("train-data-name-with-escape", _with(TRAIN, "--data", "{w}/\x1b[2Jred.txt"),
+     "does not exist"),
+    ("tokenizer-train-out-ends-in-slash", _with(TOK_TRAIN, "--out", "{w}/new.json/"),
+     "ends in '/'"),
+    ("tokenizer-encode-input-empty-path", _with(ENC, "--input", ""), "empty"),
+    ("conformance-markdown-empty-path", _with(CONF, "--markdown", ""), "empty"),
+]:
+    case(name, argv, needle)
+# an output that is one of the command's inputs would be replaced by it
+case("tokenizer-train-out-is-the-data", _with(TOK_TRAIN, "--out", "{w}/text.txt"),
+     "replace that input")
+case("tokenizer-encode-output-is-the-tokenizer", _with(ENC, "--output", "{w}/tok.json"),
+     "replace that input")
+case("tokenizer-encode-output-is-the-input", _with(ENC, "--output", "{w}/text.txt"),
+     "replace that input")
+case("tokenizer-decode-output-is-the-input", _with(DEC, "--output", "{w}/ids.txt"),
+     "replace that input")
+case("conformance-report-and-markdown-one-file",
+     CONF + ["--report", "{w}/r.json", "--markdown", "{w}/r.json"], "same file")
+# values that changed meaning: --check '' matched every check, --steps below the
+# checkpoint's did nothing and said "done", '1_0' and other spellings were read as ids
+case("conformance-check-empty-pattern", _with(CONF, "--check", ""), "empty")
+case("conformance-list-checks-unknown-area", ["conformance", "--list-checks", "--area", "x"],
+     "no checks")
+case("resume-steps-below-the-checkpoint", _with(RESUME, "--steps", "1"), "below")
+for name, needle in [("underscore", "1_0"), ("plus", "+5"), ("other-digits", "٣")]:
+    case(f"tokenizer-decode-ids-{name}", _with(DEC, "--input", f"{{w}}/bad-ids/{name}"), needle)
+# damaged state.json: RNG states that pass a type check but not the generators
+for damage in ("rng-torch-garbage", "rng-python-size"):
+    case(f"resume-state-{damage}", _with(RESUME, "--out", "{w}/damaged/" + damage), "rng")
+# a configuration nested past the JSON parser's recursion limit
+case("generate-config-nested-deep", _with(GEN, "--checkpoint", "{w}/deep-config"), "nested")
+case("info-config-nested-deep", ["info", "{w}/deep-config"], "nested")
+case("convert--to-hf-config-nested-deep", ["convert", "--to-hf", "{w}/deep-config",
+                                           "{w}/hf-new"], "nested")
+# transformers weights: a FIFO (the read blocked for ever), a tensor in two files (which
+# one transformers takes is not defined), integers (quantized, without their scales)
+for name, needle in [("weights-fifo", "regular file"), ("tensor-twice", "stored twice"),
+                     ("integer-weights", "floating-point")]:
+    case(f"convert--from-hf-{name}", ["convert", "--from-hf", f"{{w}}/hf/{name}",
+                                      "{w}/gs-new"], needle)
+# hostile tokenizer files: added tokens that were skipped unnoticed; patterns that only a
+# backtracking engine runs (tiktoken's panics past its step limit, a traceback), or that
+# backtrack without bound in the `regex` module (the load hung on the probe text; the
+# encoder for merges tiktoken cannot hold hung on the input)
+for name, needle in [("added-tokens-a-dict", "must be a list"),
+                     ("added-token-not-an-object", "not an object"),
+                     ("pattern-look-ahead", "look-ahead"),
+                     ("pattern-possessive", "possessive"),
+                     ("pattern-backtracks-on-the-probe", "backtracks")]:
+    case(f"tokenizer-encode-file-{name}", _with(ENC, "--tokenizer", f"{{w}}/bad-tok/{name}"),
+         needle)
+case("tokenizer-encode-backtracking-pattern-and-same-byte-merges",
+     _with(_with(ENC, "--tokenizer", "{w}/bad-tok/backtracks-on-a-run"), "--input",
+           "{w}/run-of-a.txt"), "backtracks")
+case("tokenizer-train-pattern-backtracks",
+     _with(_with(TOK_TRAIN, "--pattern", r"(?:a|a)*b|[\s\S]"), "--data", "{w}/run-of-a.txt"),
+     "backtracks")
+case("tokenizer-train-pattern-look-behind", _with(TOK_TRAIN, "--pattern", r"(?<=a)b|[\s\S]"),
+     "look-behind")
+# backends that end the suite's process, raise in two lines, or misstate their dtype
+for name, needle in [("ExitsOnStart", "exit(0)"), ("FailsInTwoLines", "first line"),
+                     ("NameRaises", "'name'"), ("UnknownDtype", "int7")]:
+    case(f"conformance-backend-{name}",
+         CONF + ["--backend", f"hostile_backends:{name}", "--no-isolate"], needle)
+case("conformance-backend-module-exits-on-import",
+     CONF + ["--backend", "hostile_backend_exits_on_import:X", "--no-isolate"], "exit(0)")
+case("conformance-backend-InterruptsOnStart-isolated",
+     CONF + ["--backend", "hostile_backends:InterruptsOnStart"], "keyboardinterrupt")
+
 
 # --- the world of inputs -----------------------------------------------------------------------
 
@@ -313,6 +396,14 @@ def _write_model(folder: Path, params: dict, config_json: str, digest: str | Non
 def _gptspec_tok(**fields) -> str:
     doc = {"format": "gptspec-tokenizer", "version": 1, "pattern": "gpt2",
            "base": list(range(256)), "special_tokens": {}, "merges": []}
+    doc.update(fields)
+    return json.dumps(doc)
+
+
+def _hf_tok(**fields) -> str:
+    """An HF tokenizer.json that holds the 256 bytes and no merges, and ``fields``."""
+    doc = {"model": {"type": "BPE", "vocab": {}, "merges": []},
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}}
     doc.update(fields)
     return json.dumps(doc)
 
@@ -352,6 +443,16 @@ def _hostile_tokenizers(folder: Path) -> None:
             f"{__import__('base64').b64encode(bytes([k])).decode()} {k}\n" for k in range(256))
         + "".join(f"{__import__('base64').b64encode(b'a' * (10_000 + k)).decode()} {256 + k}\n"
                   for k in range(400)),
+        "added-tokens-a-dict": _hf_tok(added_tokens={"<a>": 256}),
+        "added-token-not-an-object": _hf_tok(added_tokens=["<a>"]),
+        "pattern-look-ahead": _gptspec_tok(pattern=r"\s+(?!\S)|\S+|\s"),
+        "pattern-possessive": _gptspec_tok(pattern=r"\w++|\W"),
+        # exponential in the `regex` module on the probe text's every run of characters
+        "pattern-backtracks-on-the-probe": _gptspec_tok(pattern=r"(?:[\s\S]|[\s\S])*\x01|[\s\S]"),
+        # two merges spell "aa": tiktoken cannot hold them, encoding runs the pattern in
+        # the `regex` module, exponential on a run of a's
+        "backtracks-on-a-run": _gptspec_tok(pattern=r"(?:a|a)*b|[\s\S]",
+                                            merges=[[97, 97], [97, 97]]),
         "hf-wrong-model": json.dumps({"model": {"type": "WordPiece", "vocab": {}}}),
         "hf-added-token-id": json.dumps({"model": {"type": "BPE", "vocab": {}, "merges": []},
                                          "pre_tokenizer": {"type": "ByteLevel",
@@ -391,6 +492,8 @@ def _damage_runs(world: Path) -> None:
     damaged("data-wrong", state=lambda d: d.update(data={"tokens": 3}))
     damaged("settings-bad", state=lambda d: d["settings"].update(batch_size=-4))
     damaged("format", state=lambda d: d.update(format="other"))
+    damaged("rng-torch-garbage", state=lambda d: d["rng"].update(torch="!!!!"))
+    damaged("rng-python-size", state=lambda d: d["rng"].update(python=[3, [0], None]))
     damaged("not-json", lambda r: (r / "checkpoint" / "state.json").write_text("{\"step\": "))
     damaged("deep-json", lambda r: (r / "checkpoint" / "state.json").write_text(
         "[" * 100_000 + "]" * 100_000))
@@ -460,6 +563,14 @@ def _hf_variants(world: Path) -> None:
     next(folder.glob("*.safetensors")).rename(folder / "pytorch_model.bin")
     folder = variant("corrupt-weights")
     next(folder.glob("*.safetensors")).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    folder = variant("weights-fifo")
+    weights_file = next(folder.glob("*.safetensors"))
+    weights_file.unlink()
+    os.mkfifo(weights_file)
+    folder = variant("tensor-twice")
+    shutil.copy(weights, folder / "copy.safetensors")
+    variant("integer-weights", tensors=lambda a: a.update(
+        {k: np.zeros(v.shape, dtype=np.int32) for k, v in a.items()}))
 
 
 @pytest.fixture(scope="module")
@@ -487,10 +598,12 @@ def world(tmp_path_factory):
                  "--batch-size", "2", "--eval-interval", "2", "--eval-batches", "1"]) == 0
     _damage_runs(w)
     _hostile_tokenizers(w / "bad-tok")
+    (w / "run-of-a.txt").write_text("a" * 40)
     ids = w / "bad-ids"
     ids.mkdir()
     for name, text in {"words": "1 two 3", "open-list": "[1, 2", "negative": "-1",
-                       "huge": str(10**30), "float": "1.5", "out-of-range": "300 301"}.items():
+                       "huge": str(10**30), "float": "1.5", "out-of-range": "300 301",
+                       "underscore": "1_0", "plus": "+5", "other-digits": "\u0663"}.items():
         (ids / name).write_text(text)
     config, params = load_model(w / "run" / "checkpoint")
     save_model(w / "model-no-tokenizer", params, config)
@@ -501,6 +614,7 @@ def world(tmp_path_factory):
     _write_model(w / "nan-model", nan, config.to_json())
     _write_model(w / "model-flipped", params, config.to_json(), digest="0" * 64)
     _write_model(w / "model-bad-config", params, '{"d_model": -3}')
+    _write_model(w / "deep-config", params, '{"a": ' * 100_000 + "1" + "}" * 100_000)
     _write_model(w / "no-config-metadata", params, config.to_json())
     from safetensors.numpy import save
 
@@ -552,6 +666,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(world, capsys, argv, n
     assert len(lines) == 1, f"stderr has {len(lines)} lines: {err[-2000:]}"
     assert "Traceback" not in err + out
     assert lines[0].startswith("gptspec") and "error" in lines[0]
+    assert lines[0].isprintable(), f"control characters reach the terminal: {lines[0]!r}"
     assert needle.lower() in lines[0].lower(), lines[0]
     assert _snapshot(world) == before, "the command changed files"
     assert elapsed < 20, f"took {elapsed:.1f} s to refuse"
