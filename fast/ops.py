@@ -93,7 +93,7 @@ def token_embedding(tokens: Tensor, W_E: Tensor) -> Tensor:
     CPU backward of F.embedding adds the rows of ∂E into ∂W_E one at a time in the 16-bit
     dtype, so a token seen a thousand times gets a gradient hundreds of roundings off
     (about 190·u·|∂W_E| in bfloat16 at 2048 repeats), where the spec sums in float32."""
-    if (W_E.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
+    if (W_E.dtype in HALF_DTYPES and torch.is_grad_enabled()
             and W_E.requires_grad):
         return _RowSelection.apply(tokens, W_E)
     return F.embedding(tokens, W_E)
@@ -267,7 +267,7 @@ def layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
     float32 and rounds each gradient once. Both paths compute the same forward value."""
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad)
     if (x.device.type in _WIDENING_LAYER_NORM and gamma.dtype == beta.dtype == x.dtype
-            and not (needs_grad and x.dtype in (torch.bfloat16, torch.float16))):
+            and not (needs_grad and x.dtype in HALF_DTYPES)):
         return F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
     acc = accumulation_dtype(x.dtype)
     y = F.layer_norm(x.to(acc), (x.shape[-1],), gamma.to(acc), beta.to(acc), eps)
