@@ -265,7 +265,8 @@ def layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
     √N·u_bf16·Σ|terms| where float32's would be 2¹⁶ times smaller; the suite's
     gpt_backward check found it at 126 rows), while the widened call's backward runs in
     float32 and rounds each gradient once. Both paths compute the same forward value."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad
+                                              or beta.requires_grad)
     if (x.device.type in _WIDENING_LAYER_NORM and gamma.dtype == beta.dtype == x.dtype
             and not (needs_grad and x.dtype in HALF_DTYPES)):
         return F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)

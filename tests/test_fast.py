@@ -722,3 +722,18 @@ def test_a_repeated_tokens_embedding_gradient_is_one_rounding_off(dtype: torch.d
     exact = upstream.double().reshape(-1, 8).sum(0)
     assert torch.all((W.grad[0].double() - exact).abs() <= 1.01 * u * exact.abs())
     assert torch.all(W.grad[1:] == 0)
+
+
+@pytest.mark.parametrize(("dtype", "u"), SIXTEEN_BIT)
+def test_layer_norm_bias_gradient_alone_is_one_rounding_off(dtype: torch.dtype,
+                                                            u: float) -> None:
+    # only β trains (x and γ frozen): the widened path must still be taken
+    rows, d = 1024, 64
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, d, generator=gen).to(dtype)
+    gamma = torch.randn(d, generator=gen).to(dtype)
+    beta = torch.zeros(d, dtype=dtype, requires_grad=True)
+    upstream = (torch.rand(rows, d, generator=gen) + 0.5).to(dtype)
+    ops.layer_norm(x, gamma, beta, 1e-5).backward(upstream)
+    exact = upstream.double().sum(0)
+    assert torch.all((beta.grad.double() - exact).abs() <= 1.01 * u * exact.abs())
