@@ -30,6 +30,7 @@ Budgets (λ = budgets.LAMBDA, u the backend's unit roundoff, u_acc its accumulat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -37,11 +38,11 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.checks_model import MODEL_SHARE
+from gptspec.conformance.checks_model import GPT2_SCALE, GPT2_SMALL, MODEL_SHARE
 from gptspec.conformance.context import NotImplementedOp
 from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.conformance.registry import check
-from gptspec.conformance.strategies import model_cases
+from gptspec.conformance.strategies import ParameterRecipe, model_cases, text_like_ids
 from gptspec.spec import GPTConfig, init_parameters
 
 GRADIENT_ENTRIES = ("cross_entropy_gradient", "linear_backward", "token_embedding_backward",
@@ -53,6 +54,15 @@ GRADIENT_ENTRIES = ("cross_entropy_gradient", "linear_backward", "token_embeddin
                     "ffn_gelu_backward", "ffn_gelu_tanh_backward", "ffn_guide_product_backward",
                     "residual_backward", "block_pre_ln_backward", "block_post_ln_backward",
                     "block_guide_backward", "gpt_backward")
+# what a pre-LN, GELU, tied GPT-2 block exercises (gpt_backward.long_batch)
+LONG_BATCH_ENTRIES = ("cross_entropy_gradient", "linear_backward", "token_embedding_backward",
+                      "positional_embedding_backward", "input_representation_backward",
+                      "tied_embedding_accumulation", "unembed_tied_backward",
+                      "layer_norm_backward", "softmax_backward",
+                      "scaled_dot_product_attention_backward",
+                      "multi_head_attention_backward", "gelu_tanh_backward",
+                      "ffn_gelu_tanh_backward", "residual_backward", "block_pre_ln_backward",
+                      "gpt_backward")
 ADAMW_ROUNDINGS = 10
 
 
@@ -90,6 +100,42 @@ def gradients(backend, ctx):
         scales = gpt_backward_bound(tokens, targets, params, config, ctx.precision)
         for name, g in expected.items():
             ctx.record(name, B.compare(grads[name], g, B.budget(scales[name][1])))
+
+
+# Long enough that a sum over the rows or over a token's repeats is where a 16-bit
+# gradient drifts: 2048 rows, the commonest token at about 500 of them; two heads of
+# width 64 over 1024 keys, and a vocabulary one past a tile of 1024.
+LONG_BATCH = dataclasses.replace(GPT2_SMALL, d_model=128, n_heads=2, d_ff=512,
+                                 vocab_size=1025)
+LONG_BATCH_SIZE = 2
+
+
+@check("gpt_backward.long_batch", entries=LONG_BATCH_ENTRIES, ops=("gpt_backward",),
+       depends_on=("gpt_forward.differential",), area="training",
+       budget="λ × the error scale propagated through the reference's backward pass stage "
+              "by stage (gradient_budgets.gpt_backward_bound)")
+def long_batch_gradients(backend, ctx):
+    """Every gradient by parameter name over a batch of 2 × 1024 tokens as skewed as a
+    text's, in a GPT-2-shaped block (pre-LN, GELU, tied, biases) of width 128: the sums
+    over rows (∂γ, ∂β, ∂b, ∂W_P) and over a token's repeats (∂W_E) run 2048 and about 500
+    terms long. Hypothesis's examples are mostly short; a sum that a backend accumulates in
+    its 16-bit dtype is one rounding off for a few rows and far beyond the budget here.
+    Parameters at GPT-2's initialisation scale and tokens come from the run's seed."""
+    p, config = ctx.precision, LONG_BATCH
+    params = {k: B.round_to(v, p.dtype)
+              for k, v in ParameterRecipe(config, GPT2_SCALE, ctx.seed).make().items()}
+    rng = np.random.default_rng(ctx.seed)
+    shape = (LONG_BATCH_SIZE, config.n_ctx)
+    tokens = text_like_ids(rng, config.vocab_size, math.prod(shape)).reshape(shape)
+    targets = np.roll(tokens, -1, axis=1)
+    targets[:, -1] = rng.integers(0, config.vocab_size, shape[0])
+    _, expected = ref.gpt_backward(tokens, targets, params, config)
+    _, grads = ctx.op("gpt_backward")(tokens, targets, params, config)
+    ctx.require(set(grads) == set(expected),
+                f"gradients named {sorted(set(grads) ^ set(expected))} do not match the schema")
+    scales = gpt_backward_bound(tokens, targets, params, config, p)
+    for name, g in expected.items():
+        ctx.record(name, B.compare(grads[name], g, B.budget(scales[name][1])))
 
 
 @check("cross_entropy_mean.differential", entries=("cross_entropy_mean", "cross_entropy_sum",

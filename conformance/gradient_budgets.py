@@ -171,15 +171,30 @@ def multi_head_attention_backward_bound(dY, edY, H, eH, W_qkv, b_qkv, W_O, b_O, 
               ref.split_heads(eQKV[..., i * d:(i + 1) * d], n_heads)) for i in range(3)]
     (Q, eQ), (K, eK), (V, eV) = heads
     M = ref.causal_mask(np.shape(H)[-2])
-    _, _, O, eO = B.attention_bound(Q, eQ, K, eK, V, eV, M, p)
+    A, _, O, eO = B.attention_bound(Q, eQ, K, eK, V, eV, M, p)
     (dC, edC), w_o, b_o = linear_backward_bound(dY, edY, ref.merge_heads(O), ref.merge_heads(eO),
                                                 W_O, p)
     dC_h, edC_h = ref.split_heads(dC, n_heads), ref.split_heads(edC, n_heads)
     grads = scaled_dot_product_attention_backward_bound(dC_h, edC_h, Q, eQ, K, eK, V, eV, M, p)
     dQKV = np.concatenate([ref.merge_heads(g) for g, _ in grads], axis=-1)
     edQKV = np.concatenate([ref.merge_heads(e) for _, e in grads], axis=-1)
-    dH, w_qkv, b_qkv = linear_backward_bound(dQKV, edQKV, H, eH, W_qkv, p)
-    return dH, {"w_qkv": w_qkv, "b_qkv": b_qkv, "w_o": w_o, "b_o": b_o}
+    dH, (w_qkv, e_w_qkv), (b_qkv, e_b_qkv) = linear_backward_bound(dQKV, edQKV, H, eH, W_qkv, p)
+    # ∂V = Aᵀ ∂O sends one query's error in ∂O to every key it attends to, with one sign:
+    # the rows of ∂V are not independent, and a sum over them is not their quadrature.
+    # ∂b_V = Σ_t ∂V_t is exactly Σ_s ∂O_s (a row of A sums to 1) and ∂W_V = Σ_t H_tᵀ ∂V_t
+    # is Σ_s (A H)_sᵀ ∂O_s, so ∂O's errors reach them summed over the queries; the
+    # quadrature over keys undercounts that by about √(Σ_t A_st²), 1/√T for a diffuse row
+    # (134% of the budget on b_V in bfloat16, at 2 × 1024 tokens and two heads of 64).
+    e2 = np.square(edC_h)
+    coherent_b = np.sqrt(np.sum(e2, axis=tuple(range(e2.ndim - 3)) + (-2,))).reshape(-1)
+    AH = A @ np.asarray(H, dtype=np.float64)[..., None, :, :]
+    coherent_W = np.sqrt(np.einsum("nhsi,nhsj->ihj", np.square(AH).reshape(-1, *AH.shape[-3:]),
+                                   e2.reshape(-1, *e2.shape[-3:])))
+    v_part = slice(2 * d, 3 * d)
+    e_w_qkv, e_b_qkv = e_w_qkv.copy(), e_b_qkv.copy()
+    e_w_qkv[:, v_part] = _q(e_w_qkv[:, v_part], coherent_W.reshape(coherent_W.shape[0], -1))
+    e_b_qkv[v_part] = _q(e_b_qkv[v_part], coherent_b)
+    return dH, {"w_qkv": (w_qkv, e_w_qkv), "b_qkv": (b_qkv, e_b_qkv), "w_o": w_o, "b_o": b_o}
 
 
 # --- activations and feed-forward ---------------------------------------------------------------

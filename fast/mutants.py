@@ -784,6 +784,19 @@ def _token_embedding_ids_as_uint16(tokens: Tensor, W_E: Tensor) -> Tensor:
     return F.embedding(tokens % 2**16, W_E)  # ids stored in 16 bits wrap past 65535
 
 
+def _layer_norm_in_one_16_bit_call(x: Tensor, gamma: Tensor, beta: Tensor,
+                                   eps: float) -> Tensor:
+    # PyTorch 2.13's CPU LayerNorm on 16-bit tensors: the right forward value, but its
+    # backward sums ∂γ and ∂β over the rows with 16-bit partial sums
+    return F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
+
+
+def _token_embedding_by_16_bit_rows(tokens: Tensor, W_E: Tensor) -> Tensor:
+    # PyTorch 2.13's CPU F.embedding: its backward adds a repeated token's rows of ∂E into
+    # ∂W_E one at a time in the 16-bit dtype
+    return F.embedding(tokens, W_E)
+
+
 def _unembed_tied_drops_partial_vocab_tile(H: Tensor, W_E: Tensor) -> Tensor:
     # the vocabulary in tiles of 64 columns; the last partial tile is never written
     logits = _ORIGINAL_UNEMBED_TIED(H, W_E)
@@ -1008,6 +1021,16 @@ MUTANTS: tuple[Mutant, ...] = (
     _train("weight_decay_on_biases_and_gains", ("train_loop",),
            "One parameter group: biases and LayerNorm gains are decayed like the matrices.",
            elsewhere={"gptspec.fast.train.make_optimizer": _optimizer_decaying_everything}),
+    Mutant("layer_norm_gradient_summed_in_16_bit", ("layer_norm_backward", "gpt_backward"),
+           "training", "LayerNorm's ∂γ and ∂β summed over the B·T rows in bfloat16 "
+           "(PyTorch 2.13's own CPU kernel, which the built-in backend once called): "
+           "hundreds of roundings off over a long batch.",
+           {"layer_norm": _layer_norm_in_one_16_bit_call}, dtype="bfloat16"),
+    Mutant("embedding_gradient_summed_in_16_bit", ("token_embedding_backward", "gpt_backward"),
+           "training", "A repeated token's rows of ∂E added into ∂W_E one at a time in "
+           "bfloat16 (PyTorch 2.13's CPU F.embedding backward): a token seen hundreds of "
+           "times in a batch gets a gradient far more than one rounding off.",
+           {"token_embedding": _token_embedding_by_16_bit_rows}, dtype="bfloat16"),
     _tok("bpe_merges_by_frequency", ("bpe_chunk",),
          "Encoding merges the most frequent pair in the chunk first instead of the lowest "
          "rank.", tokenizer=_FrequencyTokenizer),

@@ -165,7 +165,11 @@ def ffn(variant: str, x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor,
 
 def gpt_forward(tokens: Tensor, p: Mapping[str, Tensor], config: GPTConfig) -> Tensor:
     T = tokens.shape[-1]
-    H = p["wte"][tokens] + p["wpe"][:T] if config.positional_embedding else p["wte"][tokens]
+    # the rows gathered from float32 copies: the gradient of a repeated token's rows is
+    # then summed in float32 and rounded once (indexing a 16-bit table would sum them in
+    # its dtype, one row at a time)
+    E = _wide(p["wte"])[tokens]
+    H = (E + _wide(p["wpe"])[:T] if config.positional_embedding else E).to(p["wte"].dtype)
     for layer in range(config.n_layers):
         q = {k.removeprefix(f"blocks.{layer}."): v for k, v in p.items()
              if k.startswith(f"blocks.{layer}.")}
