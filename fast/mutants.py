@@ -51,6 +51,15 @@ class Mutant:
     # other functions replaced, by dotted path ("gptspec.fast.generate.top_k_filter")
     elsewhere: Mapping[str, Any] = field(default_factory=dict)  # functions, or data
     dtype: str | None = None  # a bug only one dtype's code path has is run in that dtype
+    # a code path only some machines take: (what it needs, whether this machine has it)
+    requires: tuple[str, Callable[[], bool]] | None = None
+
+    def missing_here(self) -> str | None:
+        """What this machine lacks to take the mutated code path (the bug cannot run
+        here, so no check can see it), or None."""
+        if self.requires is None or self.requires[1]():
+            return None
+        return self.requires[0]
 
     def backend(self, device: str = "cpu", dtype: str = "float32") -> Any:
         if self.make_backend is not None:
@@ -823,6 +832,18 @@ def _scores_scaled_after_the_product(Q: Tensor, K: Tensor, M: Tensor) -> Tensor:
     return Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1]) + M
 
 
+def _onednn_bf16() -> bool:
+    from gptspec.fast import prepacked
+
+    return prepacked.supported("cpu", torch.bfloat16)
+
+
+def _bf16_gemv_built() -> bool:
+    from gptspec.fast import bf16_gemv
+
+    return _onednn_bf16() and bf16_gemv.available()
+
+
 def _fwd(name: str, breaks: str | tuple[str, ...], doc: str, **patches: Callable[..., Any]
          ) -> Mutant:
     return Mutant(name, (breaks,) if isinstance(breaks, str) else breaks, "forward", doc,
@@ -946,14 +967,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("prepacked_product_drops_bias", ("linear", "generate"), "generation",
            "Generation's prepacked 16-bit product (the bfloat16 CPU path) drops the bias b.",
            elsewhere={"gptspec.fast.prepacked.PackedMatrix.__call__":
-                      _prepacked_product_without_bias}, dtype="bfloat16"),
+                      _prepacked_product_without_bias}, dtype="bfloat16",
+           requires=("oneDNN's bfloat16 product (a CPU with AVX-512)", _onednn_bf16)),
     _gen("decode_step_misses_its_own_key", ("kv_cache_attention", "generate"),
          "The decoding step's new token attends to the cached tokens but not to itself.",
          gptspec__fast__kv_cache__KVCache__append=_decode_step_misses_own_key),
     Mutant("bf16_gemv_stops_a_column_pair_short", ("linear", "generate"), "generation",
            "The batch-1 bfloat16 GEMV kernel skips the last two columns of x (and of A).",
            elsewhere={"gptspec.fast.bf16_gemv.BlockedWeight.__call__":
-                      _gemv_without_last_column_pair}, dtype="bfloat16"),
+                      _gemv_without_last_column_pair}, dtype="bfloat16",
+           requires=("AVX-512 BF16 (the GEMV kernel's instructions)", _bf16_gemv_built)),
     Mutant("decode_step_guide_product_as_two_layer_ffn", ("ffn_guide_product", "generate"),
            "generation", "The decoding step takes the Guide's product FFN for a two-layer "
            "ReLU FFN (relu(x W_1 + b_1) W_2 + b_2) instead of leaving it to the model.",

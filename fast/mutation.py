@@ -26,7 +26,8 @@ class MutantResult:
     breaks: list[str]
     killed_by: str  # the first failing check's id; "" when the mutant survived
     check_entries: list[str]
-    status: str  # that check's status (fail / error), or "survived"
+    status: str  # that check's status (fail / error), "survived", or "not-run" (the
+    # machine lacks what the mutated code path needs: detail says what)
     on_target: bool
     seconds: float
     detail: str = ""
@@ -45,6 +46,10 @@ def _first_kill(mutant: Mutant, profile: str, seed: int) -> tuple[str, list[str]
 
 def run_mutant(name: str, profile: str = "default", seed: int = 0) -> MutantResult:
     mutant = BY_NAME[name]
+    missing = mutant.missing_here()
+    if missing:
+        return MutantResult(name, list(mutant.breaks), "", [], "not-run", False, 0.0,
+                            f"not run: needs {missing}, which this machine lacks")
     start = time.perf_counter()
     check_id, entries, status, detail = _first_kill(mutant, profile, seed)
     return MutantResult(name, list(mutant.breaks), check_id, entries, status,
@@ -84,6 +89,9 @@ def run_catalog(names: list[str], profile: str = "default", seed: int = 0, jobs:
 def table(results: list[MutantResult]) -> str:
     rows = [("mutant", "breaks", "killed by", "names the right entry", "time (s)")]
     for r in results:
+        if r.status == "not-run":
+            rows.append((r.name, ", ".join(r.breaks), r.detail, "-", "-"))
+            continue
         rows.append((r.name, ", ".join(r.breaks), r.killed_by or "SURVIVED",
                      "yes" if r.on_target else "NO", f"{r.seconds:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -134,15 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     started = provenance() if args.json else None
     results = run_catalog(names, args.profile, args.seed, args.jobs,
                           on_result=lambda r: print(f"  {r.name}: "
-                                                    f"{r.killed_by or 'SURVIVED'}", flush=True))
+                                                    f"{r.killed_by or r.detail or 'SURVIVED'}",
+                                                    flush=True))
     print()
     print(table(results))
     if args.json:
         write_json(args.json, results, args.profile, args.seed, started)
-    bad = [r for r in results if not r.on_target]
-    print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed by a check naming "
+    ran = [r for r in results if r.status != "not-run"]
+    bad = [r for r in ran if not r.on_target]
+    print(f"\n{len(ran) - len(bad)} of {len(ran)} mutants killed by a check naming "
           f"the right spec entry")
-    return 1 if bad else 0
+    if len(ran) < len(results):
+        print(f"{len(results) - len(ran)} not run: this machine cannot take their code path "
+              "(see the table)")
+    return 1 if bad or not ran else 0
 
 
 if __name__ == "__main__":

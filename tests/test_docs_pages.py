@@ -269,10 +269,15 @@ def test_the_verification_page_shows_budgets_every_check_and_every_mutant(tmp_pa
                                  "results": [{"name": first.name, "killed_by": "x.differential",
                                               "on_target": True},
                                              {"name": second.name, "killed_by": "",
-                                              "on_target": False}]}))
+                                              "on_target": False},
+                                             {"name": MUTANTS[2].name, "killed_by": "",
+                                              "on_target": False, "status": "not-run",
+                                              "detail": "not run: needs AVX-512 BF16"}]}))
     page = _verification(load_mutation_results(saved))
     assert "<code>x.differential</code>" in page and "survived" in page
     assert "commit abcdef1234" in page and "not in the saved run" in page
+    assert "not run: needs AVX-512 BF16" in page  # not counted as survived
+    assert page.count('class="gs-missing">survived') == 1
 
 
 def test_the_traceability_matrix_counts_checks_and_links_apart() -> None:

@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class MutationRun:
 
     killed_by: dict[str, tuple[str, bool]]  # mutant → (check id or "", names a broken entry)
     provenance: str
+    not_run: dict[str, str] = field(default_factory=dict)  # mutant → why (the machine lacks
+    # the code path it mutates: an AVX-512 kernel)
 
 
 def load_mutation_results(path: Path) -> MutationRun | None:
@@ -46,6 +48,8 @@ def load_mutation_results(path: Path) -> MutationRun | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         results = data["results"]
         killed = {r["name"]: (str(r["killed_by"]), bool(r["on_target"])) for r in results}
+        not_run = {r["name"]: str(r.get("detail", "")) for r in results
+                   if r.get("status") == "not-run"}
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise MutationResultsError(f"mutation results {path}: cannot be read: {err}") from None
     if data.get("schema") != "gptspec-mutation":
@@ -57,7 +61,7 @@ def load_mutation_results(path: Path) -> MutationRun | None:
         str(prov.get("date") or "date not recorded"),
         ", ".join(str(prov[k]) for k in ("machine", "cpu") if prov.get(k)) or "machine?",
         f"profile {data.get('profile', '?')}, seed {data.get('seed', '?')}"])
-    return MutationRun(killed, described)
+    return MutationRun(killed, described, not_run)
 
 
 def _docstring_html(doc: str) -> str:
@@ -142,6 +146,8 @@ def _mutation_section(mutants: Sequence[Any], run: MutationRun | None, spec_dir:
             killed = "run <code>nox -s mutants</code>"
         elif m.name not in run.killed_by:
             killed = "not in the saved run"
+        elif m.name in run.not_run:
+            killed = esc(run.not_run[m.name] or "not run on the machine that saved the run")
         else:
             check_id, on_target = run.killed_by[m.name]
             killed = (code(check_id) + ("" if on_target else " (names no broken entry)")
