@@ -53,12 +53,26 @@ UNIT_ROUNDOFF = {
     "bfloat16": 2.0**-8,
 }
 
-# Smallest positive normal number: below it a dtype loses relative precision, so every
-# stored result may also be off by this much in absolute terms.
+# Smallest positive normal number: below it a dtype loses relative precision.
 TINY = {
     "float64": 2.0**-1022,
     "float32": 2.0**-126,
     "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
+}
+
+# The absolute error a stored result may have besides u·|y| (Precision.tiny): where an
+# engine flushes results below TINY to zero (XLA does for float32; GPUs' fast-math modes
+# for float32 and bfloat16) the error is up to TINY itself, a negligible 10⁻³⁸ for those
+# formats, so they keep it. float16 keeps its subnormals (IEEE gradual underflow) in
+# PyTorch, NumPy and ONNX Runtime and on GPUs, so a rounding below TINY errs by at most
+# half the subnormal spacing, 2⁻²⁵; the floor is that spacing, 2⁻²⁴. With TINY (2⁻¹⁴)
+# as the float16 floor, a gradient of a mean over 2048 positions (about 5·10⁻⁷ per logit)
+# had a budget 10 to 100 times its own size: no error there could fail.
+ABSOLUTE_FLOOR = {
+    "float64": 2.0**-1022,
+    "float32": 2.0**-126,
+    "float16": 2.0**-24,
     "bfloat16": 2.0**-126,
 }
 
@@ -101,7 +115,7 @@ class Precision:
             raise ValueError(f"no unit roundoff known for dtype {dtype!r}")
         u = UNIT_ROUNDOFF[name]
         u_acc = min(u, UNIT_ROUNDOFF["float32"])
-        return cls(name, u, u_acc, TINY[name])
+        return cls(name, u, u_acc, ABSOLUTE_FLOOR[name])
 
     def sum_scale(self, n: int) -> float:
         """√n·u_acc: the error scale of a length-n sum, relative to Σ|terms|."""
@@ -125,12 +139,32 @@ class Precision:
         drift = max(n - 1, 0) / LAMBDA * self.u_acc * np.abs(total)
         return _q(self.sum_scale(n) * abs_terms, drift)
 
+    def subnormal(self, y: Array, ey: Array) -> Array:
+        """1 where y lies below TINY and was rounded there (its error scale is not 0): an
+        element whose rounding may share its sign with its neighbours'."""
+        return ((np.abs(y) < TINY[self.dtype]) & (np.asarray(ey) > 0)).astype(np.float64)
+
+    @property
+    def floor_drift(self) -> float:
+        """A sum's coherent floor error per subnormal term, as a scale (over λ): values
+        below TINY round onto an evenly spaced grid, and values of one size (a softmax's
+        tail over 1025 tokens, divided by 2048 positions) all land at the same place
+        between two grid points, so their errors, up to half the spacing each, share a
+        sign: a sum of n of them errs by up to n·floor/2, where the quadrature allows
+        √n·floor. Found in float16: the tied ∂W_E of a mean over 2048 positions, whose
+        ∂L/∂z is about 5·10⁻⁷ (8 grid steps), 134% of the quadrature's budget."""
+        return self.tiny / 2 / LAMBDA
+
     def store(self, y: Array) -> Array:
-        """The rounding of a stored result: u·|y| plus the subnormal floor."""
+        """The rounding of a stored result: u·|y| plus the absolute floor below the
+        smallest normal number (ABSOLUTE_FLOOR)."""
         return self.u * np.abs(y) + self.tiny
 
 
 LAMBDA = 6.0
+# below this the floor's drift cannot reach a budget's size (float32's and bfloat16's
+# 2⁻¹²⁶ times any length): not computed
+FLOOR_WORTH_A_TERM = 1e-30
 
 
 def budget(scale: Array) -> Array:
@@ -422,7 +456,10 @@ def matmul_bound(A, eA, B, eB, p: Precision) -> tuple[Array, Array]:
     n = A.shape[-1]
     inherited = np.sqrt(np.square(eA) @ np.square(B) + np.square(A) @ np.square(eB))
     local = p.inner_product_scale(n, np.abs(A) @ np.abs(B), C)
-    return C, _q(inherited, local, p.store(C))
+    drift = 0.0
+    if p.tiny > FLOOR_WORTH_A_TERM:
+        drift = (np.abs(A) @ p.subnormal(B, eB) + p.subnormal(A, eA) @ np.abs(B)) * p.floor_drift
+    return C, _q(inherited, local, drift, p.store(C))
 
 
 def scores_error(QK, eQK, Q, K, p: Precision) -> Array:

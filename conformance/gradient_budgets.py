@@ -46,7 +46,17 @@ def _sum_rows(t, et, p: Precision) -> Bounded:
     R, eR = _rows(t), _rows(et)
     s = R.sum(axis=0)
     return s, _q(np.sqrt(np.sum(np.square(eR), axis=0)),
-                 p.sum_scale(R.shape[0]) * np.abs(R).sum(axis=0), p.store(s))
+                 p.sum_scale(R.shape[0]) * np.abs(R).sum(axis=0), p.store(s),
+                 _floor_drift(np.ones_like(R), R, eR, p))
+
+
+def _floor_drift(weights, t, et, p: Precision) -> Array:
+    """Σ_rows |w|·[t below TINY, rounded]·floor/2 over λ (Precision.floor_drift): the
+    coherent error of a sum over rows of terms t whose roundings on the subnormal grid
+    may all share a sign, each weighted by what multiplies it (1 for a plain sum)."""
+    if p.tiny <= B.FLOOR_WORTH_A_TERM:
+        return np.zeros(np.shape(t)[-1])
+    return np.sum(np.abs(_rows(weights)) * p.subnormal(_rows(t), _rows(et)), axis=0) * p.floor_drift
 
 
 def _product(x, ex, y, ey, p: Precision) -> Bounded:
@@ -82,7 +92,10 @@ def token_embedding_backward_bound(dE, edE, tokens, vocab_size: int, p: Precisio
     np.add.at(squares, idx, np.square(eR))
     np.add.at(sizes, idx, np.abs(R))
     counts = np.bincount(idx, minlength=vocab_size)[:, None]
-    return value, _q(np.sqrt(squares), np.sqrt(counts) * p.u_acc * sizes, p.store(value))
+    drift = np.zeros((vocab_size, d))
+    if p.tiny > B.FLOOR_WORTH_A_TERM:
+        np.add.at(drift, idx, p.subnormal(R, eR) * p.floor_drift)
+    return value, _q(np.sqrt(squares), np.sqrt(counts) * p.u_acc * sizes, p.store(value), drift)
 
 
 def positional_embedding_backward_bound(dP, edP, n_ctx: int, p: Precision) -> Bounded:
@@ -92,8 +105,11 @@ def positional_embedding_backward_bound(dP, edP, n_ctx: int, p: Precision) -> Bo
     terms = np.asarray(dP, dtype=np.float64).reshape(-1, T, d)
     errors = np.asarray(edP, dtype=np.float64).reshape(-1, T, d)
     value[:T] = terms.sum(axis=0)
+    drift = (np.sum(p.subnormal(terms, errors), axis=0) * p.floor_drift
+             if p.tiny > B.FLOOR_WORTH_A_TERM else 0.0)
     error[:T] = _q(np.sqrt(np.sum(np.square(errors), axis=0)),
-                   p.sum_scale(terms.shape[0]) * np.abs(terms).sum(axis=0), p.store(value[:T]))
+                   p.sum_scale(terms.shape[0]) * np.abs(terms).sum(axis=0), p.store(value[:T]),
+                   drift)
     return value, error
 
 
@@ -125,8 +141,9 @@ def layer_norm_backward_bound(dY, edY, x, ex, gamma, eps: float,
                2 * p.u_acc * (np.abs(g) + np.abs(m1) + np.abs(xhat * m2)))
     dx = (g - m1 - xhat * m2) / s
     e_dx = _q(e_num / s, np.abs(dx) * rel_s, p.u_acc * np.abs(dx), p.store(dx))
-    dgamma = _sum_rows(*_product(dY, edY, xhat, e_xhat, p), p)
-    return (dx, e_dx), dgamma, _sum_rows(dY, edY, p)
+    dgamma, e_dgamma = _sum_rows(*_product(dY, edY, xhat, e_xhat, p), p)
+    e_dgamma = _q(e_dgamma, _floor_drift(xhat, dY, edY, p))  # ∂y's grid, weighted by x̂
+    return (dx, e_dx), (dgamma, e_dgamma), _sum_rows(dY, edY, p)
 
 
 def softmax_backward_bound(dA, edA, A, eA, p: Precision) -> Bounded:
