@@ -21,6 +21,7 @@ def section() -> str:
     from gptspec.conformance.checks_generation import GENERATION_SHARE
     from gptspec.conformance.checks_model import GPT2_SMALL, MODEL_SHARE
     from gptspec.conformance.checks_ops import ROW_WISE_SHARE
+    from gptspec.conformance.checks_training import LONG_BATCH, LONG_BATCH_SIZE
     from gptspec.conformance.context import PROFILES
 
     s = strategies
@@ -38,7 +39,9 @@ def section() -> str:
     c = GPT2_SMALL
     rows = [
         ["Sequence lengths, key counts, row lengths",
-         f"1 … 8 (up to 40 for rows); {esc(_values(s.BOUNDARY_LENGTHS))}"],
+         f"1 … 8 (up to 40 for rows); {esc(_values(s.BOUNDARY_LENGTHS))}. A model "
+         "drawn big for its context or head width always runs at one of these lengths "
+         "(n_ctx itself if it reaches none)"],
         ["Head widths d_k", f"1 … 16; {esc(_values(s.HEAD_WIDTHS))}"],
         ["Vocabularies", f"2 … 30; {esc(_values(s.VOCAB_SIZES))}, with the top ids and "
                          "the ids around 2¹⁶ drawn as often as the rest"],
@@ -57,7 +60,13 @@ def section() -> str:
          "would cost minutes per example"],
         ["Every run", f"a GPT-2-small-shaped model ({c.n_layers} block, d_model "
                       f"{c.d_model}, {c.n_heads} heads, d_ff {c.d_ff}, vocabulary "
-                      f"{c.vocab_size}) at T = {c.n_ctx}, batch 1"],
+                      f"{c.vocab_size}) at T = {c.n_ctx}, batch 1 "
+                      f"({code('gpt_forward.gpt2_small')}); every gradient of a GPT-2-shaped "
+                      f"block of width {LONG_BATCH.d_model} ({LONG_BATCH.n_heads} heads of "
+                      f"{LONG_BATCH.d_model // LONG_BATCH.n_heads}, vocabulary "
+                      f"{LONG_BATCH.vocab_size}) over {LONG_BATCH_SIZE} × {LONG_BATCH.n_ctx} "
+                      "tokens as skewed as a text's, where sums over rows and over a "
+                      f"token's repeats are long ({code('gpt_backward.long_batch')})"],
     ]
     parts.append(table(["Size", "Drawn"], rows))
     parts.append("Magnitudes, per dtype: the *large* flavour's (for inputs of stacked "
@@ -67,7 +76,15 @@ def section() -> str:
                  "the *underflow edge* flavour draws.\n")
     rows = [[code(dt), _magnitude(s.large_scale(dt)), _magnitude(s.large_scale(dt, 64)),
              _magnitude(s.edge_scale(dt)), _magnitude(s.edge_scale(dt, 4 * 1025, 2)),
-             _magnitude(budgets.TINY[dt])] for dt in budgets.UNIT_ROUNDOFF]
+             _magnitude(budgets.TINY[dt]), _magnitude(budgets.ABSOLUTE_FLOOR[dt])]
+            for dt in budgets.UNIT_ROUNDOFF]
     parts.append(table(["dtype", "large", "large, n = 64", "overflow edge (softmax)",
-                        "overflow edge (LayerNorm)", "smallest normal"], rows))
+                        "overflow edge (LayerNorm)", "smallest normal",
+                        "a stored result's absolute floor"], rows))
+    parts.append("The absolute floor is what a budget allows a stored result besides its "
+                 "relative rounding u·|y|: the smallest normal number where an engine may "
+                 "flush below it (float32, bfloat16), and float16's subnormal spacing, "
+                 "since PyTorch, NumPy, ONNX Runtime and GPUs keep float16's "
+                 "subnormals; a sum of subnormal roundings may drift by half of it per term (`budgets.ABSOLUTE_FLOOR`, "
+                 "`Precision.floor_drift`).\n")
     return "\n".join(parts) + "\n"
