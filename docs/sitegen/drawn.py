@@ -85,6 +85,6 @@ def section() -> str:
                  "relative rounding u·|y|: the smallest normal number where an engine may "
                  "flush below it (float32, bfloat16), and float16's subnormal spacing, "
                  "since PyTorch, NumPy, ONNX Runtime and GPUs keep float16's "
-                 "subnormals; a sum of subnormal roundings may drift by half of it per term (`budgets.ABSOLUTE_FLOOR`, "
-                 "`Precision.floor_drift`).\n")
+                 "subnormals; a sum of subnormal roundings may drift by half of it per "
+                 "term (`budgets.ABSOLUTE_FLOOR`, `Precision.floor_drift`).\n")
     return "\n".join(parts) + "\n"
