@@ -12,6 +12,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         if command:
             _guard_standard_streams()
             signal.signal(signal.SIGTERM, _terminate)
+            sys.unraisablehook = _stop_again
         return _run(argv, which)
     except KeyboardInterrupt as stop:  # while the subcommand's modules were being imported
         return _interrupted(f"gptspec{f' {which}' if which else ''}", stop)
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         if command:  # a Ctrl-C now would only interrupt Python's exit with a traceback:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # it ends the process, silently
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            sys.unraisablehook = sys.__unraisablehook__
 
 
 class Terminated(KeyboardInterrupt):
@@ -112,6 +115,25 @@ class Terminated(KeyboardInterrupt):
 
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
+
+
+def _stop_again(unraisable: sys.UnraisableHookArgs) -> None:
+    """A Ctrl-C or SIGTERM whose handler ran inside a garbage-collector callback or a
+    __del__ (Hypothesis keeps one on every collection) raised where Python ignores
+    exceptions: it printed a traceback and the command went on, to its end. The signal is
+    sent again a moment later, from a thread, once the main thread has left the place
+    that swallowed it (sent at once, its handler would run inside this hook, and be
+    swallowed again); should it land in such a place again, this repeats."""
+    stop = unraisable.exc_value
+    if isinstance(stop, KeyboardInterrupt):
+        # which signal: training's Interrupted carries it; Terminated is SIGTERM
+        signum = getattr(stop, "signum", signal.SIGTERM if isinstance(stop, Terminated)
+                         else signal.SIGINT)
+        again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _interrupted(who: str, stop: KeyboardInterrupt) -> int:

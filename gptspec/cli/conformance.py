@@ -16,7 +16,9 @@ import argparse
 import fnmatch
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
@@ -154,12 +156,20 @@ def run(args: argparse.Namespace) -> int:
     timeout = args.timeout or None
     isolate = bool(args.backend) if args.isolate is None else args.isolate
     suites: list = []
+    current: list = []  # the run in progress, as its header saw it
     started = report.provenance()  # the code that runs is the code imported now
     try:
         with writing_stdout():  # the results stream there as they come
             for spec, device, dtype in _targets(args):
+                current.clear()
                 suites.append(_run_one(args, spec, device, dtype, area, selected, timeout,
-                                       isolate))
+                                       isolate, current.append))
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: the run in progress is reported with the checks it finished
+        if current and current[0] not in suites:
+            current[0].settings["interrupted"] = True
+            suites.append(current[0])
+        raise
     finally:
         # whatever happened (a backend that cannot be built, Ctrl-C), the runs that
         # finished are reported
@@ -181,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str | None,
-             area: str | None, selected, timeout: float | None, isolate: bool):
+             area: str | None, selected, timeout: float | None, isolate: bool,
+             started: Callable[[Any], None]):
     from gptspec.conformance import report
     from gptspec.conformance.discovery import BackendError, load_backend
     from gptspec.conformance.isolation import run_isolated
@@ -197,7 +208,7 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
                   save_failures=args.save_failures,
                   plain=None if args.adjudicate_with == "none" else args.adjudicate_with,
                   on_result=lambda r: print(report.line(r), flush=True),
-                  header=lambda s: print(report.header(s), flush=True))
+                  header=lambda s: _announce(s, started))
     try:
         if isolate:
             suite = run_isolated(spec, device=device, dtype=dtype, **common)
@@ -211,3 +222,12 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
         raise CLIError(str(err)) from None
     print(report.summary(suite), flush=True)
     return suite
+
+
+def _announce(suite: Any, started: Callable[[Any], None]) -> None:
+    """A run begins: the caller keeps it (to report its finished checks if the command is
+    stopped), and its header is printed."""
+    from gptspec.conformance import report
+
+    started(suite)
+    print(report.header(suite), flush=True)

@@ -101,6 +101,15 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    class PipedConsole(Console):
+        """rich's Console, except that a reader going away (``gptspec info gpt2 | head``)
+        raises BrokenPipeError, which the command reports as every other does (quietly,
+        exit status 141), where rich would exit with status 1."""
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError("the reader of standard output went away")
+
     for name in ("batch", "bytes_per_element"):
         if getattr(args, name) <= 0:
             raise CLIError(f"--{name.replace('_', '-')} must be positive")
@@ -115,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     for quantity, value, unit in rows(config, args.batch, args.seq_len, args.bytes_per_element):
         exact = f"{value:,}" + (" B" if unit == "B" else "")
         table.add_row(quantity, exact, human(value, "B" if unit == "B" else ""))
-    console = Console()
+    console = PipedConsole()
     with writing_stdout():
         console.print(table)
         console.print("FLOPs: a multiply-add is 2, matrix products only, unembedding "
@@ -123,3 +132,4 @@ def run(args: argparse.Namespace) -> int:
                       "2020, table 1). Activation memory: no recomputation, attention "
                       "weights stored.")
     return 0
+

@@ -1,0 +1,181 @@
+"""The ``gptspec`` command as a process: what a shell, a pipe or a batch system does to it.
+
+Each test runs ``python -m gptspec`` in a child process, since what is tested belongs to
+the process: signals (Ctrl-C during the imports, SIGTERM from ``kill`` or ``docker
+stop``), standard output closed by the caller, full, or read by someone who stops
+reading (``| head``). Every case ends in at most one line on standard error, a status a
+shell understands (2 for a bad stream, 130/143 for SIGINT/SIGTERM, 141 for a reader that
+went away) and no work lost: a training run saves its checkpoint, a conformance run
+writes the checks it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gptspec.fast.checkpoint import save_model
+from gptspec.fast.tokenizer import Tokenizer
+from gptspec.spec import GPTConfig, init_parameters
+
+GPTSPEC = [sys.executable, "-m", "gptspec"]
+TEXT = "To be, or not to be, that is the question. " * 40
+TRAIN = ["train", "--preset", "tiny", "--vocab-size", "256", "--batch-size", "2",
+         "--eval-interval", "2", "--eval-batches", "1", "--warmup", "1", "--no-progress"]
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) <= 1 and "Traceback" not in stderr, stderr
+    return lines[0] if lines else ""
+
+
+def _to_a_reader_gone(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run with standard output a pipe whose reading end is already closed: the first
+    write fails with EPIPE, as under ``| head`` once head has exited."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([*GPTSPEC, *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=300, **kwargs)
+    finally:
+        os.close(write)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model")
+    tokenizer = Tokenizer.byte_level()
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, n_ctx=16, d_model=16, n_layers=1,
+                       n_heads=2, d_ff=32)
+    save_model(path, init_parameters(config, seed=0), config)
+    tokenizer.save(path / "tokenizer.json")
+    return path
+
+
+@pytest.mark.parametrize("command", ["info", "encode", "generate"])
+def test_a_reader_that_went_away_stops_the_command_quietly_with_141(command, model, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    args = {"info": ["info", "gpt2"],
+            "encode": ["tokenizer", "encode", "--tokenizer", str(model / "tokenizer.json"),
+                       "--input", str(text)],
+            "generate": ["generate", "--checkpoint", str(model), "--prompt", "To be",
+                         "--max-new-tokens", "8", "--seed", "0"]}[command]
+    done = _to_a_reader_gone(args)
+    assert done.returncode == 141, done.stderr
+    assert _one_line(done.stderr) == ""  # what a pipeline's reader chose to end is no error
+
+
+def test_a_training_run_whose_reader_goes_away_saves_its_checkpoint(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*GPTSPEC, *TRAIN, "--data", str(corpus), "--out", str(out),
+                             "--steps", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:  # read until two evaluations went by, then stop reading
+        if line.startswith("step 4:"):
+            break
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141
+    line = _one_line(err)
+    assert "cannot write to standard output" in line and "checkpoint saved" in line
+    step = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
+    assert step >= 4 and f"stopped at step {step}" in line
+
+
+def test_standard_output_closed_by_the_caller_is_one_line():
+    done = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", *GPTSPEC, "info", "gpt2"],
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2
+    assert _one_line(done.stderr) == ("gptspec info: error: standard output is closed; "
+                                      "info prints its table there")
+
+
+def test_a_full_standard_output_is_one_line():
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*GPTSPEC, "info", "gpt2"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert done.returncode == 2
+    assert _one_line(done.stderr) == ("gptspec info: error: cannot write to standard output: "
+                                      "No space left on device")
+
+
+@pytest.mark.parametrize(("signum", "status", "word"),
+                         [(signal.SIGINT, 130, "interrupted"),
+                          (signal.SIGTERM, 143, "terminated")], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_modules_are_imported_is_one_line(signum, status, word):
+    # torch and Hypothesis take a second or more to import: the signal lands there
+    proc = subprocess.Popen([*GPTSPEC, "conformance", "--profile", "quick"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.8)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == status
+    assert _one_line(err) == f"gptspec conformance: {word}"
+
+
+def test_sigterm_during_a_conformance_run_reports_the_checks_it_finished(tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen([*GPTSPEC, "conformance", "--profile", "quick", "--report",
+                             str(report)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    finished = 0
+    for line in proc.stdout:
+        finished += line.startswith("PASS")
+        if finished == 3:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert _one_line(err) == "gptspec conformance: terminated"
+    (run,) = json.loads(report.read_text())["runs"]
+    assert run["settings"]["interrupted"] is True
+    assert len(run["checks"]) >= 3 and all(c["status"] == "pass" for c in run["checks"])
+
+
+STOP_IN_A_FINALIZER = """
+import signal, sys
+from gptspec import cli
+
+signal.signal(signal.SIGTERM, cli._terminate)
+sys.unraisablehook = cli._stop_again
+
+
+class Finalized:
+    def __del__(self):  # where Python ignores what is raised, as in a gc callback
+        raise cli.{stop}()
+
+
+try:
+    Finalized()
+    import time
+    time.sleep(5)  # the stop comes back within milliseconds
+    print("went on")
+except KeyboardInterrupt as stop:
+    print(type(stop).__name__)
+"""
+
+
+@pytest.mark.parametrize("stop", ["Terminated", "KeyboardInterrupt"])
+def test_a_stop_raised_where_python_ignores_exceptions_still_stops(stop):
+    # SIGTERM once landed in Hypothesis's garbage-collector callback: Python printed a
+    # traceback, ignored it, and the conformance run went on to its end with status 0
+    code = STOP_IN_A_FINALIZER.format(stop=stop)
+    if stop == "KeyboardInterrupt":
+        code = code.replace("cli.KeyboardInterrupt()", "KeyboardInterrupt()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == stop, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
