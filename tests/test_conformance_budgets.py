@@ -146,3 +146,61 @@ def test_a_huge_fraction_of_budget_reads_in_scientific_form():
     huge = B.Comparison(3.1e5, (0,), 1.0, 0.0, 1e-5)
     assert "(3.1e+07% of budget)" in huge.describe()
     assert "(47.5% of budget)" in B.Comparison(0.475, (0,), 1.0, 0.0, 1.0).describe()
+
+
+def test_float16_gradients_of_a_long_batch_have_budgets_far_below_their_size():
+    # the hole: with float16's smallest normal (2⁻¹⁴) as every stored result's absolute
+    # floor, the budget of ∂W_E over 2 × 1024 tokens was 0.51 where |∂W_E| ≤ 0.84, so no
+    # error there could fail; with the subnormal spacing it is a few thousandths of it
+    from gptspec.conformance.checks_training import GPT2_SCALE, LONG_BATCH
+    from gptspec.conformance.strategies import ParameterRecipe, text_like_ids
+
+    config, p = LONG_BATCH, B.Precision.of("float16")
+    params = {k: B.round_to(v, "float16")
+              for k, v in ParameterRecipe(config, GPT2_SCALE, 0).make().items()}
+    tokens = text_like_ids(np.random.default_rng(0), config.vocab_size, 2048).reshape(2, 1024)
+    targets = np.roll(tokens, -1, axis=1)
+    _, grads = ref.gpt_backward(tokens, targets, params, config)
+    bounds = gpt_backward_bound(tokens, targets, params, config, p)
+    for name in ("wte", "blocks.0.attn.b_qkv", "ln_f.bias"):
+        budget = np.max(B.budget(bounds[name][1]))
+        assert budget < 0.02 * np.max(np.abs(grads[name])), (name, budget)
+
+
+def test_a_sum_of_subnormal_roundings_that_share_a_sign_is_within_its_budget():
+    # 2048 gradients of the same size, 8.45 steps of float16's subnormal grid each, all
+    # round down by 0.45 of a step: their errors add up, where a quadrature of
+    # independent roundings would allow only √2048 of them
+    from gptspec.conformance.gradient_budgets import _sum_rows
+
+    p = B.Precision.of("float16")
+    exact = np.full((2048, 3), 8.45 * 2.0**-24)
+    stored = exact.astype(np.float16).astype(np.float64)
+    error = abs(stored.sum(axis=0) - exact.sum(axis=0))
+    _, scale = _sum_rows(exact, p.store(exact), p)
+    assert np.all(error <= B.budget(scale)), (error, B.budget(scale))
+    assert np.all(error > B.budget(np.sqrt(2048) * p.store(exact)[0]))  # the undercount
+
+
+def test_the_value_bias_gradient_sees_the_output_gradients_errors_summed_over_queries():
+    # ∂b_V = Σ_t ∂V_t = Σ_s ∂O_s: an error e_s in row s of ∂O reaches ∂b_V whole, however
+    # many keys row s spreads it over; with uniform causal weights over 512 keys the
+    # quadrature over keys saw √(Σ_t A_st²) = 1/√(s + 1) of it
+    from gptspec.conformance.gradient_budgets import multi_head_attention_backward_bound
+
+    rng = np.random.default_rng(0)
+    T, d, p = 512, 8, B.Precision.of("bfloat16")
+    H = rng.normal(size=(1, T, d))
+    W_qkv, b_qkv = np.zeros((d, 3 * d)), np.zeros(3 * d)  # Q = K = 0: uniform weights
+    W_qkv[:, 2 * d:] = rng.normal(size=(d, d)) / np.sqrt(d)
+    dY = rng.normal(size=(1, T, d))
+    edY = p.u * np.abs(dY)
+    _, grads = multi_head_attention_backward_bound(dY, edY, H, np.zeros_like(H), W_qkv, b_qkv,
+                                                   np.eye(d), None, 1, p)  # ∂O = ∂Y
+    b_V_budget = B.budget(grads["b_qkv"][1][2 * d:])
+    # backends whose ∂O is off by independent errors of its error scale, one per element:
+    # ∂b_V moves by their sum over the queries
+    shifts = np.array([np.sum(edY[0] * rng.normal(size=edY[0].shape), axis=0)
+                       for _ in range(200)])
+    assert np.all(np.abs(shifts) <= b_V_budget), np.max(np.abs(shifts) / b_V_budget)
+    assert np.all(b_V_budget >= B.LAMBDA * np.sqrt(np.sum(np.square(edY[0]), axis=0)))
