@@ -65,10 +65,11 @@ TINY = {
 # engine flushes results below TINY to zero (XLA does for float32; GPUs' fast-math modes
 # for float32 and bfloat16) the error is up to TINY itself, a negligible 10⁻³⁸ for those
 # formats, so they keep it. float16 keeps its subnormals (IEEE gradual underflow) in
-# PyTorch, NumPy and ONNX Runtime and on GPUs, so a rounding below TINY errs by at most
-# half the subnormal spacing, 2⁻²⁵; the floor is that spacing, 2⁻²⁴. With TINY (2⁻¹⁴)
-# as the float16 floor, a gradient of a mean over 2048 positions (about 5·10⁻⁷ per logit)
-# had a budget 10 to 100 times its own size: no error there could fail.
+# PyTorch, NumPy, ONNX Runtime and XLA (each checked on the CPU: 3·10⁻⁴ × 10⁻³ gives
+# 2.98·10⁻⁷, five grid steps) and in CUDA's half arithmetic, so a rounding below TINY
+# errs by at most half the subnormal spacing, 2⁻²⁵; the floor is that spacing, 2⁻²⁴.
+# With TINY (2⁻¹⁴) as the float16 floor, a gradient of a mean over 2048 positions (about
+# 5·10⁻⁷ per logit) had a budget 10 to 100 times its own size: no error there could fail.
 ABSOLUTE_FLOOR = {
     "float64": 2.0**-1022,
     "float32": 2.0**-126,

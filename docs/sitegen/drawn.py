@@ -84,7 +84,7 @@ def section() -> str:
     parts.append("The absolute floor is what a budget allows a stored result besides its "
                  "relative rounding u·|y|: the smallest normal number where an engine may "
                  "flush below it (float32, bfloat16), and float16's subnormal spacing, "
-                 "since PyTorch, NumPy, ONNX Runtime and GPUs keep float16's "
+                 "since PyTorch, NumPy, ONNX Runtime, XLA and CUDA keep float16's "
                  "subnormals; a sum of subnormal roundings may drift by half of it per "
                  "term (`budgets.ABSOLUTE_FLOOR`, `Precision.floor_drift`).\n")
     return "\n".join(parts) + "\n"
