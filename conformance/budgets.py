@@ -64,16 +64,22 @@ TINY = {
 # The absolute error a stored result may have besides u·|y| (Precision.tiny): where an
 # engine flushes results below TINY to zero (XLA does for float32; GPUs' fast-math modes
 # for float32 and bfloat16) the error is up to TINY itself, a negligible 10⁻³⁸ for those
-# formats, so they keep it. float16 keeps its subnormals (IEEE gradual underflow) in
-# PyTorch, NumPy, ONNX Runtime and XLA (each checked on the CPU: 3·10⁻⁴ × 10⁻³ gives
-# 2.98·10⁻⁷, five grid steps) and in CUDA's half arithmetic, so a rounding below TINY
-# errs by at most half the subnormal spacing, 2⁻²⁵; the floor is that spacing, 2⁻²⁴.
-# With TINY (2⁻¹⁴) as the float16 floor, a gradient of a mean over 2048 positions (about
-# 5·10⁻⁷ per logit) had a budget 10 to 100 times its own size: no error there could fail.
+# formats. float16 keeps its subnormals in PyTorch, NumPy, ONNX Runtime and XLA (each
+# checked on the CPU: 3·10⁻⁴ × 10⁻³ gives 2.98·10⁻⁷, five grid steps), so one rounding
+# below TINY errs by at most 2⁻²⁵; its floor stays TINY (2⁻¹⁴) all the same, because the
+# budgets treat roundings in different rows as independent, and below TINY they are not:
+# a softmax tail over a big vocabulary gives nearly the same ∂L/∂z in every row, a few
+# grid steps each, so every row rounds it the same way, and a gradient summed over the
+# rows (∂b, ∂W, ∂γ) gathers R times one row's error where the quadrature allows √R. With
+# 2⁻²⁴ as the floor the soundness gate failed a correct backend (vocabulary 128256, 24
+# rows, d_model 4: 210% on ∂b_1). The price of TINY is that float16 gradients of a
+# long batch (∂L/∂z about 5·10⁻⁷) are barely checked: budgets of the order of the
+# gradients themselves. Tightening it needs the floor carried apart from the other
+# errors, as an error shared by the rows.
 ABSOLUTE_FLOOR = {
     "float64": 2.0**-1022,
     "float32": 2.0**-126,
-    "float16": 2.0**-24,
+    "float16": 2.0**-14,
     "bfloat16": 2.0**-126,
 }
 
@@ -147,14 +153,16 @@ class Precision:
 
     @property
     def floor_drift(self) -> float:
-        """A sum's coherent floor error per subnormal term, as a scale (over λ): values
-        below TINY round onto an evenly spaced grid, and values of one size (a softmax's
-        tail over 1025 tokens, divided by 2048 positions) all land at the same place
-        between two grid points, so their errors, up to half the spacing each, share a
-        sign: a sum of n of them errs by up to n·floor/2, where the quadrature allows
-        √n·floor. Found in float16: the tied ∂W_E of a mean over 2048 positions, whose
-        ∂L/∂z is about 5·10⁻⁷ (8 grid steps), 134% of the quadrature's budget."""
-        return self.tiny / 2 / LAMBDA
+        """A sum's coherent error per subnormal term, as a scale (over λ): values below
+        TINY round onto an evenly spaced grid, of spacing 2·u·TINY (float16 keeps its
+        subnormals in every engine checked; see ABSOLUTE_FLOOR), and values of one size
+        (a softmax's tail over 1025 tokens, divided by 2048 positions) all land at the
+        same place between two grid points, so their errors, up to half the spacing each,
+        share a sign: a sum of n of them errs by up to n·u·TINY, where a quadrature of
+        independent roundings allows √n of them. Seen in float16: the tied ∂W_E of a
+        mean over 2048 positions, whose ∂L/∂z is about 5·10⁻⁷ (8 grid steps), 134% of
+        a budget that had only the quadrature (and the grid's spacing as its floor)."""
+        return self.u * TINY[self.dtype] / LAMBDA
 
     def store(self, y: Array) -> Array:
         """The rounding of a stored result: u·|y| plus the absolute floor below the

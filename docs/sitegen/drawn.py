@@ -82,9 +82,11 @@ def section() -> str:
                         "overflow edge (LayerNorm)", "smallest normal",
                         "a stored result's absolute floor"], rows))
     parts.append("The absolute floor is what a budget allows a stored result besides its "
-                 "relative rounding u·|y|: the smallest normal number where an engine may "
-                 "flush below it (float32, bfloat16), and float16's subnormal spacing, "
-                 "since PyTorch, NumPy, ONNX Runtime, XLA and CUDA keep float16's "
-                 "subnormals; a sum of subnormal roundings may drift by half of it per "
-                 "term (`budgets.ABSOLUTE_FLOOR`, `Precision.floor_drift`).\n")
+                 "relative rounding u·|y|: the smallest normal number. Below it float16 "
+                 "keeps subnormals, but roundings there repeat from row to row (nearly "
+                 "equal values land on the same grid point), which the budgets' "
+                 "independent-rows model cannot follow; so float16's floor is its smallest "
+                 "normal too, and its gradients of long batches (all below it) are checked "
+                 "only loosely. A sum of subnormal roundings may drift by half the floor "
+                 "per term (`budgets.ABSOLUTE_FLOOR`, `Precision.floor_drift`).\n")
     return "\n".join(parts) + "\n"
