@@ -372,6 +372,22 @@ case("conformance-backend-module-exits-on-import",
 case("conformance-backend-InterruptsOnStart-isolated",
      CONF + ["--backend", "hostile_backends:InterruptsOnStart"], "keyboardinterrupt")
 
+# --- a second attacker's pass ------------------------------------------------------------------
+# a checkpoint or preset named by a path the file system refuses (the error was exit 1 and
+# the whole name), empty (read as the current folder), or a broken link (an "unknown preset")
+for name, value, needle in [("empty", "", "empty"), ("long-name", "{w}/" + LONG, "longer"),
+                            ("long-path", "x" * 5000, "longer"),
+                            ("symlink-loop", "{w}/loop", "symbolic link")]:
+    case(f"generate--checkpoint-{name}", _with(GEN, "--checkpoint", value), needle)
+    case(f"info-path-{name}", ["info", value], needle)
+    if name != "symlink-loop":  # convert already said so
+        case(f"convert--to-hf-source-{name}", ["convert", "--to-hf", value, "{w}/hf-new"],
+             needle)
+case("convert--from-hf-source-empty", ["convert", "--from-hf", "", "{w}/gs-new"], "empty")
+# sizes that no model has: a sequence longer than its context, a 3-byte element
+case("info-seq-len-beyond-the-context", ["info", "tiny", "--seq-len", "100000"], "n_ctx")
+case("info-bytes-3", ["info", "tiny", "--bytes", "3"], "1, 2, 4 or 8")
+
 
 # --- the world of inputs -----------------------------------------------------------------------
 
