@@ -387,6 +387,8 @@ case("convert--from-hf-source-empty", ["convert", "--from-hf", "", "{w}/gs-new"]
 # sizes that no model has: a sequence longer than its context, a 3-byte element
 case("info-seq-len-beyond-the-context", ["info", "tiny", "--seq-len", "100000"], "n_ctx")
 case("info-bytes-3", ["info", "tiny", "--bytes", "3"], "1, 2, 4 or 8")
+# a text too short to split into training and validation left OUT/tokens.bin behind
+case("train-data-too-short-to-split", _with(TRAIN, "--data", "{w}/two-bytes.txt"), "too short")
 
 
 # --- the world of inputs -----------------------------------------------------------------------
@@ -597,6 +599,7 @@ def world(tmp_path_factory):
     w = tmp_path_factory.mktemp("world")
     (w / "text.txt").write_text(TEXT)
     (w / "empty.txt").write_text("")
+    (w / "two-bytes.txt").write_text("hi")
     (w / "latin1.txt").write_bytes(b"caf\xe9 au lait")
     (w / "sub").mkdir()
     os.mkfifo(w / "fifo")
@@ -755,3 +758,18 @@ def test_a_large_honest_tokenizer_loads_in_time_linear_in_its_size(tmp_path):
     large_s, peak_kib, large = _bounded_load(honest(60_000))
     assert small.startswith("loaded") and large.startswith("loaded"), (small, large)
     assert large_s < 30 * max(small_s, 0.05) and peak_kib < 1_500_000, (small_s, large_s)
+
+
+def test_a_run_that_diverges_before_its_first_save_says_no_checkpoint_was_kept(tmp_path,
+                                                                               capsys):
+    """--lr 1e308 is finite, so it passes the up-front checks, and the weights are infinite
+    after step 1: the line said "the last good checkpoint is kept in OUT/checkpoint", which
+    did not exist (nothing to resume)."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    status = _run(["train", "--preset", "tiny", "--vocab-size", "256", "--data",
+                   str(tmp_path / "text.txt"), "--out", str(tmp_path / "run"), "--no-progress",
+                   "--steps", "1", "--lr", "1e308"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, lines
+    assert "no checkpoint had been saved yet" in lines[0], lines[0]
+    assert not (tmp_path / "run" / "checkpoint").exists()
