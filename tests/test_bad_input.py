@@ -388,6 +388,12 @@ case("convert--from-hf-source-empty", ["convert", "--from-hf", "", "{w}/gs-new"]
 case("info-seq-len-beyond-the-context", ["info", "tiny", "--seq-len", "100000"], "n_ctx")
 case("info-bytes-3", ["info", "tiny", "--bytes", "3"], "1, 2, 4 or 8")
 # a text too short to split into training and validation left OUT/tokens.bin behind
+# experiment's paths: an empty --out was the current folder (its cache was written there)
+case("experiment-out-empty", ["experiment", "vocab", "--quick", "--out", ""], "empty")
+case("experiment-data-empty", ["experiment", "vocab", "--quick", "--data", "",
+                               "--out", "{w}/exp"], "empty")
+case("experiment-data-ends-in-slash", ["experiment", "vocab", "--quick", "--data",
+                                       "{w}/text.txt/", "--out", "{w}/exp"], "ends in '/'")
 case("train-data-too-short-to-split", _with(TRAIN, "--data", "{w}/two-bytes.txt"), "too short")
 
 
