@@ -327,7 +327,8 @@ case("conformance-check-empty-pattern", _with(CONF, "--check", ""), "empty")
 case("conformance-list-checks-unknown-area", ["conformance", "--list-checks", "--area", "x"],
      "no checks")
 case("resume-steps-below-the-checkpoint", _with(RESUME, "--steps", "1"), "below")
-for name, needle in [("underscore", "1_0"), ("plus", "+5"), ("other-digits", "٣")]:
+for name, needle in [("underscore", "1_0"), ("plus", "+5"), ("other-digits", "٣"),
+                     ("stray-comma", "stray comma"), ("trailing-comma", "stray comma")]:
     case(f"tokenizer-decode-ids-{name}", _with(DEC, "--input", f"{{w}}/bad-ids/{name}"), needle)
 # damaged state.json: RNG states that pass a type check but not the generators
 for damage in ("rng-torch-garbage", "rng-python-size"):
@@ -628,7 +629,8 @@ def world(tmp_path_factory):
     ids.mkdir()
     for name, text in {"words": "1 two 3", "open-list": "[1, 2", "negative": "-1",
                        "huge": str(10**30), "float": "1.5", "out-of-range": "300 301",
-                       "underscore": "1_0", "plus": "+5", "other-digits": "\u0663"}.items():
+                       "underscore": "1_0", "plus": "+5", "other-digits": "\u0663",
+                       "stray-comma": "[1,,2]", "trailing-comma": "[1, 2,]"}.items():
         (ids / name).write_text(text)
     config, params = load_model(w / "run" / "checkpoint")
     save_model(w / "model-no-tokenizer", params, config)
