@@ -327,7 +327,8 @@ case("conformance-check-empty-pattern", _with(CONF, "--check", ""), "empty")
 case("conformance-list-checks-unknown-area", ["conformance", "--list-checks", "--area", "x"],
      "no checks")
 case("resume-steps-below-the-checkpoint", _with(RESUME, "--steps", "1"), "below")
-for name, needle in [("underscore", "1_0"), ("plus", "+5"), ("other-digits", "٣")]:
+for name, needle in [("underscore", "1_0"), ("plus", "+5"), ("other-digits", "٣"),
+                     ("stray-comma", "stray comma"), ("trailing-comma", "stray comma")]:
     case(f"tokenizer-decode-ids-{name}", _with(DEC, "--input", f"{{w}}/bad-ids/{name}"), needle)
 # damaged state.json: RNG states that pass a type check but not the generators
 for damage in ("rng-torch-garbage", "rng-python-size"):
@@ -371,6 +372,30 @@ case("conformance-backend-module-exits-on-import",
      CONF + ["--backend", "hostile_backend_exits_on_import:X", "--no-isolate"], "exit(0)")
 case("conformance-backend-InterruptsOnStart-isolated",
      CONF + ["--backend", "hostile_backends:InterruptsOnStart"], "keyboardinterrupt")
+
+# --- a second attacker's pass ------------------------------------------------------------------
+# a checkpoint or preset named by a path the file system refuses (the error was exit 1 and
+# the whole name), empty (read as the current folder), or a broken link (an "unknown preset")
+for name, value, needle in [("empty", "", "empty"), ("long-name", "{w}/" + LONG, "longer"),
+                            ("long-path", "x" * 5000, "longer"),
+                            ("symlink-loop", "{w}/loop", "symbolic link")]:
+    case(f"generate--checkpoint-{name}", _with(GEN, "--checkpoint", value), needle)
+    case(f"info-path-{name}", ["info", value], needle)
+    if name != "symlink-loop":  # convert already said so
+        case(f"convert--to-hf-source-{name}", ["convert", "--to-hf", value, "{w}/hf-new"],
+             needle)
+case("convert--from-hf-source-empty", ["convert", "--from-hf", "", "{w}/gs-new"], "empty")
+# sizes that no model has: a sequence longer than its context, a 3-byte element
+case("info-seq-len-beyond-the-context", ["info", "tiny", "--seq-len", "100000"], "n_ctx")
+case("info-bytes-3", ["info", "tiny", "--bytes", "3"], "1, 2, 4 or 8")
+# a text too short to split into training and validation left OUT/tokens.bin behind
+# experiment's paths: an empty --out was the current folder (its cache was written there)
+case("experiment-out-empty", ["experiment", "vocab", "--quick", "--out", ""], "empty")
+case("experiment-data-empty", ["experiment", "vocab", "--quick", "--data", "",
+                               "--out", "{w}/exp"], "empty")
+case("experiment-data-ends-in-slash", ["experiment", "vocab", "--quick", "--data",
+                                       "{w}/text.txt/", "--out", "{w}/exp"], "ends in '/'")
+case("train-data-too-short-to-split", _with(TRAIN, "--data", "{w}/two-bytes.txt"), "too short")
 
 
 # --- the world of inputs -----------------------------------------------------------------------
@@ -581,6 +606,7 @@ def world(tmp_path_factory):
     w = tmp_path_factory.mktemp("world")
     (w / "text.txt").write_text(TEXT)
     (w / "empty.txt").write_text("")
+    (w / "two-bytes.txt").write_text("hi")
     (w / "latin1.txt").write_bytes(b"caf\xe9 au lait")
     (w / "sub").mkdir()
     os.mkfifo(w / "fifo")
@@ -603,7 +629,8 @@ def world(tmp_path_factory):
     ids.mkdir()
     for name, text in {"words": "1 two 3", "open-list": "[1, 2", "negative": "-1",
                        "huge": str(10**30), "float": "1.5", "out-of-range": "300 301",
-                       "underscore": "1_0", "plus": "+5", "other-digits": "\u0663"}.items():
+                       "underscore": "1_0", "plus": "+5", "other-digits": "\u0663",
+                       "stray-comma": "[1,,2]", "trailing-comma": "[1, 2,]"}.items():
         (ids / name).write_text(text)
     config, params = load_model(w / "run" / "checkpoint")
     save_model(w / "model-no-tokenizer", params, config)
@@ -739,3 +766,18 @@ def test_a_large_honest_tokenizer_loads_in_time_linear_in_its_size(tmp_path):
     large_s, peak_kib, large = _bounded_load(honest(60_000))
     assert small.startswith("loaded") and large.startswith("loaded"), (small, large)
     assert large_s < 30 * max(small_s, 0.05) and peak_kib < 1_500_000, (small_s, large_s)
+
+
+def test_a_run_that_diverges_before_its_first_save_says_no_checkpoint_was_kept(tmp_path,
+                                                                               capsys):
+    """--lr 1e308 is finite, so it passes the up-front checks, and the weights are infinite
+    after step 1: the line said "the last good checkpoint is kept in OUT/checkpoint", which
+    did not exist (nothing to resume)."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    status = _run(["train", "--preset", "tiny", "--vocab-size", "256", "--data",
+                   str(tmp_path / "text.txt"), "--out", str(tmp_path / "run"), "--no-progress",
+                   "--steps", "1", "--lr", "1e308"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, lines
+    assert "no checkpoint had been saved yet" in lines[0], lines[0]
+    assert not (tmp_path / "run" / "checkpoint").exists()

@@ -70,6 +70,13 @@ def file_argument(text: str) -> Path:
     return path_argument(text)
 
 
+def path_name(path: str | os.PathLike[str], flag: str) -> None:
+    """A path's spelling alone, for a command that looks at the path in several ways
+    (a checkpoint folder or a killed save's copy beside it): not empty (``Path("")`` is
+    the current folder), no NUL, names the file system accepts, not a broken link."""
+    _check_name(path, flag)
+
+
 def _check_name(path: str | os.PathLike[str], flag: str) -> None:
     if not str(path):  # before Path(), which reads "" as "."
         raise CLIError(f"{flag}: the path is empty")

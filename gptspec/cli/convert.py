@@ -99,6 +99,7 @@ def _check_paths(args: argparse.Namespace) -> None:
     """SOURCE readable and of the right kind, OUT_DIR a folder that can be made or filled."""
     from gptspec.fast.checkpoint import find_checkpoints
 
+    checks.path_name(args.source, "SOURCE")  # before Path(), which reads "" as "."
     source = Path(args.source)
     if args.direction == "to-hf" and not source.exists() and find_checkpoints(source):
         pass  # a killed save's newest copy beside it is read

@@ -41,10 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="tiny models, a few steps, one seed: proves the harness, answers "
                              "nothing (default --out out/experiments)")
-    parser.add_argument("--data", type=Path, default=None,
+    parser.add_argument("--data", type=checks.file_argument, default=None,
                         help="UTF-8 text to train and validate on (default: the .py files of "
                              "Python's standard library, as gptspec train)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=checks.path_argument, default=None,
                         help=f"results folder (default: {FULL_OUT}, with --quick {QUICK_OUT})")
     parser.add_argument("--jobs", type=int, default=None,
                         help=f"runs at once, one thread each (default: the cores, "

@@ -58,6 +58,7 @@ def load_checkpoint(directory: str) -> tuple[Any, Any, Any]:
     from gptspec.fast.checkpoint import find_checkpoints, newest_model
     from gptspec.fast.tokenizer import Tokenizer
 
+    checks.path_name(directory, "--checkpoint")
     path = Path(directory)
     if not path.exists() and not find_checkpoints(path):  # a killed save may leave a copy
         raise CLIError(f"checkpoint directory {directory!r} does not exist")

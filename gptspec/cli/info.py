@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptspec.cli import CLIError, standard_stream, writing_stdout
+from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 
 
@@ -27,6 +27,7 @@ def config_of(name: str) -> GPTConfig:
         return PRESETS[name]
     from gptspec.fast.checkpoint import find_checkpoints
 
+    checks.path_name(name, "PRESET")
     path = Path(name)
     if not path.exists() and not find_checkpoints(path):
         try:
@@ -115,7 +116,13 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"--{name.replace('_', '-')} must be positive")
     if args.seq_len is not None and args.seq_len <= 0:
         raise CLIError("--seq-len must be positive")
+    if args.bytes_per_element not in (1, 2, 4, 8):  # no floating-point element has 3 bytes
+        raise CLIError(f"--bytes must be 1, 2, 4 or 8 (a float8, 16-bit, float32 or float64 "
+                       f"element), got {args.bytes_per_element}")
     config = config_of(args.preset)
+    if args.seq_len is not None and args.seq_len > config.n_ctx:
+        raise CLIError(f"--seq-len {args.seq_len} is longer than the model's context "
+                       f"(n_ctx {config.n_ctx}): no sequence that long is ever processed")
     standard_stream("stdout", "info prints its table there")
     table = Table(title=f"{args.preset}: sizes and costs (spec/costs.py)")
     table.add_column("quantity")

@@ -181,6 +181,10 @@ def _parse_ids(text: str) -> list[int]:
         if not body.endswith("]"):
             raise CLIError("token ids: a JSON list that is not closed (truncated input?)")
         body = body[1:-1]
+        items = body.split(",")
+        if body.strip() and any(not item.strip() for item in items):  # "[1,,2]", "[1,]"
+            n = next(k for k, item in enumerate(items) if not item.strip())
+            raise CLIError(f"token ids: the JSON list has an empty item {n} (a stray comma)")
     ids = []
     for n, word in enumerate(body.replace(",", " ").split()):
         # ASCII digits only: int() would also read '1_0', '+5' and other scripts' digits

@@ -110,6 +110,16 @@ def _tokenizer(args: argparse.Namespace, text: str | None) -> Any:
     return Tokenizer.byte_level()
 
 
+def _kept(checkpoint: Path, what: str) -> str:
+    """What a run that stopped on an error leaves: its last checkpoint, or none (it
+    stopped before the first save, and there is nothing to resume)."""
+    from gptspec.fast.checkpoint import find_checkpoints
+
+    if find_checkpoints(checkpoint):
+        return f"the last {what} checkpoint is kept in {checkpoint}"
+    return f"no checkpoint had been saved yet in {checkpoint}"
+
+
 def _encode(tokenizer: Any, text: str) -> np.ndarray:
     if not tokenizer.merges and not tokenizer.special_tokens:  # byte level: ids are the bytes
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
@@ -161,6 +171,12 @@ def _prepare_data(args: argparse.Namespace, out: Path):
     tokenizer = _tokenizer(args, text)
     config = _config(args, tokenizer)
     ids = _encode(tokenizer, text)
+    from gptspec.fast.data import TokenData
+
+    try:  # a corpus too short to split is refused before OUT and tokens.bin are made
+        TokenData.split(ids, config.n_ctx)
+    except DataError as err:
+        raise CLIError(f"{source}: {err}") from None
     out.mkdir(parents=True, exist_ok=True)  # only now: a refused input leaves no folder
     tokens = write_tokens(out / "tokens.bin", ids, config.vocab_size)
     return tokenizer, config, open_tokens(tokens, config.vocab_size), source
@@ -264,11 +280,10 @@ def run(args: argparse.Namespace) -> int:
                 status = "interrupted"
     except OSError as err:  # disk full, permission lost: what was written before is kept
         raise CLIError(f"cannot write the checkpoint: {err.strerror or err}"
-                       f"{f' ({err.filename})' if err.filename else ''}; the last complete "
-                       f"checkpoint in {checkpoint} is kept") from None
+                       f"{f' ({err.filename})' if err.filename else ''}; "
+                       f"{_kept(checkpoint, 'complete')}") from None
     except TrainingDiverged as err:
-        error = CLIError(f"{err}; stopped without saving — the last good checkpoint "
-                         f"is kept in {checkpoint}")
+        error = CLIError(f"{err}; stopped without saving — {_kept(checkpoint, 'good')}")
         if world == 1:
             raise error from None
         # Every process stopped at the same step (Trainer._stop_unless_finite). Rank 0 says
