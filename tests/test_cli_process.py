@@ -49,6 +49,19 @@ def _to_a_reader_gone(args: list[str], **kwargs) -> subprocess.CompletedProcess:
         os.close(write)
 
 
+def _wait_until_loaded(pid: int, library: str, timeout: float = 120.0) -> None:
+    """Wait until the process has mapped a shared library whose path names ``library``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if library in Path(f"/proc/{pid}/maps").read_text():
+                return
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not load {library} in {timeout} s")
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("model")
@@ -115,13 +128,16 @@ def test_a_full_standard_output_is_one_line():
                          [(signal.SIGINT, 130, "interrupted"),
                           (signal.SIGTERM, 143, "terminated")], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_while_the_modules_are_imported_is_one_line(signum, status, word):
-    # torch and Hypothesis take a second or more to import: the signal lands there
+    # the command has started once it loads NumPy (gptspec.cli itself does not); torch
+    # and Hypothesis take a second or more to import after it: the signal lands there.
+    # (Before the command starts, a Ctrl-C is Python's own: a loaded machine once took
+    # longer than a fixed 0.8 s to get there.)
     proc = subprocess.Popen([*GPTSPEC, "conformance", "--profile", "quick"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.8)
+    _wait_until_loaded(proc.pid, "numpy")
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == status
+    assert proc.returncode == status, err
     assert _one_line(err) == f"gptspec conformance: {word}"
 
 
@@ -179,3 +195,24 @@ def test_a_stop_raised_where_python_ignores_exceptions_still_stops(stop):
                           timeout=60)
     assert done.stdout.strip() == stop, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("stop", "status", "word"),
+                         [("KeyboardInterrupt", 130, "interrupted"),
+                          ("Terminated", 143, "terminated")])
+def test_an_import_error_caused_by_a_stop_is_reported_as_the_stop(stop, status, word,
+                                                                  monkeypatch, capsys):
+    # a Ctrl-C while NumPy's C extension loads surfaces as NumPy's own ImportError
+    # ("IMPORTANT: PLEASE READ THIS …"), whose context is the KeyboardInterrupt
+    from gptspec import cli
+    from gptspec.cli import info
+
+    def interrupted_import(args):
+        try:
+            raise (cli.Terminated() if stop == "Terminated" else KeyboardInterrupt())
+        except KeyboardInterrupt:
+            raise ImportError("IMPORTANT: PLEASE READ THIS FOR ADVICE") from None
+
+    monkeypatch.setattr(info, "run", interrupted_import)
+    assert cli.main(["info", "gpt2"]) == status
+    assert capsys.readouterr().err == f"gptspec info: {word}\n"

@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         return _run(argv, which)
     except KeyboardInterrupt as stop:  # while the subcommand's modules were being imported
         return _interrupted(f"gptspec{f' {which}' if which else ''}", stop)
+    except Exception as err:
+        behind = _stop_behind(err)
+        if behind is None:
+            raise
+        return _interrupted(f"gptspec{f' {which}' if which else ''}", behind)
     finally:
         if command:  # a Ctrl-C now would only interrupt Python's exit with a traceback:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # it ends the process, silently
@@ -185,6 +190,9 @@ def _run(argv: list[str], which: str | None) -> int:
     except (OSError, MemoryError, RecursionError, Exception) as err:
         # failures that only show up during the work (disk full, permission lost, out of
         # memory): one line, and with GPTSPEC_TRACEBACK=1 the traceback for a bug report
+        behind = _stop_behind(err)
+        if behind is not None:
+            return _interrupted(f"gptspec {args.command}", behind)
         if os.environ.get("GPTSPEC_TRACEBACK"):
             raise
         if isinstance(err, ModuleNotFoundError) and (err.name or "").partition(".")[0] == "torch":
@@ -196,6 +204,20 @@ def _run(argv: list[str], which: str | None) -> int:
             return 2
         print(error_line(args.command, _describe(err)), file=sys.stderr)
         return 1
+
+
+def _stop_behind(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM that caused ``err``, if one did: a C extension interrupted
+    while it loads reports an ImportError of its own (NumPy's begins "IMPORTANT: PLEASE
+    READ THIS"), whose context is the KeyboardInterrupt."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _describe(err: BaseException) -> str:
