@@ -49,6 +49,13 @@ def _to_a_reader_gone(args: list[str], **kwargs) -> subprocess.CompletedProcess:
         os.close(write)
 
 
+def _ctrl_c_default() -> None:
+    """In the child: SIGINT's default disposition. A shell that starts the test run in the
+    background hands SIGINT on ignored, and Python then leaves it ignored (as it should:
+    such a process is meant to be immune to Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_until_loaded(pid: int, library: str, timeout: float = 120.0) -> None:
     """Wait until the process has mapped a shared library whose path names ``library``."""
     deadline = time.monotonic() + timeout
@@ -133,7 +140,8 @@ def test_a_signal_while_the_modules_are_imported_is_one_line(signum, status, wor
     # (Before the command starts, a Ctrl-C is Python's own: a loaded machine once took
     # longer than a fixed 0.8 s to get there.)
     proc = subprocess.Popen([*GPTSPEC, "conformance", "--profile", "quick"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            preexec_fn=_ctrl_c_default, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     _wait_until_loaded(proc.pid, "numpy")
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
@@ -165,6 +173,7 @@ STOP_IN_A_FINALIZER = """
 import signal, sys
 from gptspec import cli
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even where inherited as ignored
 signal.signal(signal.SIGTERM, cli._terminate)
 sys.unraisablehook = cli._stop_again
 
@@ -216,3 +225,22 @@ def test_an_import_error_caused_by_a_stop_is_reported_as_the_stop(stop, status, 
     monkeypatch.setattr(info, "run", interrupted_import)
     assert cli.main(["info", "gpt2"]) == status
     assert capsys.readouterr().err == f"gptspec info: {word}\n"
+
+
+def test_an_error_after_a_stop_signal_that_left_no_trace_is_reported_as_the_stop(monkeypatch,
+                                                                               capsys):
+    # SIGTERM while NumPy's C extension imported "datetime": the extension swallowed the
+    # stop and raised an ImportError of its own with no trace of it
+    from gptspec import cli
+    from gptspec.cli import info
+
+    def swallowed(args):
+        raise ImportError('PyCapsule_Import could not import module "datetime"')
+
+    monkeypatch.setattr(info, "run", swallowed)
+    monkeypatch.setattr(cli, "_RECEIVED", [signal.SIGTERM])
+    assert cli.main(["info", "gpt2"]) == 143
+    assert capsys.readouterr().err == "gptspec info: terminated\n"
+    monkeypatch.setattr(cli, "_RECEIVED", [])  # with no stop received it is an error
+    assert cli.main(["info", "gpt2"]) == 1
+    assert "ImportError: PyCapsule_Import" in capsys.readouterr().err

@@ -253,7 +253,11 @@ def test_an_interrupted_study_continues_where_it_stopped(tmp_path, capsys, corpu
             "--jobs", "1"]
     runs = out / ".runs" / "tying"
     # 1. interrupted (SIGINT, as Ctrl-C) once the first run has finished
-    process = subprocess.Popen([sys.executable, "-m", "gptspec", *argv], stdout=subprocess.PIPE,
+    # (Ctrl-C's default restored in the child: a shell that starts CI in the background
+    # hands it on ignored, and Python then leaves SIGINT ignored)
+    process = subprocess.Popen([sys.executable, "-m", "gptspec", *argv],
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                               stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not _results(runs) and process.poll() is None and time.monotonic() < deadline:

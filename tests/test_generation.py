@@ -305,7 +305,11 @@ def test_reference_generate_crops_stops_and_reports_logits():
     assert R.generate([cropped], params, config, 0, temperature=0) == [[]]
     [tokens], [logits] = R.generate([[1, 2]], params, config, 3, temperature=0,
                                     return_logits=True)
-    expected = R.gpt_forward(np.array([1, 2, *tokens[:2]]), params, config)[1:]
+    # step k's logits are the last row of the forward pass over the prompt and the k
+    # tokens before it (each prefix on its own: a BLAS may round a row of a longer
+    # product differently, as OpenBLAS does on an AVX2 CPU)
+    expected = [R.gpt_forward(np.array([1, 2, *tokens[:k]]), params, config)[-1]
+                for k in range(3)]
     np.testing.assert_array_equal(logits, expected)
     assert tokens == [int(np.argmax(z)) for z in logits]
 

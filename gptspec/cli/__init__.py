@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         if command:
             _guard_standard_streams()
             signal.signal(signal.SIGTERM, _terminate)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                signal.signal(signal.SIGINT, _interrupt)  # (one inherited as ignored stays so)
             sys.unraisablehook = _stop_again
         return _run(argv, which)
     except KeyboardInterrupt as stop:  # while the subcommand's modules were being imported
@@ -118,8 +120,21 @@ class Terminated(KeyboardInterrupt):
     report of the finished checks is written."""
 
 
+# The stop signals this process received, in order: a C extension interrupted while it
+# loads may swallow the KeyboardInterrupt and report an ImportError of its own with no
+# trace of it (NumPy: "PyCapsule_Import could not import module "datetime""), and the
+# error is then reported as the stop it was.
+_RECEIVED: list[int] = []
+
+
 def _terminate(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
     raise Terminated()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
+    raise KeyboardInterrupt()
 
 
 def _stop_again(unraisable: sys.UnraisableHookArgs) -> None:
@@ -209,7 +224,8 @@ def _run(argv: list[str], which: str | None) -> int:
 def _stop_behind(err: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C or SIGTERM that caused ``err``, if one did: a C extension interrupted
     while it loads reports an ImportError of its own (NumPy's begins "IMPORTANT: PLEASE
-    READ THIS"), whose context is the KeyboardInterrupt."""
+    READ THIS"), whose context is the KeyboardInterrupt, or, where the extension swallowed
+    it, which follows a stop signal this process received (_RECEIVED)."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
@@ -217,6 +233,8 @@ def _stop_behind(err: BaseException) -> KeyboardInterrupt | None:
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
+    if _RECEIVED:
+        return Terminated() if _RECEIVED[-1] == signal.SIGTERM else KeyboardInterrupt()
     return None
 
 
