@@ -92,14 +92,19 @@ def gradients(backend, ctx):
                data=st.data())
     def _(case, data):
         config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
-        _, expected = ref.gpt_backward(tokens, targets, params, config)
-        _, grads = ctx.op("gpt_backward")(tokens, targets, params, config)
-        ctx.require(set(grads) == set(expected),
-                    f"gradients named {sorted(set(grads) ^ set(expected))} do not match the "
-                    "schema")
-        scales = gpt_backward_bound(tokens, targets, params, config, ctx.precision)
-        for name, g in expected.items():
-            ctx.record(name, B.compare(grads[name], g, B.budget(scales[name][1])))
+        _compare_gradients(ctx, tokens, targets, params, config)
+
+
+def _compare_gradients(ctx, tokens, targets, params, config: GPTConfig) -> None:
+    """The backend's gradients against the reference's, by parameter name, each within
+    its stage-by-stage budget (gradient_budgets.gpt_backward_bound)."""
+    _, expected = ref.gpt_backward(tokens, targets, params, config)
+    _, grads = ctx.op("gpt_backward")(tokens, targets, params, config)
+    ctx.require(set(grads) == set(expected),
+                f"gradients named {sorted(set(grads) ^ set(expected))} do not match the schema")
+    scales = gpt_backward_bound(tokens, targets, params, config, ctx.precision)
+    for name, g in expected.items():
+        ctx.record(name, B.compare(grads[name], g, B.budget(scales[name][1])))
 
 
 # Long enough that a sum over the rows or over a token's repeats is where a 16-bit
@@ -129,13 +134,7 @@ def long_batch_gradients(backend, ctx):
     tokens = text_like_ids(rng, config.vocab_size, math.prod(shape)).reshape(shape)
     targets = np.roll(tokens, -1, axis=1)
     targets[:, -1] = rng.integers(0, config.vocab_size, shape[0])
-    _, expected = ref.gpt_backward(tokens, targets, params, config)
-    _, grads = ctx.op("gpt_backward")(tokens, targets, params, config)
-    ctx.require(set(grads) == set(expected),
-                f"gradients named {sorted(set(grads) ^ set(expected))} do not match the schema")
-    scales = gpt_backward_bound(tokens, targets, params, config, p)
-    for name, g in expected.items():
-        ctx.record(name, B.compare(grads[name], g, B.budget(scales[name][1])))
+    _compare_gradients(ctx, tokens, targets, params, config)
 
 
 @check("cross_entropy_mean.differential", entries=("cross_entropy_mean", "cross_entropy_sum",
