@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write the results as JSON (the spec site's Verification "
                              "page reads docs/mutation-results.json)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be ≥ 1, got {args.jobs}")
     if args.list:
         for m in MUTANTS:
             print(f"{m.name:<36} {m.area:<10} {', '.join(m.breaks):<32} {m.doc}")

@@ -396,6 +396,19 @@ case("experiment-data-empty", ["experiment", "vocab", "--quick", "--data", "",
 case("experiment-data-ends-in-slash", ["experiment", "vocab", "--quick", "--data",
                                        "{w}/text.txt/", "--out", "{w}/exp"], "ends in '/'")
 case("train-data-too-short-to-split", _with(TRAIN, "--data", "{w}/two-bytes.txt"), "too short")
+# counts no run could reach were taken: each ran until stopped (or spawned a process a run)
+case("train-steps-more-than-memory-holds", _with(TRAIN, "--steps", str(10**15)), "memory")
+for flag in ("--steps", "--eval-batches", "--eval-interval", "--warmup", "--batch-size"):
+    case(f"train{flag}-beyond-64-bits", _with(TRAIN, flag, str(10**30)), "2^63")
+case("generate-max-new-tokens-more-than-memory-holds",
+     _with(GEN, "--max-new-tokens", str(10**15)), "memory")
+case("generate-max-new-tokens-beyond-64-bits", _with(GEN, "--max-new-tokens", str(10**30)),
+     "2^63")
+for value in ("-1", str(2**63), str(2**64)):
+    case(f"conformance--seed={value}", _with(CONF, "--seed", value), "seed")
+for value in (str(10**30), str(10**6)):
+    case(f"experiment--jobs={value}", ["experiment", "vocab", "--quick", "--jobs", value,
+                                       "--out", "{w}/exp"], "jobs")
 
 
 # --- the world of inputs -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 from gptspec.cli import CLIError
 
 MAX_SEED = 2**63  # torch.manual_seed and NumPy take any integer in [0, 2^63)
+MAX_COUNT = 2**63  # counts (steps, batches, tokens) are kept as 64-bit integers
 
 
 def _name_too_long(path: Path) -> str | None:
@@ -192,11 +193,32 @@ def finite(value: float, flag: str, *, low: float | None = None, high: float | N
 
 
 def integer(value: int, flag: str, *, low: int | None = None, high: int | None = None) -> int:
-    """An integer in [low, high]."""
+    """An integer in [low, high] that a 64-bit integer holds (state.json and torch keep
+    counts so; a larger one is a typo, not a request)."""
+    if not -MAX_COUNT <= value < MAX_COUNT:
+        raise CLIError(f"{flag} must be below 2^63 (a 64-bit integer), got {value}")
     if low is not None and value < low:
         raise CLIError(f"{flag} must be ≥ {low}, got {value}")
     if high is not None and value > high:
         raise CLIError(f"{flag} must be ≤ {high}, got {value}")
+    return value
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def jobs(value: int, flag: str = "--jobs") -> int:
+    """A number of one-thread processes to run at once: 1 up to the cores this process may
+    use (more only slows every one of them, and each holds a model in memory)."""
+    integer(value, flag, low=1)
+    if value > cores():
+        raise CLIError(f"{flag} {value} is more than the {cores()} core(s) this process may "
+                       "use; each job takes one core, so more at once only slows them all")
     return value
 
 

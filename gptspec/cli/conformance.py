@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
                                      for p in args.check)
 
     checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0)
+    checks.seed(args.seed)
     if args.check and not any(selected(c) for c in all_checks(area)):
         raise CLIError(f"--check {' '.join(args.check)} matches no check"
                        f"{'' if area is None else f' in area {args.area!r}'} "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 from pathlib import Path
 
 from gptspec.cli import CLIError, checks
@@ -29,10 +28,7 @@ MAX_SEEDS = 100
 
 
 def default_jobs() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return checks.cores()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     if args.jobs is not None:
-        checks.integer(args.jobs, "--jobs", low=1)
+        checks.jobs(args.jobs)
     if args.seeds is not None:
         checks.integer(args.seeds, "--seeds", low=1, high=MAX_SEEDS)
     if args.plan:

@@ -19,6 +19,8 @@ from typing import Any
 
 from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
+BYTES_PER_TOKEN = 36  # a generated id as Python keeps it: its int and its list slot
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
@@ -51,6 +53,9 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise CLIError(f"--top-p must lie in (0, 1], got {args.top_p}")
     checks.seed(args.seed)
+    checks.integer(args.max_new_tokens, "--max-new-tokens")
+    checks.fits_in_memory(BYTES_PER_TOKEN * args.max_new_tokens,
+                          f"--max-new-tokens {args.max_new_tokens}: the ids it keeps")
 
 
 def load_checkpoint(directory: str) -> tuple[Any, Any, Any]:

@@ -27,6 +27,7 @@ from gptspec.cli import CLIError, checks, error_line, writing_stdout
 
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
+HISTORY_BYTES_PER_STEP = 136  # [step, loss] as Python keeps it (measured with tracemalloc)
 TRAIN_FLAGS: dict[str, tuple[str, type]] = {"steps": ("max_steps", int), "batch_size": ("batch_size", int),
                "lr": ("lr", float), "min_lr": ("min_lr", float),
                "warmup": ("warmup_steps", int), "weight_decay": ("weight_decay", float),
@@ -344,6 +345,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag in ("steps", "batch_size", "grad_accum", "eval_interval", "eval_batches"):
         if getattr(args, flag) is not None:
             checks.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=1)
+    if args.steps is not None:  # a run that could never finish is a typo, not a request
+        checks.fits_in_memory(HISTORY_BYTES_PER_STEP * args.steps,
+                              f"--steps {args.steps}: the loss history (an entry a step, kept "
+                              "in memory and in state.json)")
     for flag in ("warmup", "checkpoint_interval"):
         if getattr(args, flag) is not None:
             checks.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=0)
