@@ -211,3 +211,39 @@ def test_interleaved_timing_pairs_the_peers(monkeypatch):
     assert medians == {"fast": 1.5, "peer": 6.5}
     assert ratios[("fast", "peer")] == 2.5  # median of 3, 2, 9, 2
     assert ratios[("peer", "fast")] == pytest.approx(0.41666666)  # median of 1/3,1/2,1/9,1/2
+
+
+def test_the_plain_pytorch_peer_computes_gptspecs_model_given_its_weights():
+    """The training race (benchmarks/recipe.py) compares like with like only if the plain
+    peer's GPT is the shakespeare-char model: same parameters, same function."""
+    import torch
+
+    from benchmarks.plain_gpt import PlainGPT
+    from gptspec.fast.model import GPT
+    from gptspec.spec.config import preset
+
+    config = preset("shakespeare-char")
+    ours = GPT(config).double()  # in float64, only a wrong function can tell them apart
+    plain = PlainGPT(config.vocab_size, config.n_ctx, config.d_model, config.n_layers,
+                     config.n_heads, config.d_ff).double()
+    assert (sum(p.numel() for p in plain.parameters())
+            == sum(p.numel() for p in ours.parameters()))
+    theirs = dict(ours.named_parameters())
+    with torch.no_grad():
+        plain.wte.weight.copy_(theirs["wte"])
+        plain.wpe.weight.copy_(theirs["wpe"])
+        plain.ln_f.load_state_dict({"weight": theirs["ln_f.weight"], "bias": theirs["ln_f.bias"]})
+        for i, block in enumerate(plain.blocks):
+            p = {k.removeprefix(f"blocks.{i}."): v for k, v in theirs.items()
+                 if k.startswith(f"blocks.{i}.")}
+            block.ln_1.load_state_dict({"weight": p["ln_1.weight"], "bias": p["ln_1.bias"]})
+            block.ln_2.load_state_dict({"weight": p["ln_2.weight"], "bias": p["ln_2.bias"]})
+            block.attn.qkv.load_state_dict({"weight": p["attn.w_qkv"].T, "bias": p["attn.b_qkv"]})
+            block.attn.proj.load_state_dict({"weight": p["attn.w_o"].T, "bias": p["attn.b_o"]})
+            block.mlp[0].load_state_dict({"weight": p["ffn.w_1"].T, "bias": p["ffn.b_1"]})
+            block.mlp[2].load_state_dict({"weight": p["ffn.w_2"].T, "bias": p["ffn.b_2"]})
+        tokens = torch.randint(0, config.vocab_size, (3, config.n_ctx),
+                               generator=torch.Generator().manual_seed(0))
+        expected, got = ours(tokens), plain(tokens)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected)  # float64's default tolerances
