@@ -73,12 +73,9 @@ def file_argument(text: str) -> Path:
 
 def path_name(path: str | os.PathLike[str], flag: str) -> None:
     """A path's spelling alone, for a command that looks at the path in several ways
-    (a checkpoint folder or a killed save's copy beside it): not empty (``Path("")`` is
-    the current folder), no NUL, names the file system accepts, not a broken link."""
-    _check_name(path, flag)
-
-
-def _check_name(path: str | os.PathLike[str], flag: str) -> None:
+    (a checkpoint folder or a killed save's copy beside it), and the first check of every
+    other path check here: not empty (``Path("")`` is the current folder), no NUL, names
+    the file system accepts, not a broken link."""
     if not str(path):  # before Path(), which reads "" as "."
         raise CLIError(f"{flag}: the path is empty")
     path = Path(path)
@@ -93,7 +90,7 @@ def _check_name(path: str | os.PathLike[str], flag: str) -> None:
 
 def input_file(path: str | os.PathLike[str], flag: str) -> Path:
     """A regular file this process can read."""
-    _check_name(path, flag)
+    path_name(path, flag)
     p = Path(path)
     if not p.exists():
         raise CLIError(f"{flag}: {p} does not exist")
@@ -111,7 +108,7 @@ def input_file(path: str | os.PathLike[str], flag: str) -> Path:
 
 def input_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """A folder this process can list and read."""
-    _check_name(path, flag)
+    path_name(path, flag)
     p = Path(path)
     if not p.exists():
         raise CLIError(f"{flag}: {p} does not exist")
@@ -126,7 +123,7 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     """A file that can be (re)placed: its folder exists and is writable, and it is not a
     directory. (Files are written under a temporary name and renamed, so a read-only
     file in a writable folder is replaced, as ``mv`` would.)"""
-    _check_name(path, flag)
+    path_name(path, flag)
     p = Path(path)
     if str(path).endswith(os.sep) or p.is_dir():
         raise CLIError(f"{flag}: {p} is a directory; give a file name")
@@ -161,7 +158,7 @@ def not_an_input(output: Path, flag: str, inputs: dict[str, Path | None]) -> Non
 def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """A folder that exists and is writable, or can be made (its nearest existing
     ancestor is a writable folder)."""
-    _check_name(path, flag)
+    path_name(path, flag)
     p = Path(path)
     if p.exists():
         if not p.is_dir():
