@@ -445,7 +445,7 @@ def sequence_log_probability_bound(tokens, z, p: Precision) -> tuple[float, floa
     per_token = p.u * (np.abs(picked) + lse + 4.0) + p.same_sign_sum_scale(V)
     scale = (math.sqrt(np.sum(np.square(per_token)))
              + p.same_sign_sum_scale(T - 1) * np.sum(np.abs(picked - lse)))
-    return y, float(np.hypot(scale, p.store(y)) + p.tiny)
+    return y, float(np.hypot(scale, p.store(np.asarray(y))) + p.tiny)
 
 
 def layer_norm_parts(x, ex, eps: float, p: Precision) -> tuple[Array, Array, Array, Array]:
