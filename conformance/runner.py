@@ -103,6 +103,26 @@ def _first(err: BaseException) -> BaseException:
     return err
 
 
+def _stop_within(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (a KeyboardInterrupt) behind an error, if any: a stop that
+    lands inside Hypothesis's own bookkeeping can surface as one of its internal errors
+    (an AssertionError raised while the stop was being handled, with the stop as its
+    context), and must still stop the run, not be reported as the check's error."""
+    seen: set[int] = set()
+    todo = [err]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    return None
+
+
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -162,6 +182,9 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
     except KeyboardInterrupt:
         raise
     except BaseException as raised:  # noqa: BLE001 — a backend may raise anything
+        stop = _stop_within(raised)
+        if stop is not None:
+            raise stop from None
         err = _first(raised)
         if isinstance(err, CheckTimeout) or isinstance(raised, CheckTimeout):
             status, detail = "error", str(err)
