@@ -30,6 +30,9 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+# the shakespeare-char model's shape (gptspec's preset of that name, written out here)
+SHAPE = {"n_ctx": 64, "d_model": 128, "n_layers": 4, "n_heads": 4, "d_ff": 512}
+
 
 class SelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int) -> None:
@@ -128,12 +131,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
-    batch_size, block, eval_interval, eval_batches = 12, 64, 250, 20
+    batch_size, block, eval_interval, eval_batches = 12, SHAPE["n_ctx"], 250, 20
 
     ids = torch.from_numpy(np.load(args.data).astype(np.int64))
     n_val = max(int(0.1 * len(ids)), block + 1)  # the last tenth validates, as gptspec's
     train, val = ids[:-n_val], ids[-n_val:]
-    model = PlainGPT(args.vocab_size, block, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+    model = PlainGPT(args.vocab_size, **SHAPE)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

@@ -25,12 +25,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.plain_gpt import SHAPE, PlainGPT
 from benchmarks.report import Report
 from benchmarks.tokenizer import load_corpus
+from gptspec.fast.data import TokenData
 
 GROUP = "training recipe"
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = 64
+BLOCK = SHAPE["n_ctx"]
 _ROUNDS = itertools.count()  # which contender goes first alternates from round to round
 
 
@@ -60,10 +62,9 @@ def _plain_argv(ids: Path, out: Path, steps: int, threads: int) -> list[str]:
 
 
 def _whole_split_loss(forward, ids: np.ndarray) -> float:
-    """Mean cross-entropy over every token of the validation split (gptspec's: the last
-    tenth), in windows of the context length; the same evaluator for both contenders."""
-    n_val = max(int(0.1 * len(ids)), BLOCK + 1)
-    val = torch.from_numpy(ids[-n_val:].astype(np.int64))
+    """Mean cross-entropy over every token of the validation split (gptspec's, which the
+    plain loop copies), in windows of the context length; one evaluator for both."""
+    val = torch.from_numpy(TokenData.split(ids, BLOCK).val.astype(np.int64))
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(val) - 1, BLOCK):
@@ -81,9 +82,7 @@ def _val_loss(name: str, out: Path, ids: np.ndarray) -> float:
 
         _, config, params = newest_model(out / "checkpoint")
         return _whole_split_loss(GPT.from_parameters(params, config), ids)
-    from benchmarks.plain_gpt import PlainGPT
-
-    model = PlainGPT(256, BLOCK, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+    model = PlainGPT(256, **SHAPE)
     model.load_state_dict(torch.load(out / "checkpoint.pt")["model"])
     return _whole_split_loss(model.eval(), ids)
 

@@ -27,10 +27,6 @@ QUICK_OUT = Path("out") / "experiments"
 MAX_SEEDS = 100
 
 
-def default_jobs() -> int:
-    return checks.cores()
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=NAMES, metavar="NAME",
                         help="the study: vocab, tying, head-width, or all")
@@ -44,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"results folder (default: {FULL_OUT}, with --quick {QUICK_OUT})")
     parser.add_argument("--jobs", type=int, default=None,
                         help=f"runs at once, one thread each (default: the cores, "
-                             f"{default_jobs()})")
+                             f"{checks.cores()})")
     parser.add_argument("--seeds", type=int, default=None,
                         help="seeds per arm (default 3, with --quick 1); more seeds keep the "
                              "runs of the first ones")
@@ -125,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from gptspec.experiments.runner import ExperimentError, run_studies
 
     out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)
-    jobs = args.jobs if args.jobs is not None else default_jobs()
+    jobs = args.jobs if args.jobs is not None else checks.cores()
     corpus = _corpus(args, studies[0].scale)
     command = {"name": args.name, "quick": args.quick, "seeds": seeds,
                "data": str(args.data) if args.data else None}

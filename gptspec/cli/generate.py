@@ -43,8 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_settings(args: argparse.Namespace) -> None:
     """Refuse settings that define no distribution, naming the option."""
-    if args.max_new_tokens < 0:
-        raise CLIError(f"--max-new-tokens must be ≥ 0, got {args.max_new_tokens}")
+    checks.integer(args.max_new_tokens, "--max-new-tokens", low=0)
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise CLIError(f"--temperature must be a finite number ≥ 0 (0 is greedy), "
                        f"got {args.temperature}")
@@ -53,7 +52,6 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise CLIError(f"--top-p must lie in (0, 1], got {args.top_p}")
     checks.seed(args.seed)
-    checks.integer(args.max_new_tokens, "--max-new-tokens")
     checks.fits_in_memory(BYTES_PER_TOKEN * args.max_new_tokens,
                           f"--max-new-tokens {args.max_new_tokens}: the ids it keeps")
 
