@@ -101,6 +101,9 @@ def get_batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Genera
 
 
 def learning_rate(step: int, max_steps: int, lr: float, min_lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to min_lr at the last step; a run shorter than
+    the warm-up warms up over its own length (as gptspec's TrainSettings does)."""
+    warmup = min(warmup, max_steps)
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, max_steps - warmup)

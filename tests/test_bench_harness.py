@@ -247,3 +247,13 @@ def test_the_plain_pytorch_peer_computes_gptspecs_model_given_its_weights():
         expected, got = ours(tokens), plain(tokens)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected)  # float64's default tolerances
+
+
+@pytest.mark.parametrize("steps", [1, 3, 100, 600])
+def test_the_plain_peers_learning_rate_is_gptspecs_at_every_step_a_run_takes(steps):
+    from benchmarks.plain_gpt import learning_rate
+    from gptspec.fast.train import TrainSettings
+
+    ours = TrainSettings(max_steps=steps)
+    assert [learning_rate(s, steps, ours.lr, ours.min_lr, ours.warmup_steps)
+            for s in range(steps)] == [ours.learning_rate(s) for s in range(steps)]
