@@ -680,11 +680,12 @@ def _lr_cosine_over_max_steps(self: Any, step: int) -> float:
                        max(self.max_steps, self.warmup_steps + 1))
 
 
-def _optimizer_decaying_everything(model: Any, settings: Any) -> torch.optim.AdamW:
+def _optimizer_decaying_everything(model: Any, settings: Any) -> Any:
     """One parameter group: biases and LayerNorm gains decayed like the matrices."""
-    return torch.optim.AdamW(model.parameters(), lr=settings.lr,
-                             betas=(settings.beta1, settings.beta2), eps=settings.eps,
-                             weight_decay=settings.weight_decay)
+    from gptspec.fast.optimizer import AdamW
+
+    return AdamW([{"params": model.parameters(), "weight_decay": settings.weight_decay}],
+                 lr=settings.lr, betas=(settings.beta1, settings.beta2), eps=settings.eps)
 
 
 def _mutant_step_on(*, sum_micro_batches: bool = False, clip_each_micro_batch: bool = False,

@@ -2,8 +2,9 @@
 accumulation, mixed precision on CUDA, validation, checkpoints and exact resumption.
 
 The optimizer, the clipping and the schedule are the spec's (``gptspec.spec.optimizer``):
-torch's AdamW is Algorithm 2 of Loshchilov & Hutter with the decay scaled by the learning
-rate, as the spec decides; the schedule is ``gptspec.reference.lr_schedule`` itself.
+torch's fused AdamW kernel (called by ``gptspec.fast.optimizer``) is Algorithm 2 of
+Loshchilov & Hutter with the decay scaled by the learning rate, as the spec decides; the
+schedule is ``gptspec.reference.lr_schedule`` itself.
 
 On the CPU the run is deterministic: the same seed gives bit-identical losses, and a run
 resumed from a checkpoint continues bit-identically, on one process or several, because the
@@ -41,6 +42,7 @@ from gptspec.fast.checkpoint import (
 )
 from gptspec.fast.data import TokenData
 from gptspec.fast.model import GPT
+from gptspec.fast.optimizer import AdamW
 from gptspec.reference.optim import lr_schedule
 
 # The batches of (seed, rank, step): the rule is the spec's (train_loop), imported so that the
@@ -185,24 +187,18 @@ def autocast_dtype(settings: TrainSettings) -> torch.dtype | None:
     return torch.bfloat16 if settings.precision == "bfloat16" else torch.float16
 
 
-# Devices with a fused AdamW kernel: one call steps every parameter. On the CPU torch would
-# otherwise loop over the parameters in Python, about ten operations each (4.5 of a 40 ms
-# step of the shakespeare-char model, by the profiler).
-FUSED_ADAMW_DEVICES = ("cpu", "cuda")
-
-
-def make_optimizer(model: GPT, settings: TrainSettings) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices only; fused kernels on the CPU and CUDA."""
+def make_optimizer(model: GPT, settings: TrainSettings) -> AdamW:
+    """AdamW with weight decay on the matrices only (``gptspec.fast.optimizer``: torch's
+    fused kernel, called directly)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": settings.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    fused = torch.device(settings.device).type in FUSED_ADAMW_DEVICES
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=(settings.beta1, settings.beta2),
-                             eps=settings.eps, fused=fused or None)
+    return AdamW(groups, lr=settings.lr, betas=(settings.beta1, settings.beta2),
+                 eps=settings.eps)
 
 
-def optimizer_tensors(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def optimizer_tensors(model: GPT, optimizer: AdamW) -> dict[str, torch.Tensor]:
     """AdamW's moments by parameter name (empty before the first step)."""
     out = {}
     for name, p in model.named_parameters():
@@ -213,16 +209,14 @@ def optimizer_tensors(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str,
     return out
 
 
-def load_optimizer_tensors(model: GPT, optimizer: torch.optim.Optimizer,
-                           tensors: dict[str, Any], step: int) -> None:
+def load_optimizer_tensors(model: GPT, optimizer: AdamW, tensors: dict[str, Any],
+                           step: int) -> None:
     if step == 0:
         return
-    fused = any(g.get("fused") for g in optimizer.param_groups)
     for name, p in model.named_parameters():
         optimizer.state[p] = {
-            # torch keeps the step count as a float32 tensor (on the device when fused)
-            "step": torch.tensor(float(step), dtype=torch.float32,
-                                 device=p.device if fused else "cpu"),
+            # the kernel's step count: a float32 tensor on the parameter's device
+            "step": torch.tensor(float(step), dtype=torch.float32, device=p.device),
             "exp_avg": torch.as_tensor(np.asarray(tensors[f"exp_avg.{name}"])).to(p),
             "exp_avg_sq": torch.as_tensor(np.asarray(tensors[f"exp_avg_sq.{name}"])).to(p),
         }
@@ -605,7 +599,7 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig, device: str =
 def adamw_trajectory(params: dict, grads: list[dict], lrs: list[float], beta1: float,
                      beta2: float, eps: float, weight_decay: float, device: str = "cpu",
                      dtype: torch.dtype = torch.float32) -> list[dict[str, np.ndarray]]:
-    """The parameters after each of len(grads) steps of torch's AdamW (fused, as the trainer's) fed
+    """The parameters after each of len(grads) steps of the trainer's AdamW fed
     the given gradients at the given learning rates, every parameter decayed.
 
     In a 16-bit dtype the step follows the spec's decision on ``adamw_step``: the
@@ -616,9 +610,8 @@ def adamw_trajectory(params: dict, grads: list[dict], lrs: list[float], beta1: f
     tensors = {k: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype, device=device)
                                      .to(compute))
                for k, v in params.items()}  # a copy: the caller's arrays stay as they are
-    fused = torch.device(device).type in FUSED_ADAMW_DEVICES  # the trainer's kernel
-    opt = torch.optim.AdamW(list(tensors.values()), lr=lrs[0], betas=(beta1, beta2), eps=eps,
-                            weight_decay=weight_decay, fused=fused or None)
+    opt = AdamW([{"params": list(tensors.values()), "weight_decay": weight_decay}], lr=lrs[0],
+                betas=(beta1, beta2), eps=eps)  # the trainer's optimizer
     out = []
     for g, lr in zip(grads, lrs, strict=True):
         for k, p in tensors.items():
@@ -678,7 +671,7 @@ def train_loop(tokens, params: dict, config: GPTConfig, settings: TrainLoopSetti
     names = {p: name for name, p in trainer.model.named_parameters()}
     used: list[dict[str, float]] = []
 
-    def record_lr(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def record_lr(optimizer: AdamW, args: Any, kwargs: Any) -> None:
         used.append({names[p]: float(group["lr"]) for group in optimizer.param_groups
                      for p in group["params"]})
 

@@ -1,9 +1,7 @@
 """gptspec.spec — the single source of truth.
 
-Importing this package declares every entry into :data:`REGISTRY`, in reading order.
+:data:`REGISTRY` holds every entry, in reading order (declared when it is first read).
 """
-
-import importlib
 
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 from gptspec.spec.equation import GROUPS, REGISTRY, Decision, Equation, Reading, Symbol, Tolerance
@@ -16,12 +14,12 @@ from gptspec.spec.parameters import (
     parameter_schema,
 )
 
-# Each module declares its entries when imported; this order is the reading order of
-# REGISTRY (and of the docs' index): text → tokens → model → loss → training → generation.
+# Each module declares its entries when imported (on the registry's first read); this
+# order is the reading order of REGISTRY (and of the docs' index): text → tokens → model →
+# loss → training → generation.
 READING_ORDER = ("tokenizer", "embedding", "attention", "block", "output", "loss", "gradients",
                  "optimizer", "sampling", "costs")
-for _module in READING_ORDER:
-    importlib.import_module(f"gptspec.spec.{_module}")
+REGISTRY.declare_on_first_use(tuple(f"gptspec.spec.{m}" for m in READING_ORDER))
 
 __all__ = [
     "GROUPS", "REGISTRY", "PRESETS", "ConfigError", "Decision", "Equation", "GPTConfig",

@@ -10,6 +10,7 @@ gptspec.conformance.registry) test backends against that reference.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,10 +104,35 @@ class Equation:
 
 
 class Registry:
-    """All entries, in the order they were declared (which is reading order)."""
+    """All entries, in reading order: the order of the modules that declare them
+    (``declare_on_first_use``), and within a module the order of declaration.
+
+    The entry modules build sympy expressions, and importing sympy takes half a second;
+    so they are imported when the registry is first read, not when ``gptspec.spec`` is
+    (a training run reads GPTConfig and the parameter schema, never an entry)."""
 
     def __init__(self) -> None:
         self._entries: dict[str, Equation] = {}
+        self._modules: tuple[str, ...] = ()
+        self._declared = True
+
+    def declare_on_first_use(self, modules: tuple[str, ...]) -> None:
+        """Import ``modules`` (which declare the entries, in this order) when the registry
+        is first read."""
+        self._modules, self._declared = modules, False
+
+    def _all(self) -> dict[str, Equation]:
+        if not self._declared:
+            self._declared = True
+            for module in self._modules:
+                importlib.import_module(module)
+            # a module imported directly before the first read declared its entries
+            # early: reading order is the modules' order
+            rank = {module: i for i, module in enumerate(self._modules)}
+            ordered = sorted(self._entries.values(),
+                             key=lambda e: rank.get(e.sympy.__module__, len(rank)))
+            self._entries = {e.id: e for e in ordered}
+        return self._entries
 
     def add(self, entry: Equation) -> Equation:
         if entry.id in self._entries:
@@ -116,18 +142,18 @@ class Registry:
 
     def __getitem__(self, entry_id: str) -> Equation:
         try:
-            return self._entries[entry_id]
+            return self._all()[entry_id]
         except KeyError:
             raise KeyError(f"no spec entry {entry_id!r}") from None
 
     def __iter__(self):
-        return iter(self._entries.values())
+        return iter(self._all().values())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._all())
 
     def __contains__(self, entry_id: object) -> bool:
-        return entry_id in self._entries
+        return entry_id in self._all()
 
     def by_group(self, group: str) -> list[Equation]:
         return [e for e in self if e.group == group]
