@@ -1,7 +1,8 @@
 """Training throughput: the fast backend against transformers' GPT2LMHeadModel.
 
 Both models have the same shapes (built from a random GPT2Config, nothing downloaded),
-see the same batch and take the same step: forward, mean cross-entropy, backward, AdamW.
+see the same batch and take the same step: forward, mean cross-entropy, backward, AdamW
+(the trainer's for the fast backend, torch.optim's for transformers).
 Reported: tokens/s of each, their ratio (goal ≥ 1.2 on the CPU), and the fast backend's
 model FLOPs utilisation against this machine's measured float32 matmul rate (goal ≥ 50%
 for a GPT-2-small-shaped model). Model FLOPs per token: 6 N (N the parameters in matrix
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from benchmarks.machine import matmul_rate, sync
 from benchmarks.report import Report
 from gptspec.fast.model import GPT
+from gptspec.fast.train import TrainSettings, make_optimizer
 from gptspec.spec.config import GPTConfig
 
 GROUP = "training"
@@ -41,8 +43,19 @@ def _hf_model(config: GPTConfig, device: str):
     return GPT2LMHeadModel(hf).to(device)  # type: ignore[arg-type]
 
 
-def _step_fn(model, forward, device: str, batch, amp: torch.dtype | None):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=(device == "cuda") or None)
+def _fast_optimizer(model: GPT, device: str):
+    """The trainer's AdamW (``gptspec train``'s: torch's fused kernel, called directly)."""
+    return make_optimizer(model, TrainSettings(lr=1e-4, device=device))
+
+
+def _hf_optimizer(model, device: str):
+    """AdamW as a transformers user writes it: torch.optim's, its default kernel choice
+    (fused where torch picks it, on CUDA)."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=(device == "cuda") or None)
+
+
+def _step_fn(model, forward, make_opt, device: str, batch, amp: torch.dtype | None):
+    opt = make_opt(model, device)
     x, y = batch
 
     def step() -> None:
@@ -84,9 +97,9 @@ def measure(report: Report, name: str, config: GPTConfig, B: int, T: int, device
     n = 1024 if device == "cpu" else 8192
     # the peak is measured just before and after, and the higher taken (the load varies)
     before = matmul_rate(device, dtype, n, repeats=5)
-    t_fast, t_hf = _interleaved_medians([_step_fn(fast, fast, device, batch, amp),
-                                         _step_fn(hf, lambda x: hf(x).logits, device, batch,
-                                                  amp)], repeats)
+    t_fast, t_hf = _interleaved_medians(
+        [_step_fn(fast, fast, _fast_optimizer, device, batch, amp),
+         _step_fn(hf, lambda x: hf(x).logits, _hf_optimizer, device, batch, amp)], repeats)
     peak = max(before, matmul_rate(device, dtype, n, repeats=5))
     report.metric(GROUP, f"{name} / measured matmul rate / {device} / {str(dtype)[6:]}", peak,
                   "FLOP/s", f"{n}×{n}, the higher of before and after")
