@@ -278,8 +278,8 @@ def reuse_freed_memory() -> None:
     system, for this process. A training step frees and reallocates the same few dozen
     activation-sized blocks; by default glibc returns them (unmaps blocks above its mmap
     threshold, trims the heap above 128 KiB free), so every step faults them in again as
-    fresh zeroed pages: about 2,500 page faults and 15% of a shakespeare-char step on one
-    CPU thread. With blocks up to 32 MiB (glibc's largest threshold) taken from the heap
+    fresh zeroed pages: about 2,500 page faults a shakespeare-char step, 6-10 ms of system
+    time on one (loaded) CPU thread. With blocks up to 32 MiB (glibc's largest threshold) taken from the heap
     and up to 1 GiB of free heap kept, a step faults in nothing. It changes no value, only
     where freed blocks wait, like the caching allocator torch uses on CUDA. Elsewhere than
     glibc (macOS, musl) it does nothing."""

@@ -333,9 +333,60 @@ def test_a_training_step_reuses_freed_memory_instead_of_faulting_in_fresh_pages(
     """train.reuse_freed_memory: in a fresh process (as a training run starts), a
     shakespeare-char step's activations come from memory freed by the step before. Without
     it glibc unmaps and re-maps them every step: about 2,500 page faults a step, each a
-    freshly zeroed page, 15% of the step's time."""
+    freshly zeroed page."""
     child = subprocess.run([sys.executable, "-c", PAGE_FAULT_PROBE], capture_output=True,
                            text=True, timeout=300)
     assert child.returncode == 0, child.stderr
     faults_per_step = float(child.stdout.strip().splitlines()[-1])
     assert faults_per_step < 100, faults_per_step
+
+
+def test_the_trainers_adamw_is_torchs_fused_adamw_bit_for_bit() -> None:
+    """fast/optimizer.AdamW calls the kernel torch.optim.AdamW(fused=True) calls: the same
+    parameters and moments, to the bit, over steps with two groups (decayed and not) and a
+    learning rate that changes every step, float32 and float64."""
+    from gptspec.fast.optimizer import AdamW
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        start = [torch.randn(shape, generator=gen, dtype=dtype) for shape in ((5, 3), (3,), (4, 4))]
+        grads = [[torch.randn(p.shape, generator=gen, dtype=dtype) for p in start]
+                 for _ in range(6)]
+        runs = []
+        for make in ("ours", "torch"):
+            params = [torch.nn.Parameter(p.clone()) for p in start]
+            groups = [{"params": [params[0], params[2]], "weight_decay": 0.1},
+                      {"params": [params[1]], "weight_decay": 0.0}]
+            opt = (AdamW(groups, lr=1e-3, betas=(0.9, 0.99), eps=1e-8) if make == "ours" else
+                   torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99), eps=1e-8, fused=True))
+            for k, step_grads in enumerate(grads):
+                for p, g in zip(params, step_grads, strict=True):
+                    p.grad = g.clone()
+                for group in opt.param_groups:
+                    group["lr"] = 1e-3 * (k + 1) / 6
+                opt.step()
+            runs.append([p.detach().clone() for p in params]
+                        + [opt.state[p][m] for p in params for m in ("exp_avg", "exp_avg_sq")])
+        assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_a_training_run_imports_neither_dynamo_nor_sympy() -> None:
+    """Why the trainer's AdamW is not a torch.optim optimizer: those import torch._dynamo
+    (and sympy with it) when built or stepped, about 1.5 s of every run's start-up; the
+    spec's entries (sympy too) are declared only when the registry is read."""
+    probe = ("import sys, numpy as np\n"
+             "from gptspec.fast.data import TokenData\n"
+             "from gptspec.fast.train import Trainer, TrainSettings\n"
+             "from gptspec.spec import GPTConfig\n"
+             "config = GPTConfig(vocab_size=11, n_ctx=6, d_model=8, n_layers=2, n_heads=2, "
+             "d_ff=12)\n"
+             "ids = np.arange(200) % 11\n"
+             "t = Trainer(config, TrainSettings(batch_size=2, max_steps=3, eval_batches=1), "
+             "TokenData.split(ids, 6), None)\n"
+             "[t.step() for _ in range(3)]\n"
+             "t.evaluate()\n"
+             "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))\n")
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip().splitlines()[-1] == "[]"
