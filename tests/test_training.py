@@ -321,10 +321,12 @@ ids = np.random.default_rng(0).integers(0, config.vocab_size, 20_000).astype(np.
 trainer = Trainer(config, TrainSettings(max_steps=20), TokenData.split(ids, config.n_ctx), None)
 for _ in range(3):
     trainer.step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+faults = []
+for _ in range(9):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     trainer.step()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(sorted(faults)[len(faults) // 2])
 """
 
 
@@ -333,12 +335,13 @@ def test_a_training_step_reuses_freed_memory_instead_of_faulting_in_fresh_pages(
     """train.reuse_freed_memory: in a fresh process (as a training run starts), a
     shakespeare-char step's activations come from memory freed by the step before. Without
     it glibc unmaps and re-maps them every step: about 2,500 page faults a step, each a
-    freshly zeroed page."""
+    freshly zeroed page. Judged on the median step: the heap still grows now and then (a
+    step of a few hundred faults among steps of none)."""
     child = subprocess.run([sys.executable, "-c", PAGE_FAULT_PROBE], capture_output=True,
                            text=True, timeout=300)
     assert child.returncode == 0, child.stderr
-    faults_per_step = float(child.stdout.strip().splitlines()[-1])
-    assert faults_per_step < 100, faults_per_step
+    median_faults = float(child.stdout.strip().splitlines()[-1])
+    assert median_faults < 100, median_faults
 
 
 def test_the_trainers_adamw_is_torchs_fused_adamw_bit_for_bit() -> None:
