@@ -60,12 +60,16 @@ class AdamW:
         self._pre_hooks.append(hook)
         return _HookHandle(self._pre_hooks, hook)
 
+    def set_state(self, p: Tensor, step: int, exp_avg: Tensor, exp_avg_sq: Tensor) -> None:
+        """``p``'s state after ``step`` steps (a resumed run's): the kernel's step count, a
+        float32 tensor on ``p``'s device, and the moments in ``p``'s dtype and device."""
+        self.state[p] = {"step": torch.tensor(float(step), dtype=torch.float32, device=p.device),
+                         "exp_avg": exp_avg.to(p), "exp_avg_sq": exp_avg_sq.to(p)}
+
     def _state_of(self, p: Tensor) -> dict[str, Tensor]:
         if p not in self.state:
-            self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
-                             "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                             "exp_avg_sq": torch.zeros_like(p,
-                                                            memory_format=torch.preserve_format)}
+            zeros = torch.zeros_like(p, memory_format=torch.preserve_format)
+            self.set_state(p, 0, zeros, zeros.clone())
         return self.state[p]
 
     @torch.no_grad()

@@ -214,12 +214,8 @@ def load_optimizer_tensors(model: GPT, optimizer: AdamW, tensors: dict[str, Any]
     if step == 0:
         return
     for name, p in model.named_parameters():
-        optimizer.state[p] = {
-            # the kernel's step count: a float32 tensor on the parameter's device
-            "step": torch.tensor(float(step), dtype=torch.float32, device=p.device),
-            "exp_avg": torch.as_tensor(np.asarray(tensors[f"exp_avg.{name}"])).to(p),
-            "exp_avg_sq": torch.as_tensor(np.asarray(tensors[f"exp_avg_sq.{name}"])).to(p),
-        }
+        optimizer.set_state(p, step, torch.as_tensor(np.asarray(tensors[f"exp_avg.{name}"])),
+                            torch.as_tensor(np.asarray(tensors[f"exp_avg_sq.{name}"])))
 
 
 # --- RNG states, as JSON (no pickle) ------------------------------------------------------------
@@ -279,8 +275,8 @@ def reuse_freed_memory() -> None:
     activation-sized blocks; by default glibc returns them (unmaps blocks above its mmap
     threshold, trims the heap above 128 KiB free), so every step faults them in again as
     fresh zeroed pages: about 2,500 page faults a shakespeare-char step, 6-10 ms of system
-    time on one (loaded) CPU thread. With blocks up to 32 MiB (glibc's largest threshold) taken from the heap
-    and up to 1 GiB of free heap kept, a step faults in nothing. It changes no value, only
+    time on one (loaded) CPU thread. With blocks up to 32 MiB (glibc's largest threshold)
+    taken from the heap and up to 1 GiB of free heap kept, a step faults in nothing. It changes no value, only
     where freed blocks wait, like the caching allocator torch uses on CUDA. Elsewhere than
     glibc (macOS, musl) it does nothing."""
     import ctypes

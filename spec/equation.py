@@ -113,22 +113,21 @@ class Registry:
 
     def __init__(self) -> None:
         self._entries: dict[str, Equation] = {}
-        self._modules: tuple[str, ...] = ()
-        self._declared = True
+        self._undeclared: tuple[str, ...] = ()  # modules still to import, in reading order
 
     def declare_on_first_use(self, modules: tuple[str, ...]) -> None:
         """Import ``modules`` (which declare the entries, in this order) when the registry
         is first read."""
-        self._modules, self._declared = modules, False
+        self._undeclared = modules
 
     def _all(self) -> dict[str, Equation]:
-        if not self._declared:
-            self._declared = True
-            for module in self._modules:
+        if self._undeclared:
+            modules, self._undeclared = self._undeclared, ()
+            for module in modules:
                 importlib.import_module(module)
             # a module imported directly before the first read declared its entries
             # early: reading order is the modules' order
-            rank = {module: i for i, module in enumerate(self._modules)}
+            rank = {module: i for i, module in enumerate(modules)}
             ordered = sorted(self._entries.values(),
                              key=lambda e: rank.get(e.sympy.__module__, len(rank)))
             self._entries = {e.id: e for e in ordered}

@@ -309,6 +309,14 @@ def test_loss_check_catches_a_loss_summed_where_the_mean_is_specified():
     assert result.status == "fail", result.detail
 
 
+def _last_line_printed_by(code: str) -> str:
+    """Run ``code`` in a fresh Python process (as a training run starts); its last line."""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stderr
+    return child.stdout.strip().splitlines()[-1]
+
+
 PAGE_FAULT_PROBE = """
 import resource, sys
 import numpy as np, torch
@@ -337,10 +345,7 @@ def test_a_training_step_reuses_freed_memory_instead_of_faulting_in_fresh_pages(
     it glibc unmaps and re-maps them every step: about 2,500 page faults a step, each a
     freshly zeroed page. Judged on the median step: the heap still grows now and then (a
     step of a few hundred faults among steps of none)."""
-    child = subprocess.run([sys.executable, "-c", PAGE_FAULT_PROBE], capture_output=True,
-                           text=True, timeout=300)
-    assert child.returncode == 0, child.stderr
-    median_faults = float(child.stdout.strip().splitlines()[-1])
+    median_faults = float(_last_line_printed_by(PAGE_FAULT_PROBE))
     assert median_faults < 100, median_faults
 
 
@@ -389,7 +394,4 @@ def test_a_training_run_imports_neither_dynamo_nor_sympy() -> None:
              "[t.step() for _ in range(3)]\n"
              "t.evaluate()\n"
              "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))\n")
-    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                           timeout=300)
-    assert child.returncode == 0, child.stderr
-    assert child.stdout.strip().splitlines()[-1] == "[]"
+    assert _last_line_printed_by(probe) == "[]"
