@@ -37,7 +37,7 @@ from gptspec.atomic_files import write_text  # noqa: E402
 # Run first, in this order; any other module with run(report, quick) follows, by name.
 ORDER = ("machine", "forward", "training", "generation", "tokenizer", "gpu",
          "conformance_time")
-NOT_BENCHMARKS = {"__init__", "run", "report"}
+NOT_BENCHMARKS = {"__init__", "run", "report", "cuda_profile"}  # cuda_profile: a diagnostic
 
 # Units a throughput may be recorded in, as (scale to base unit, kind of limit).
 RATE_UNITS = {

@@ -244,11 +244,14 @@ def _scores_at_the_edge(data, ctx, T, dk):
     """Q and K = Q of magnitude (0.45 … 0.9)·(LARGEST/√d_k)^½: each diagonal score
     Σ_k q_k²/√d_k lies below the dtype's largest value while the unscaled Q Kᵀ, √d_k times
     it, lies past it for d_k ≳ 25 (keys equal to the queries make those sums one-signed).
-    Drawn only where Q Kᵀ still fits the format sums are accumulated in (float16, whose
-    products accumulate in float32: the attention_scores entry's decision); None for
-    float32, bfloat16 and float64, whose accumulation format has their own range."""
+    Drawn only where Q Kᵀ, and what the softmax forms from S (z − max z: up to twice |S|),
+    still fit the format sums are accumulated in: float16, whose products accumulate in
+    float32 (the attention_scores entry's decision). None for float32 and float64, whose
+    accumulation format is their own, and for bfloat16, whose range is float32's: at
+    d_k = 1 its scores of 0.8·LARGEST fit float32 only just, and a fused kernel's
+    S·log₂e (FlashAttention's exp2 form) is past it, which the decision does not ask."""
     largest = B.LARGEST[ctx.precision.dtype]
-    if largest * math.sqrt(dk) >= B.LARGEST[B.ACCUMULATION[ctx.precision.dtype]]:
+    if largest * max(math.sqrt(dk), 2.0) >= B.LARGEST[B.ACCUMULATION[ctx.precision.dtype]]:
         return None
     edge = 0.9 * math.sqrt(largest / math.sqrt(dk))
     Q = _draw(data, (T, dk), ctx, flavours=("overflow_edge",), edge=edge)

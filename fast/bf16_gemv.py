@@ -114,4 +114,22 @@ class BlockedWeight:
         return cls(blocked(A), A.shape[0])
 
     def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        problem = self.refusal(x, bias)
+        if problem:
+            raise ValueError(f"bf16_gemv: {problem}")
         return torch.ops.gptspec.bf16_gemv(x, self.blocks, bias, self.n_out)
+
+    def refusal(self, x: Tensor, bias: Tensor | None) -> str:
+        """Why the kernel cannot take these operands ('' if it can). The kernel checks the
+        same, but an error thrown inside it crashed the process on one machine (an H200
+        host's Xeon with PyTorch 2.11: a segmentation fault instead of the RuntimeError),
+        so operands are refused here, before the call."""
+        if x.device.type != "cpu" or x.dtype != torch.bfloat16:
+            return f"x must be a bfloat16 CPU tensor, not {x.dtype} on {x.device}"
+        padded_k = 2 * self.blocks.shape[1]
+        if not x.shape[-1] <= padded_k < x.shape[-1] + 4:
+            return f"x has {x.shape[-1]} columns, the blocks {padded_k}"
+        if bias is not None and (bias.dtype != torch.bfloat16 or bias.device.type != "cpu"
+                                 or bias.numel() != self.n_out or not bias.is_contiguous()):
+            return f"bias must be bfloat16 of {self.n_out} values on the CPU"
+        return ""

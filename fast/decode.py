@@ -32,23 +32,22 @@ Tensor = torch.Tensor
 Product = Callable[[Tensor], Tensor]  # x ↦ x W + b, the weights bound
 
 
-def _packed(W: Tensor, packed: PrepackedWeights | None) -> PackedMatrix | None:
-    matrix = packed.table.get(id(W)) if packed is not None else None
-    return matrix if matrix is not None and matrix.parameter is W else None
+def _operand(W: Tensor, packed: PrepackedWeights | None) -> Tensor | PackedMatrix:
+    return W if packed is None else packed.operand(W)
 
 
 def _product(W: Tensor, b: Tensor | None, packed: PrepackedWeights | None) -> Product:
     """``ops.linear(·, W, b)`` with the lookup of W's packed form done once."""
-    matrix = _packed(W, packed)
-    if matrix is not None:
+    matrix = _operand(W, packed)
+    if isinstance(matrix, PackedMatrix):
         return lambda x: matrix(x, b)
     return lambda x: F.linear(x, W.t(), b)
 
 
 def _tied_unembedding(W_E: Tensor, packed: PrepackedWeights | None) -> Product:
     """``ops.unembed_tied(·, W_E)``, likewise."""
-    matrix = _packed(W_E, packed)
-    if matrix is not None:
+    matrix = _operand(W_E, packed)
+    if isinstance(matrix, PackedMatrix):
         return lambda H: matrix(H, None)
     return lambda H: F.linear(H, W_E)
 

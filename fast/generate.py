@@ -24,7 +24,6 @@ computes the same logits from one new row per step (the spec's KV-cache identity
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,7 +165,7 @@ class _Contexts:
         self.prepack = prepack
         self.sequences = prompts
         self.decode: DecodeStep | None = None
-        self.weights: Callable[[], AbstractContextManager[None]] = nullcontext
+        self.weights: prepacked.PrepackedWeights | None = None
         self.pack_weights()
         self.n_ctx = model.config.n_ctx
         self.device = model.wte.device
@@ -178,11 +177,10 @@ class _Contexts:
         """Pack the current weights (where that pays) for the forward calls and the
         decoding step; at batch 1 in the layout for one-row products."""
         model = self.model
-        self.decode, self.weights = None, nullcontext  # let a stale packed copy go first
+        self.decode, self.weights = None, None  # let a stale packed copy go first
         packed = prepacked.for_model(model, rows=len(self.sequences)) if self.prepack else None
         self.decode = DecodeStep(model, packed) if DecodeStep.supports(model) else None
-        # entered around each forward call only: never across a yield to the caller
-        self.weights = packed.active if packed is not None else nullcontext
+        self.weights = packed  # passed to every forward call
 
     def context(self, b: int) -> list[int]:
         seq = self.sequences[b]
@@ -201,8 +199,7 @@ class _Contexts:
         last = torch.tensor(lengths, device=self.device) - 1
         rows = torch.arange(len(contexts), device=self.device)
         if not self.use_cache:
-            with self.weights():
-                return self.model(tokens)[rows, last]
+            return self.model(tokens, weights=self.weights)[rows, last]
         max_len = min(self.n_ctx, T + remaining)  # room for every token still to come
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(len(contexts), max_len)
@@ -210,8 +207,8 @@ class _Contexts:
             self.cache.reset()
         uniform = all(n == T for n in lengths)  # the cache's fast path needs no lengths
         lens = None if uniform else torch.tensor(lengths, device=self.device)
-        with self.weights():
-            return self.model(tokens, cache=self.cache, lengths=lens)[rows, last]
+        return self.model(tokens, cache=self.cache, lengths=lens,
+                          weights=self.weights)[rows, last]
 
     def needs_refill(self, running: list[bool]) -> bool:
         """Whether a running sequence has no room left in the cache: its context reached
@@ -233,8 +230,8 @@ class _Contexts:
                 assert self.decode is not None
             return self.decode(new, self.cache)
         lens = None if everyone else torch.tensor(running, device=self.device).long()
-        with self.weights():
-            return self.model(new[:, None], cache=self.cache, lengths=lens)[:, 0]
+        return self.model(new[:, None], cache=self.cache, lengths=lens,
+                          weights=self.weights)[:, 0]
 
 
 @torch.inference_mode()

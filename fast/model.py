@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from gptspec.fast import ops
 from gptspec.fast.kv_cache import KVCache, Step
+from gptspec.fast.prepacked import PrepackedWeights
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
@@ -48,6 +49,11 @@ def _empty(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape))
 
 
+def _operand(W: Tensor, weights: PrepackedWeights | None) -> ops.Matrix:
+    """W, or its prepacked form where the caller passed ``weights`` that hold one."""
+    return W if weights is None else weights.operand(W)
+
+
 class LayerNorm(nn.Module):
     def __init__(self, d: int, eps: float) -> None:
         super().__init__()
@@ -72,13 +78,13 @@ class Attention(nn.Module):
         self.b_o = _empty(d) if config.attn_bias else None
 
     def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0,
-                step: Step | None = None) -> Tensor:
+                step: Step | None = None, weights: PrepackedWeights | None = None) -> Tensor:
+        w_qkv, w_o = _operand(self.w_qkv, weights), _operand(self.w_o, weights)
         if cache is None:  # the whole sequence at once: SDPA applies the causal mask itself
-            return ops.multi_head_attention(x, self.w_qkv, self.b_qkv, self.w_o, self.b_o,
-                                            self.n_heads)
+            return ops.multi_head_attention(x, w_qkv, self.b_qkv, w_o, self.b_o, self.n_heads)
         assert step is not None
         Q, K, V = (ops.split_heads(X, self.n_heads)
-                   for X in ops.qkv_projection(x, self.w_qkv, self.b_qkv))
+                   for X in ops.qkv_projection(x, w_qkv, self.b_qkv))
         K, V = cache.write(layer, K, V, step)  # now every cached slot 0 … S−1
         if step.causal:
             heads = ops.scaled_dot_product_attention(Q, K, V, is_causal=True)
@@ -86,7 +92,7 @@ class Attention(nn.Module):
             heads = ops.scaled_dot_product_attention(Q, K, V)
         else:
             heads = ops.scaled_dot_product_attention(Q, K, V, step.mask)
-        return ops.linear(ops.merge_heads(heads), self.w_o, self.b_o)
+        return ops.linear(ops.merge_heads(heads), w_o, self.b_o)
 
 
 class FeedForward(nn.Module):
@@ -102,8 +108,9 @@ class FeedForward(nn.Module):
         self.b_2 = _empty(d) if config.ffn_bias else None
         self.ffn = ops.FFN[config.ffn]
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.ffn(x, self.w_1, self.b_1, self.w_2, self.b_2)
+    def forward(self, x: Tensor, weights: PrepackedWeights | None = None) -> Tensor:
+        return self.ffn(x, _operand(self.w_1, weights), self.b_1, _operand(self.w_2, weights),
+                        self.b_2)
 
 
 class Block(nn.Module):
@@ -119,11 +126,14 @@ class Block(nn.Module):
         self.residual = ops.RESIDUAL[config.norm]
 
     def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0,
-                step: Step | None = None) -> Tensor:
+                step: Step | None = None, weights: PrepackedWeights | None = None) -> Tensor:
         def attend(h: Tensor) -> Tensor:
-            return self.attn(h, cache, layer, step)
+            return self.attn(h, cache, layer, step, weights)
 
-        return self.residual(x, self.ln_1, attend, self.ln_2, self.ffn)
+        def ffn(h: Tensor) -> Tensor:
+            return self.ffn(h, weights)
+
+        return self.residual(x, self.ln_1, attend, self.ln_2, ffn)
 
 
 class GPT(nn.Module):
@@ -203,7 +213,8 @@ class GPT(nn.Module):
     # --- forward -------------------------------------------------------------------------
 
     def forward(self, tokens: Tensor, cache: KVCache | None = None,
-                lengths: Tensor | None = None, *, last_only: bool = False) -> Tensor:
+                lengths: Tensor | None = None, *, last_only: bool = False,
+                weights: PrepackedWeights | None = None) -> Tensor:
         """Logits (B, T, V) of every position of ``tokens`` (B, T).
 
         With a ``cache``: ``tokens`` are the next T new tokens of each sequence; token i of
@@ -212,7 +223,11 @@ class GPT(nn.Module):
         new tokens are real (right padding); the logits at padding are meaningless.
 
         ``last_only=True`` returns only the logits of each sequence's last (real) new token,
-        shape (B, 1, V), and skips the unembedding of the others (what generation needs)."""
+        shape (B, 1, V), and skips the unembedding of the others (what generation needs).
+
+        ``weights``: prepacked forms of this model's weight matrices
+        (``gptspec.fast.prepacked.for_model``), which generation passes for 16-bit weights
+        on the CPU: the same products, faster. Without it every product is PyTorch's."""
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
         if T == 0 and last_only:
@@ -224,7 +239,7 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence length {T} exceeds n_ctx={self.config.n_ctx}")
             if T == 0:
                 return self.wte.new_empty(B, 0, self.config.vocab_size)
-            return self._forward(tokens, last_only)
+            return self._forward(tokens, last_only, weights)
         if cache.batch_size != B:
             raise ValueError(f"tokens have batch size {B}, the cache {cache.batch_size}")
         if cache.device != self.wte.device or cache.dtype != self.wte.dtype:
@@ -233,38 +248,40 @@ class GPT(nn.Module):
         step = cache.plan(T, lengths)
         if T == 0:
             return self.wte.new_empty(B, 0, self.config.vocab_size)
-        return self._forward_cached(tokens, cache, step, last_only)
+        return self._forward_cached(tokens, cache, step, last_only, weights)
 
-    def _forward(self, tokens: Tensor, last_only: bool = False) -> Tensor:
+    def _forward(self, tokens: Tensor, last_only: bool = False,
+                 weights: PrepackedWeights | None = None) -> Tensor:
         """The whole sequence at once (what ``compile_model`` compiles)."""
         T = tokens.shape[1]
         x = ops.token_embedding(tokens, self.wte)
         if self.wpe is not None:
             x = ops.input_representation(x, ops.positional_embedding(T, self.wpe))
         for block in self.blocks:
-            x = block(x)
-        return self._unembed(x[:, -1:] if last_only else x)
+            x = block(x, weights=weights)
+        return self._unembed(x[:, -1:] if last_only else x, weights)
 
     def _forward_cached(self, tokens: Tensor, cache: KVCache, step: Step,
-                        last_only: bool = False) -> Tensor:
+                        last_only: bool = False,
+                        weights: PrepackedWeights | None = None) -> Tensor:
         """New tokens at their own positions, attending to the cached ones."""
         x = ops.token_embedding(tokens, self.wte)
         if self.wpe is not None:
             x = ops.input_representation(x, ops.positional_embedding_at(step.positions, self.wpe))
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer, step)
+            x = block(x, cache, layer, step, weights)
         cache.advance(step)
         if last_only:  # row advance−1 of each sequence (row 0 where it had no new token)
             last = (step.advance - 1).clamp(min=0)
             x = x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1]))
-        return self._unembed(x)
+        return self._unembed(x, weights)
 
-    def _unembed(self, x: Tensor) -> Tensor:
+    def _unembed(self, x: Tensor, weights: PrepackedWeights | None = None) -> Tensor:
         if self.ln_f is not None:
             x = ops.final_layer_norm(x, self.ln_f.weight, self.ln_f.bias, self.config.ln_eps)
         if self.w_u is None:
-            return ops.unembed_tied(x, self.wte)
-        return ops.unembed_untied(x, self.w_u, self.b_u)
+            return ops.unembed_tied(x, _operand(self.wte, weights))
+        return ops.unembed_untied(x, _operand(self.w_u, weights), self.b_u)
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor):

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.nn.functional as F
 
-from gptspec.fast import prepacked
+from gptspec.fast.prepacked import PackedMatrix
 from gptspec.spec.config import GPTConfig
 
 Tensor = torch.Tensor
+Matrix: TypeAlias = torch.Tensor | PackedMatrix  # a weight, or the caller's prepacked form
 
 __all__ = [
     "one_hot",
@@ -135,20 +136,20 @@ def input_representation(E: Tensor, P: Tensor) -> Tensor:
 # --- linear maps and attention -----------------------------------------------------------
 
 
-def linear(x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, W: Matrix, b: Tensor | None = None) -> Tensor:
     """y = x W + b, with W of shape (in, out).
 
     F.linear takes the (out, in) matrix; passing the transposed view lets BLAS read W in
-    its stored layout and fuses the bias into the product. Inside generation, 16-bit CPU
-    weights come prepacked (``gptspec.fast.prepacked``: the same product, faster)."""
-    packed = prepacked.lookup(W, x, transposed=True)
-    if packed is not None:
-        return packed(x, b)
+    its stored layout and fuses the bias into the product. W may also be the caller's
+    prepacked form of the weight (``gptspec.fast.prepacked``, which generation passes for
+    16-bit CPU weights): the same product, faster."""
+    if isinstance(W, PackedMatrix):
+        return W.product(x, b)
     return F.linear(x, W.t(), b)
 
 
 def qkv_projection(
-    H: Tensor, W_qkv: Tensor, b_qkv: Tensor | None = None
+    H: Tensor, W_qkv: Matrix, b_qkv: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Q = H W_Q + b_Q, K = H W_K + b_K, V = H W_V + b_V (Blueprint eq 2): one fused product
     for all heads, then three views of its columns."""
@@ -218,9 +219,9 @@ def scaled_dot_product_attention(
 
 def multi_head_attention(
     H: Tensor,
-    W_qkv: Tensor,
+    W_qkv: Matrix,
     b_qkv: Tensor | None,
-    W_O: Tensor,
+    W_O: Matrix,
     b_O: Tensor | None,
     n_heads: int,
 ) -> Tensor:
@@ -290,25 +291,25 @@ def gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-def ffn_relu(x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor, b_2: Tensor | None) -> Tensor:
+def ffn_relu(x: Tensor, W_1: Matrix, b_1: Tensor | None, W_2: Matrix, b_2: Tensor | None) -> Tensor:
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (Blueprint eq 6)."""
     return linear(relu(linear(x, W_1, b_1)), W_2, b_2)
 
 
-def ffn_gelu(x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor, b_2: Tensor | None) -> Tensor:
+def ffn_gelu(x: Tensor, W_1: Matrix, b_1: Tensor | None, W_2: Matrix, b_2: Tensor | None) -> Tensor:
     """FFN(x) = GELU(x W_1 + b_1) W_2 + b_2."""
     return linear(gelu(linear(x, W_1, b_1)), W_2, b_2)
 
 
 def ffn_gelu_tanh(
-    x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor, b_2: Tensor | None
+    x: Tensor, W_1: Matrix, b_1: Tensor | None, W_2: Matrix, b_2: Tensor | None
 ) -> Tensor:
     """FFN(x) = GELU_tanh(x W_1 + b_1) W_2 + b_2 (GPT-2, GPT-3)."""
     return linear(gelu_tanh(linear(x, W_1, b_1)), W_2, b_2)
 
 
 def ffn_guide_product(
-    x: Tensor, W_1: Tensor, b_1: Tensor | None, W_2: Tensor, b_2: Tensor | None
+    x: Tensor, W_1: Matrix, b_1: Tensor | None, W_2: Matrix, b_2: Tensor | None
 ) -> Tensor:
     """FFNN(x) = σ(x W_1 + b_1) ⊙ σ(x W_2 + b_2) with σ = ReLU (Guide sec. 4, literally)."""
     return relu(linear(x, W_1, b_1)) * relu(linear(x, W_2, b_2))
@@ -406,15 +407,15 @@ def final_layer_norm(H: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tens
     return layer_norm(H, gamma, beta, eps)
 
 
-def unembed_tied(H: Tensor, W_E: Tensor) -> Tensor:
-    """logits = H W_Eᵀ (Blueprint eq 9): W_E is already the (out, in) matrix F.linear takes."""
-    packed = prepacked.lookup(W_E, H, transposed=False)
-    if packed is not None:
-        return packed(H, None)
+def unembed_tied(H: Tensor, W_E: Matrix) -> Tensor:
+    """logits = H W_Eᵀ (Blueprint eq 9): W_E is already the (out, in) matrix F.linear takes
+    (or, as in ``linear``, its prepacked form)."""
+    if isinstance(W_E, PackedMatrix):
+        return W_E.product(H, None)
     return F.linear(H, W_E)
 
 
-def unembed_untied(H: Tensor, W_U: Tensor, b_U: Tensor | None = None) -> Tensor:
+def unembed_untied(H: Tensor, W_U: Matrix, b_U: Tensor | None = None) -> Tensor:
     """logits = H W_U + b_U (the Guide's single output projection)."""
     return linear(H, W_U, b_U)
 

@@ -21,11 +21,16 @@ conformance budgets of the dtype apply unchanged (and conformance runs this path
 
 Scope and safety:
 
-- Only inside ``with packed.active():`` (generation enters it around each forward call),
-  and only where no gradient is needed: the packed kernel has no backward.
-- A packed matrix remembers its parameter's version counter: once the parameter is
-  changed in place (a training step, ``load_state_dict``), the stale copy is ignored and
-  ``for_model`` builds a fresh one.
+- Only where the caller passes the packed matrix itself: ``ops.linear(x, W, b)`` and
+  ``ops.unembed_tied(H, W_E)`` take a ``PackedMatrix`` as W (the model's forward takes
+  ``weights=``, generation passes its ``PrepackedWeights``), and nothing else selects it.
+  There is no state behind the operations: the same arguments give the same products.
+- A packed matrix computes its parameter's product in every case: with the packed kernel
+  where that applies (the parameter unchanged since packing, no gradient to record, the
+  rows that its layout takes), otherwise with the plain product of ``ops.linear``. It
+  remembers its parameter's version counter, so once the parameter is changed in place
+  (a training step, ``load_state_dict``) the stale copy is passed over, and ``for_model``
+  builds a fresh one.
 - Only CPU tensors in bfloat16 or float16, where this PyTorch build's oneDNN supports
   them; float32 gains nothing here (its matmul is already bandwidth-bound), so it is
   never packed.
@@ -35,12 +40,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from gptspec.fast import bf16_gemv
 from gptspec.fast.bf16_gemv import BlockedWeight
@@ -49,10 +53,6 @@ if TYPE_CHECKING:  # the model's modules import ops, which imports this module
     from gptspec.fast.model import GPT
 
 Tensor = torch.Tensor
-
-# id(parameter) → its packed matrix, while some ``PrepackedWeights.active()`` is entered
-_ACTIVE: ContextVar[dict[int, PackedMatrix] | None] = ContextVar("gptspec_prepacked", default=None)
-
 
 def supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether weights of this device and dtype can be packed (and are worth packing)."""
@@ -123,25 +123,25 @@ class PackedMatrix:
         """Whether this layout multiplies ``x`` well (the GEMV kernel: one row only)."""
         return not self.weight.one_row_only or x.numel() == x.shape[-1]
 
+    def applies_to(self, x: Tensor) -> bool:
+        """Whether the packed kernel may multiply ``x``: the parameter current (unchanged
+        since packing), x of its dtype and device, rows its layout takes, and no gradient
+        to record (the kernel has no backward)."""
+        p = self.parameter
+        return (self.current and x.dtype == p.dtype and x.device == p.device
+                and self.accepts(x)
+                and not (torch.is_grad_enabled() and (x.requires_grad or p.requires_grad)))
+
+    def product(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        """x Aᵀ + b: the packed kernel where it applies, else the plain product."""
+        if self.applies_to(x):
+            return self(x, bias)
+        A = self.parameter
+        return F.linear(x, A.t() if self.transposed else A, bias)
+
     def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        """The packed kernel itself (``product`` decides whether it applies)."""
         return self.weight(x, bias)
-
-
-def lookup(W: Tensor, x: Tensor, transposed: bool) -> PackedMatrix | None:
-    """The packed form of ``W`` to multiply ``x`` by, if one is active and may be used:
-    current (W unchanged since packing), the same dtype, and no gradient to record."""
-    table = _ACTIVE.get()
-    if table is None:
-        return None
-    packed = table.get(id(W))
-    if packed is None or packed.parameter is not W or packed.transposed != transposed:
-        return None
-    if not packed.current or x.dtype != W.dtype or x.device != W.device \
-            or not packed.accepts(x):
-        return None
-    if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad):
-        return None
-    return packed
 
 
 class PrepackedWeights:
@@ -162,14 +162,11 @@ class PrepackedWeights:
         return len(matrices) == len(self.table) and all(
             id(p) in self.table and self.table[id(p)].current for p, _ in matrices)
 
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """``ops.linear`` and ``ops.unembed_tied`` use the packed matrices inside."""
-        token = _ACTIVE.set(self.table)
-        try:
-            yield
-        finally:
-            _ACTIVE.reset(token)
+    def operand(self, W: Tensor) -> Tensor | PackedMatrix:
+        """What to pass to ``ops.linear`` or ``ops.unembed_tied`` for the parameter W: its
+        packed matrix, or W itself where it has none (a table, a vector)."""
+        packed = self.table.get(id(W))
+        return packed if packed is not None and packed.parameter is W else W
 
 
 def _matrices(model: GPT) -> Iterator[tuple[Tensor, bool]]:

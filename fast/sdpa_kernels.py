@@ -9,7 +9,8 @@ attention call whose mask is exactly the causal mask is given ``is_causal=True``
 the same function, computed by the kernel under test. Any other mask is passed on (and
 refused by FlashAttention, which the report shows as an error naming the kernel). The
 fused kernels take only 4-D (batch, heads, T, d_k) inputs, so other ranks are reshaped to
-four axes and back (a view: the arithmetic is the kernel's).
+four axes and back (a view: the arithmetic is the kernel's), and head widths are padded
+with zeros to the kernels' alignment (HEAD_ALIGNMENT).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from gptspec.fast.backend import TorchBackend
 from gptspec.fast.mutants import patched_ops
 
 KERNELS = ("flash", "efficient")
+# On CUDA the memory-efficient kernel refuses a head width that is not a multiple of 8
+# (PyTorch's FlashAttention pads to one itself). Zero columns appended to Q and K leave
+# every score Q Kᵀ as it is, and to V add output columns that are cut off, so padding
+# lets the kernel take every width the suite draws; the scale stays 1/√d_k of the real
+# width, passed explicitly.
+HEAD_ALIGNMENT = 8
 
 
 def _kernel(name: str) -> Any:
@@ -45,13 +52,20 @@ def _four_axes(X: torch.Tensor) -> torch.Tensor:
     return X.reshape(-1, *X.shape[-3:]) if X.dim() >= 3 else X.reshape(1, 1, *X.shape)
 
 
+def _padded(X: torch.Tensor) -> torch.Tensor:
+    """X with zero columns appended up to a multiple of HEAD_ALIGNMENT."""
+    return torch.nn.functional.pad(X, (0, -X.shape[-1] % HEAD_ALIGNMENT))
+
+
 def _sdpa_causal_flag(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                       M: torch.Tensor | None = None, *, is_causal: bool = False) -> torch.Tensor:
     if M is not None and _is_causal_mask(M, Q.shape[-2], K.shape[-2]):
         M, is_causal = None, True
+    d_k, d_v = Q.shape[-1], V.shape[-1]
     out = torch.nn.functional.scaled_dot_product_attention(
-        _four_axes(Q), _four_axes(K), _four_axes(V), attn_mask=M, is_causal=is_causal)
-    return out.reshape(*Q.shape[:-1], V.shape[-1])
+        _padded(_four_axes(Q)), _padded(_four_axes(K)), _padded(_four_axes(V)),
+        attn_mask=M, is_causal=is_causal, scale=1 / math.sqrt(d_k))
+    return out[..., :d_v].reshape(*Q.shape[:-1], d_v)
 
 
 class SDPAKernelBackend(TorchBackend):

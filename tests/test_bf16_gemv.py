@@ -104,12 +104,14 @@ def test_nan_and_infinity_are_carried_through():
 def test_bad_operands_are_refused_with_a_one_line_reason():
     A = torch.randn(16, 8).bfloat16()
     weight = BlockedWeight.of(A)
-    with pytest.raises(RuntimeError, match="bfloat16 tensors only"):
+    with pytest.raises(ValueError, match="x must be a bfloat16 CPU tensor, not torch.float32"):
         weight(torch.randn(1, 8), None)
-    with pytest.raises(RuntimeError, match="columns"):
+    with pytest.raises(ValueError, match="x has 12 columns, the blocks 8"):
         weight(torch.randn(1, 12).bfloat16(), None)
-    with pytest.raises(RuntimeError, match="bias must be bfloat16"):
+    with pytest.raises(ValueError, match="bias must be bfloat16 of 16 values"):
         weight(torch.randn(1, 8).bfloat16(), torch.randn(15).bfloat16())
+    with pytest.raises(ValueError, match="bias must be bfloat16"):
+        weight(torch.randn(1, 8).bfloat16(), torch.randn(16))
 
 
 def test_without_a_compiler_a_warning_says_so_and_generation_uses_onednn(tmp_path):

@@ -137,3 +137,20 @@ def test_generated_configurations_draw_each_documents_switches():
     draw()
     assert seen == {(k, v) for k in ("attn_bias", "ffn_bias", "positions", "free_head")
                     for v in (True, False)}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("dk", [1, 2, 64, 128])
+def test_scores_at_the_edge_are_drawn_for_float16_alone(dtype, dk):
+    """The attention_scores decision asks for scores whose Q Kᵀ lies past the dtype's range
+    only where the accumulation format holds it with room for the softmax (float16 in
+    float32). bfloat16 shares float32's range: at d_k = 1 its edge scores fitted float32
+    only just, and FlashAttention's S·log₂e overflowed there (NaN on an H200)."""
+    from types import SimpleNamespace
+
+    from gptspec.conformance.checks_ops import _scores_at_the_edge
+
+    ctx = SimpleNamespace(precision=SimpleNamespace(dtype=dtype))
+    assert _scores_at_the_edge(None, ctx, 4, dk) is None
+    # float16: drawn at every width, its scores representable and Q Kᵀ past 65504 (d_k ≥ 25)
+    assert B.LARGEST["float16"] * max(math.sqrt(dk), 2.0) < B.LARGEST["float32"]

@@ -61,8 +61,7 @@ def test_packed_product_is_the_linear_product(dtype, shape, with_bias, packed_ca
             self.w_o, self.wte = W, torch.nn.Parameter(torch.zeros(1, 48, dtype=x.dtype))
             self.config = preset("tiny")
 
-    with PrepackedWeights(Holder()).active():
-        got = ops.linear(x, W, b)
+    got = ops.linear(x, PrepackedWeights(Holder()).operand(W), b)
     assert packed_calls == [shape]
     x64, W64 = x.double().numpy(), W.double().numpy()
     b64 = None if b is None else b.double().numpy()
@@ -75,8 +74,7 @@ def test_packed_product_is_the_linear_product(dtype, shape, with_bias, packed_ca
 def test_tied_unembedding_uses_packed_embedding(dtype, packed_calls):
     model = _model(dtype)
     H = torch.randn(2, 3, model.config.d_model).to(model.wte.dtype)
-    with prepacked.for_model(model).active():  # type: ignore[union-attr]
-        got = ops.unembed_tied(H, model.wte)
+    got = ops.unembed_tied(H, prepacked.for_model(model).operand(model.wte))  # type: ignore[union-attr]
     assert packed_calls == [(2, 3, model.config.d_model)]
     want = torch.nn.functional.linear(H.double(), model.wte.double())
     # both round the same float32-accumulated sums: within two bf16/fp16 roundings
@@ -84,11 +82,14 @@ def test_tied_unembedding_uses_packed_embedding(dtype, packed_calls):
     assert torch.allclose(got.double(), want, rtol=4 * u, atol=4 * u * want.abs().max().item())
 
 
-def test_nothing_is_packed_outside_active(packed_calls):
+def test_nothing_is_packed_unless_the_caller_passes_the_packed_weights(packed_calls):
+    """No state behind the operations: with packed weights built, a plain weight and a
+    forward call without ``weights=`` still take PyTorch's product."""
     model = _model("bfloat16")
     prepacked.for_model(model)
     x = torch.randn(1, model.config.d_model).to(torch.bfloat16)
     ops.linear(x, model.blocks[0].attn.w_o)
+    model(torch.tensor([[1, 2, 3]]))
     assert packed_calls == []
 
 
@@ -98,14 +99,12 @@ def test_generation_multiplies_by_packed_weights_and_only_inside_its_calls(dtype
                                                                           packed_calls):
     """Every linear product of a 16-bit CPU generation goes through a packed matrix, but
     the prompt's at batch 1 in bfloat16 where the one-row GEMV kernel is available (its
-    layout is for one row; the prompt's product takes PyTorch's). The packing is not left
-    active in the caller between streamed tokens."""
+    layout is for one row; the prompt's product takes PyTorch's)."""
     model = _model(dtype)
     prompts = [[1, 2, 3]] * batch
     n_products_per_forward = 4 * model.config.n_layers + 1  # qkv, out, ffn 1, ffn 2; unembed
     steps = 0
     for _ in stream(model, prompts, 5, GREEDY):
-        assert prepacked._ACTIVE.get() is None
         steps += 1
     assert steps == 5
     one_row_layout = batch == 1 and dtype == "bfloat16" and bf16_gemv.available()
@@ -144,8 +143,7 @@ def test_changed_parameters_are_repacked(dtype, packed_calls):
     with torch.no_grad():
         w_o.mul_(-3.0)
     x = torch.randn(1, model.config.d_model).to(model.wte.dtype)
-    with packed.active():
-        stale = ops.linear(x, w_o)
+    stale = ops.linear(x, packed.operand(w_o))
     assert packed_calls == []  # the stale copy was bypassed
     assert torch.equal(stale, torch.nn.functional.linear(x, w_o.t()))
     fresh = prepacked.for_model(model)
@@ -167,8 +165,7 @@ def test_gradients_bypass_the_packed_kernel(dtype, packed_calls):
     assert packed is not None
     w = model.blocks[0].ffn.w_1
     x = torch.randn(2, model.config.d_model).to(model.wte.dtype).requires_grad_()
-    with packed.active():
-        ops.linear(x, w).float().sum().backward()
+    ops.linear(x, packed.operand(w)).float().sum().backward()
     assert packed_calls == []
     want = w.detach().float().sum(dim=1)  # d(Σ xW)/dx = row sums of W
     assert torch.allclose(x.grad.float(), want.expand(2, -1), rtol=2 * B.Precision.of(dtype).u)

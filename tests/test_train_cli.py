@@ -108,3 +108,25 @@ def test_missing_data_existing_run_and_corrupt_checkpoint(tmp_path, corpus, caps
     model.write_bytes(model.read_bytes()[:100])
     assert _train(tmp_path, "--resume", "--steps", "3") == 2
     assert "model.safetensors" in capsys.readouterr().err
+
+
+def test_compile_is_kept_by_the_run_and_its_resume(tmp_path, corpus, monkeypatch):
+    """--compile reaches the trainer (which compiles its forward and loss), is saved with
+    the run's settings, and a --resume without the flag continues compiled. The default
+    compiler is swapped for aot_eager here: the inductor's minutes of C++ on this CPU
+    would test PyTorch, not this flag."""
+    import torch
+
+    real_compile, compiled = torch.compile, []
+
+    def compile_spy(fn, **options):
+        compiled.append(fn)
+        return real_compile(fn, backend="aot_eager", **options)
+
+    monkeypatch.setattr(train.torch, "compile", compile_spy)
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2", "--compile") == 0
+    state = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
+    assert state["settings"]["compile"] is True and len(compiled) == 1
+    assert _train(tmp_path, "--resume", "--steps", "3") == 0
+    state = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 3 and state["settings"]["compile"] is True and len(compiled) == 2

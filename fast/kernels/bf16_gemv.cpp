@@ -76,8 +76,10 @@ at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& blocks,
   TORCH_CHECK(blocks.dim() == 4 && blocks.size(2) == kBlockRows && blocks.size(3) == 2 &&
                   blocks.is_contiguous(), "bf16_gemv: blocks must be (N'/16, K'/2, 16, 2)");
   const int64_t K = x.size(-1), padded_k = 2 * blocks.size(1);
+  // A fixed message: one that formatted K into it crashed the process instead of raising,
+  // on an H200 host with PyTorch 2.11 (BlockedWeight.refusal says it with the numbers).
   TORCH_CHECK(padded_k % 4 == 0 && K <= padded_k && padded_k < K + 4,
-              "bf16_gemv: x has ", K, " columns, the blocks ", padded_k);
+              "bf16_gemv: x's columns do not match the blocks'");
   TORCH_CHECK(n_out > 0 && n_out <= blocks.size(0) * kBlockRows &&
                   n_out > (blocks.size(0) - 1) * kBlockRows, "bf16_gemv: bad n_out");
   if (bias.has_value()) {

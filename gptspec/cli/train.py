@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (field, kind) in TRAIN_FLAGS.items():
         parser.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
                             help=f"training setting {field}")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="compile the forward and the loss with torch.compile (one "
+                             "process; pays on CUDA: about 2x a GPT-2-small step there)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -148,6 +151,8 @@ def _settings(args: argparse.Namespace, base: dict | None = None):
     for flag, (field, _) in TRAIN_FLAGS.items():
         if getattr(args, flag) is not None:
             values[field] = getattr(args, flag)
+    if getattr(args, "compile", None):  # on --resume, without the flag, as the run was
+        values["compile"] = True
     try:
         return TrainSettings.from_dict(values)
     except (ValueError, TypeError) as err:  # TypeError: a state.json with odd values
