@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # the model's modules import ops, which imports this module
 
 Tensor = torch.Tensor
 
+
 def supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether weights of this device and dtype can be packed (and are worth packing)."""
     if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
