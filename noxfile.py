@@ -175,7 +175,7 @@ def ecosystem(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def experiments(session: nox.Session) -> None:
     """The Notes' three open questions as controlled studies (``gptspec experiment all``):
-    about 100 minutes of two cores; results and SVG figures into docs/experiments/, which the
+    about 7 process-hours (3½ hours of two cores); results and SVG figures into docs/experiments/, which the
     site's Open questions page reads. Options after --: --quick (the CI part: tiny models,
     a few steps, one seed, into out/experiments; answers nothing), --jobs N, --seeds N,
     --data PATH, --out DIR. An interrupted run continues where it stopped."""

@@ -1,7 +1,7 @@
 """``gptspec experiment NAME``: answer one of the Notes' open questions with a controlled
 study, or all three.
 
-    gptspec experiment all                  # the full studies (about 100 minutes on 2 cores)
+    gptspec experiment all                  # the full studies (about 3½ hours on 2 cores)
     gptspec experiment vocab --seeds 5      # more seeds: the 3 finished ones are kept
     gptspec experiment all --quick          # tiny models, a few steps, one seed (CI)
     gptspec experiment tying --plan         # the arms, their steps, sizes and FLOPs

@@ -9,9 +9,10 @@ training FLOPs per token), the FLOPs from the spec's cost formulas
 (``training_flops_per_token``, the reference's transcription of the spec entry); where
 parameter counts are matched, they come from ``param_count_total`` likewise.
 
-Two scales: ``FULL`` is what the site's answers come from (about 100 minutes of two CPU
-cores, one thread per run); ``QUICK`` runs the same code on tiny models for a few steps,
-to prove the harness end to end, and answers nothing.
+Two scales: ``FULL`` is what the site's answers come from (434 process-minutes for the
+committed results: about 3½ hours of two CPU cores, one thread per run); ``QUICK`` runs
+the same code on tiny models for a few steps, to prove the harness end to end, and
+answers nothing.
 """
 
 from __future__ import annotations
