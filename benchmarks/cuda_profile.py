@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.machine import dense_bf16_peak  # noqa: E402
 from gptspec.fast.model import GPT, compile_model  # noqa: E402
 from gptspec.fast.optimizer import AdamW  # noqa: E402
+from gptspec.fast.train import mean_cross_entropy  # noqa: E402
 from gptspec.reference import costs  # noqa: E402
 from gptspec.spec import PRESETS  # noqa: E402
 
@@ -44,8 +44,7 @@ def make_step(variant: str, batch: int):
     x, y = data[:, :-1], data[:, 1:]
 
     def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = model._forward(x)
-        return F.cross_entropy(logits.float().reshape(-1, config.vocab_size), y.reshape(-1))
+        return mean_cross_entropy(model._forward(x), y)
 
     if variant == "compiled model":
         compile_model(model)
@@ -56,9 +55,7 @@ def make_step(variant: str, batch: int):
             if compiled_loss is not None:
                 loss = compiled_loss(x, y)
             else:
-                logits = model(x)
-                loss = F.cross_entropy(logits.float().reshape(-1, config.vocab_size),
-                                       y.reshape(-1))
+                loss = mean_cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -66,7 +63,7 @@ def make_step(variant: str, batch: int):
     return config, step
 
 
-def tokens_per_second(step, tokens: int, steps: int) -> tuple[float, float]:
+def tokens_per_second(step, tokens: int, steps: int) -> float:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -74,7 +71,7 @@ def tokens_per_second(step, tokens: int, steps: int) -> tuple[float, float]:
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    return tokens * steps / (time.perf_counter() - t0), time.perf_counter() - t0
+    return tokens * steps / (time.perf_counter() - t0)
 
 
 def main() -> int:
@@ -85,14 +82,13 @@ def main() -> int:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     peak = dense_bf16_peak(torch.cuda.get_device_name()) or float("nan")
-    rows, best = [], None
+    best = None
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
         config, step = make_step(variant, args.batch)
         tokens = args.batch * config.n_ctx
-        tps, _ = tokens_per_second(step, tokens, args.steps)
+        tps = tokens_per_second(step, tokens, args.steps)
         mfu = tps * costs.training_flops_per_token(config) / peak
-        rows.append((variant, tps, mfu, time.perf_counter() - t0))
         print(f"{variant:>16}: {tps:10.0f} tokens/s  MFU {100 * mfu:5.1f}%  "
               f"({time.perf_counter() - t0:.0f} s with warm-up)", flush=True)
         if best is None or tps > best[1]:

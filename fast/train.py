@@ -180,7 +180,7 @@ class TrainSettings:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def _mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The mean cross-entropy of (B, T, V) logits, in float32 (float64 for float64)."""
     if logits.dtype != torch.float64:
         logits = logits.float()
@@ -359,12 +359,12 @@ class Trainer:
                 return self.compiled_loss(x, y)
         with self._autocast():
             logits = (model or self.ddp_model)(x)
-        return _mean_cross_entropy(logits, y)
+        return mean_cross_entropy(logits, y)
 
     def _forward_and_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``loss`` as one function for torch.compile: the model's whole-sequence path (the
         batches come from the run's own checked token file: no input checks to keep)."""
-        return _mean_cross_entropy(self.model._forward(x), y)
+        return mean_cross_entropy(self.model._forward(x), y)
 
     def step_on(self, batches: list[Batch]) -> float:
         """One optimizer step on these micro-batches: their mean loss's gradient (averaged
@@ -605,10 +605,7 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig, device: str =
     model = GPT.from_parameters(params, config, device=device, dtype=dtype)
     x = torch.as_tensor(np.asarray(tokens), device=device, dtype=torch.long)
     y = torch.as_tensor(np.asarray(targets), device=device, dtype=torch.long)
-    logits = model(x)
-    if logits.dtype != torch.float64:  # 16-bit logits: the loss is computed in float32
-        logits = logits.float()
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss = mean_cross_entropy(model(x), y)  # 16-bit logits: the loss is computed in float32
     loss.backward()
     named = dict(model.named_parameters())
     grads = {s.name: named[s.name].grad.detach().to("cpu", torch.float64).numpy()
