@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gptspec.fast.native import cpu_flags, put_ninja_on_path
+
 Tensor = torch.Tensor
 
 SOURCE = Path(__file__).parent / "kernels" / "bf16_gemv.cpp"
@@ -45,7 +47,8 @@ def available() -> bool:
         return False
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
-    if not _cpu_lists_avx512_bf16():  # nothing to build for (and no warning to give)
+    flags = cpu_flags()  # unreadable: build, and the kernel's own CPUID check decides
+    if flags is not None and "avx512_bf16" not in flags:  # nothing to build for, no warning
         return False
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
@@ -56,7 +59,7 @@ def available() -> bool:
     try:
         from torch.utils.cpp_extension import load
 
-        _put_ninja_on_path()
+        put_ninja_on_path()
         load(name="gptspec_bf16_gemv", sources=[str(SOURCE)], is_python_module=False,
              extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except Exception as error:  # no compiler, no ninja, …: the oneDNN product stays
@@ -65,28 +68,6 @@ def available() -> bool:
                       "batch-1 generation uses oneDNN's product", RuntimeWarning, stacklevel=2)
         return False
     return bool(torch.ops.gptspec.bf16_gemv_supported())
-
-
-def _cpu_lists_avx512_bf16() -> bool:
-    """The kernel's own CPUID check decides after the build; this spares the build where
-    /proc/cpuinfo already says no (an unreadable one does not)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
-    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), None)
-    return flags is None or "avx512_bf16" in flags.split()
-
-
-def _put_ninja_on_path() -> None:
-    """PyTorch runs ``ninja`` from PATH; the ninja wheel (a dependency) may sit in an
-    environment whose scripts folder is not on it."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 def blocked(A: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from gptspec.fast import ops
+from gptspec.fast import cpu_gelu, ops
 from gptspec.fast.kv_cache import KVCache, Step
 from gptspec.fast.prepacked import PrepackedWeights
 from gptspec.spec.config import GPTConfig
@@ -309,5 +309,6 @@ def compile_model(model: GPT, **options: Any) -> GPT:
     eager model is the same computation). Input checks and the KV-cache path stay eager:
     they read values from the device, and the cache's write offsets change every step.
     ``options`` go to torch.compile (e.g. ``mode="max-autotune"``, ``backend="eager"``)."""
+    cpu_gelu.available()  # decided before tracing: compiled and eager take the same kernel
     model._forward = torch.compile(model._forward, **options)  # type: ignore[method-assign]
     return model

@@ -24,6 +24,7 @@ from typing import Any, TypeAlias
 import torch
 import torch.nn.functional as F
 
+from gptspec.fast import cpu_gelu
 from gptspec.fast.prepacked import PackedMatrix
 from gptspec.spec.config import GPTConfig
 
@@ -287,7 +288,12 @@ def gelu(x: Tensor) -> Tensor:
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
-    """½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
+    """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))).
+
+    On the CPU in float32 the one-pass kernel of ``cpu_gelu`` computes it (and keeps its
+    derivative for the backward) where that kernel is built; elsewhere PyTorch's."""
+    if cpu_gelu.applies_to(x):
+        return cpu_gelu.gelu_tanh(x)
     return F.gelu(x, approximate="tanh")
 
 

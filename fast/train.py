@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from gptspec.atomic_files import replacing
-from gptspec.fast import ops
+from gptspec.fast import cpu_gelu, ops
 from gptspec.fast.checkpoint import (
     STATE_FILE,
     CheckpointError,
@@ -329,6 +329,7 @@ class Trainer:
             if self.world > 1:
                 raise ValueError("setting 'compile' is for one process; under torchrun "
                                  "train without it")
+            cpu_gelu.available()  # decided before tracing (see cpu_gelu.applies_to)
             self.compiled_loss = torch.compile(self._forward_and_loss)
         self.amp = autocast_dtype(settings)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
