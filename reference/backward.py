@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import erf
 
 from gptspec.reference import forward as F
 from gptspec.reference.loss import cross_entropy_gradient, cross_entropy_mean
@@ -173,6 +172,8 @@ def relu_backward(dY, x) -> Array:
 
 def gelu_backward(dY, x) -> Array:
     """d/dx x Φ(x) = Φ(x) + x φ(x)."""
+    from scipy.special import erf  # here, not at the top (see forward.gelu)
+
     x = _f64(x)
     cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)
