@@ -8,31 +8,20 @@ sum is representable, NaN and infinity carried through, bad operands refused.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from cpu_features import cpu_flags
 
 from gptspec.conformance import budgets as B
 from gptspec.fast import bf16_gemv, prepacked
 from gptspec.fast.bf16_gemv import BlockedWeight, blocked
 
 
-def _cpu_flags() -> set[str]:
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return set()
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def test_the_kernel_is_available_exactly_where_the_cpu_has_avx512_bf16():
     """Read from /proc/cpuinfo, independently of the kernel's own CPUID check: on this
     project's CI machines (AVX-512 BF16) this also proves the kernel builds."""
-    assert bf16_gemv.available() == ("avx512_bf16" in _cpu_flags())
+    assert bf16_gemv.available() == ("avx512_bf16" in cpu_flags())
 
 
 def test_the_blocked_layout_puts_row_pairs_side_by_side():
@@ -138,7 +127,7 @@ def test_without_a_compiler_a_warning_says_so_and_generation_uses_onednn(tmp_pat
     onednn = prepacked.supported("cpu", torch.bfloat16)
     assert done.stdout.split() == ["4", "False", "OneDNNWeight" if onednn else "unpacked"]
     warning = [line for line in done.stderr.splitlines() if "GEMV kernel" in line]
-    if "avx512_bf16" in _cpu_flags():  # a build was due, and the missing compiler is named
+    if "avx512_bf16" in cpu_flags():  # a build was due, and the missing compiler is named
         assert len(warning) == 1 and "no C++ compiler" in warning[0]
     else:  # nothing to build for on this CPU, and so nothing to warn about
         assert warning == []
