@@ -58,7 +58,7 @@ def lint(session: nox.Session) -> None:
     their types are checked rather than read as Any)."""
     install(session, "dev,jax,interop")
     session.run("ruff", "check", ".")
-    session.run("mypy", "gptspec", "spec", "reference", "fast", "conformance", "adapters")
+    session.run("mypy", "src/gptspec")
 
 
 @nox.session(python=PYTHON)
@@ -66,7 +66,7 @@ def bench(session: nox.Session) -> None:
     """Every benchmark, several rounds: medians, ratios and utilisation into out/bench
     (bench.json, bench.md). Options after --: --quick, --corpus PATH, --out DIR."""
     install(session, "interop")
-    session.run("python", "benchmarks/run.py", *session.posargs)
+    session.run("python", "-m", "benchmarks.run", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -128,7 +128,7 @@ def mutants(session: nox.Session) -> None:
     and print the table mutant → killing check (options after --: names, --jobs N,
     --profile P; --json docs/mutation-results.json saves it for the site's Verification page)."""
     install(session)
-    session.run("python", "-m", "gptspec.fast.mutation", *session.posargs)
+    session.run("python", "-m", "meta.mutation", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -153,12 +153,12 @@ def judge_without_torch(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def soundness(session: nox.Session) -> None:
     """The soundness gate: correct backends written differently from the built-in one
-    (soundness/) must pass every check at the thorough profile, seeds 0–2, in float32,
+    (meta/soundness/) must pass every check at the thorough profile, seeds 0–2, in float32,
     bfloat16 and float16; prints backend × dtype × seed → passed/failed and the worst
     fraction of budget. Options after --: --quick (the CI part), --backend, --dtype,
     --seeds N, --profile P."""
     install(session)
-    session.run("python", "soundness/gate.py", *session.posargs)
+    session.run("python", "-m", "meta.soundness.gate", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -41,7 +41,7 @@ cat "$LOG/env.txt"
 #    parallel (the float64 reference runs on the CPU: a few threads each), and the
 #    project's device-parametrised tests beside them.
 conformance() {  # name backend dtype area
-  OMP_NUM_THREADS=3 timeout -k 10 "$(cap 200)" gptspec conformance --backend "$2" \
+  PYTHONPATH="$WORK" OMP_NUM_THREADS=3 timeout -k 10 "$(cap 200)" gptspec conformance --backend "$2" \
     --device "$DEVICE" --dtype "$3" --profile quick --area "$4" --timeout 120 \
     --adjudicate-with none --report "$OUT/conformance-$1.json" > "$LOG/conformance-$1.log" 2>&1
   note "conformance $1: exit $?"
@@ -49,8 +49,8 @@ conformance() {  # name backend dtype area
 conformance torch-float32 torch float32 all &
 conformance torch-bfloat16 torch bfloat16 all &
 conformance torch-float16 torch float16 all &
-conformance flash-bfloat16 gptspec.fast.sdpa_kernels:flash bfloat16 forward &
-conformance efficient-float16 gptspec.fast.sdpa_kernels:efficient float16 forward &
+conformance flash-bfloat16 meta.sdpa_kernels:flash bfloat16 forward &
+conformance efficient-float16 meta.sdpa_kernels:efficient float16 forward &
 (cd "$WORK" && OMP_NUM_THREADS=2 timeout -k 10 "$(cap 200)" python3 -m pytest -q -x \
    -p no:cacheprovider tests/test_fast.py tests/test_conformance_sdpa_kernels.py \
    -k "$DEVICE" > "$LOG/pytest.log" 2>&1; note "pytest -k $DEVICE: exit $?") &

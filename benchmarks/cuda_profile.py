@@ -7,7 +7,7 @@ step written three ways, then the profiler's heaviest kernels of the fastest.
 * ``compiled step``: the forward and the float32 cross-entropy in one compiled function,
   so the (B·T × V) float32 logits never reach memory whole.
 
-    python benchmarks/cuda_profile.py [--batch 16] [--steps 20]
+    python -m benchmarks.cuda_profile [--batch 16] [--steps 20]
 
 Diagnostic only (``nox -s bench`` runs benchmarks/gpu.py); prints a table, then the
 kernels.
@@ -16,13 +16,10 @@ kernels.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.machine import dense_bf16_peak  # noqa: E402
 from gptspec.fast.model import GPT, compile_model  # noqa: E402
 from gptspec.fast.optimizer import AdamW  # noqa: E402

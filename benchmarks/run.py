@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -28,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
-    sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import Report  # noqa: E402
 from gptspec.atomic_files import write_text  # noqa: E402

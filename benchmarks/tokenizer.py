@@ -10,7 +10,7 @@ The corpus is ``--corpus PATH`` (or the environment variable GPTSPEC_CORPUS); by
 default the .py files of Python's standard library. When GPT-2's ranks are in
 .cache/gpt2/gpt2.tiktoken (the tests fetch them) encoding is timed with them too.
 
-    python benchmarks/tokenizer.py --corpus PATH/TO/tinyshakespeare.txt
+    python -m benchmarks.tokenizer --corpus PATH/TO/tinyshakespeare.txt
 """
 
 from __future__ import annotations
@@ -31,14 +31,7 @@ from tokenizers import Regex, pre_tokenizers, trainers  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers.models import BPE  # noqa: E402
 
-try:
-    from benchmarks.report import Report, median_seconds
-except ImportError:  # run as a script
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks.report import Report, median_seconds
-
+from benchmarks.report import Report, median_seconds
 from gptspec.fast.tokenizer import (  # noqa: E402
     GPT2_PATTERN,
     PARALLEL_MIN_PIECE,

@@ -28,8 +28,11 @@ from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
 DOCS = Path(__file__).resolve().parent
-if str(DOCS) not in sys.path:
-    sys.path.insert(0, str(DOCS))
+# mkdocs loads this file by path: sitegen/ beside it, and meta/ (the mutation catalog the
+# Verification page lists, never installed) at the repository root, are found from here
+for folder in (DOCS, DOCS.parent):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 from sitegen import (  # noqa: E402
     compatibility,
@@ -67,7 +70,7 @@ def _verification_page(views: list[Any], root: Path) -> str:
     killing checks of a saved catalog run, docs/mutation-results.json, where there is one)."""
     from gptspec.conformance import budgets
     from gptspec.conformance.registry import all_checks
-    from gptspec.fast.mutants import MUTANTS
+    from meta.mutants import MUTANTS
 
     try:
         run = verification.load_mutation_results(root / verification.MUTATION_RESULTS)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gptspec.fast import ops
-from gptspec.fast.mutants import BY_NAME, MUTANTS, patched_ops
-from gptspec.fast.mutation import main, run_mutant, table
 from gptspec.spec import REGISTRY
+from meta.mutants import BY_NAME, MUTANTS, patched_ops
+from meta.mutation import main, run_mutant, table
 
 FAST_SUBSET = ("mask_shifted_by_one", "softmax_without_max_shift", "l2_instead_of_decoupled_decay",
                "heads_split_without_transpose", "positions_off_by_one",
@@ -38,7 +38,7 @@ def test_forward_mutants_patch_existing_operations_and_restore_them():
 
 
 def test_generation_mutants_patch_existing_functions_and_restore_them():
-    from gptspec.fast.mutants import _owner, patched_paths
+    from meta.mutants import _owner, patched_paths
 
     for m in MUTANTS:
         originals = {path: getattr(*_owner(path)) for path in m.elsewhere}

@@ -18,9 +18,9 @@ from gptspec.conformance.text_strategies import (
     spanning_merges,
 )
 from gptspec.fast.backend import TorchBackend
-from gptspec.fast.mutants import BY_NAME
 from gptspec.reference import tokenizer as ref
 from gptspec.spec import REGISTRY
+from meta.mutants import BY_NAME
 
 GENERATION_CHECKS = ("generate.every_variant", "generate.ragged_batch")
 TOKENIZER_CHECKS = ("decode.invalid_utf8", "encode.matches_reference")

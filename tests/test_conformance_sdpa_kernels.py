@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gptspec.conformance.runner import run_suite
-from gptspec.fast.sdpa_kernels import SDPAKernelBackend, efficient, flash
+from meta.sdpa_kernels import SDPAKernelBackend, efficient, flash
 
 CHECKS = ("scaled_dot_product_attention.differential", "multi_head_attention.differential",
           "block_pre_ln.differential", "gpt_forward.differential")

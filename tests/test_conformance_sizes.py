@@ -14,7 +14,7 @@ from hypothesis import Phase, given, settings
 from gptspec.conformance import budgets, context
 from gptspec.conformance import strategies as S
 from gptspec.conformance.runner import run_suite
-from gptspec.fast.mutants import BY_NAME
+from meta.mutants import BY_NAME
 
 
 def _draws(strategy, profile: str = "default", seed: int = 0) -> list:

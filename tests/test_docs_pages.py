@@ -238,8 +238,8 @@ def _verification(run=None) -> str:
     import gptspec.reference
     from gptspec.conformance import budgets
     from gptspec.conformance.registry import all_checks
-    from gptspec.fast.mutants import MUTANTS
     from gptspec.spec import REGISTRY
+    from meta.mutants import MUTANTS
 
     lookup, _ = load_checks_for()
     entries = spec_pages.build_views(REGISTRY, gptspec.reference, lookup, ROOT)
@@ -250,7 +250,7 @@ def test_the_verification_page_shows_budgets_every_check_and_every_mutant(tmp_pa
     from sitegen.verification import load_mutation_results
 
     from gptspec.conformance.registry import all_checks
-    from gptspec.fast.mutants import MUTANTS
+    from meta.mutants import MUTANTS
 
     page = _verification()
     assert "λ = 6" in page and "Higham" in page and "2<sup>-24</sup>" in page

@@ -41,7 +41,8 @@ from sitegen import open_questions  # noqa: E402
 def corpus(tmp_path_factory) -> Path:
     """About 200 kB of real text (this project's spec modules), enough for the quick
     scale's tokenizers and windows."""
-    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "spec").glob("*.py")))
+    spec = ROOT / "src" / "gptspec" / "spec"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(spec.glob("*.py")))
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text(text, encoding="utf-8")
     return path

@@ -41,6 +41,6 @@ def test_checks_by_area():
 
 
 def test_mutants():
-    from gptspec.fast.mutants import MUTANTS
+    from meta.mutants import MUTANTS
 
     assert int(_stated(r"\*\*(\d+) mutants\*\*")[1]) == len(MUTANTS)

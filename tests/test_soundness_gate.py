@@ -1,4 +1,4 @@
-"""The quick part of the soundness gate (soundness/gate.py --quick): correct backends
+"""The quick part of the soundness gate (meta/soundness/gate.py --quick): correct backends
 written differently from the built-in one pass every check they implement, at the default
 profile, seed 0, in float32 and bfloat16. A failure is a false alarm of the suite."""
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_correct_backends_written_differently_pass_every_check():
-    run = subprocess.run([sys.executable, str(ROOT / "soundness" / "gate.py"), "--quick"],
+    run = subprocess.run([sys.executable, "-m", "meta.soundness.gate", "--quick"], cwd=ROOT,
                          capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     table = run.stdout.split("\n\n")[-2]

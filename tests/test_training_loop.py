@@ -163,7 +163,7 @@ def test_the_loop_check_is_declared_float32_and_float64_only():
 
 @pytest.mark.parametrize("name", LOOP_MUTANTS)
 def test_each_trainer_loop_mutant_is_killed_by_a_loop_check(name):
-    from gptspec.fast.mutants import BY_NAME
+    from meta.mutants import BY_NAME
 
     mutant = BY_NAME[name]
     for check_id in ("lr_schedule.in_the_loop", "train_loop.matches_reference"):

@@ -3,8 +3,8 @@
 Everything shown is read at build time: the budgets' model and λ from
 ``gptspec.conformance.budgets``, each check's full description (its docstring, with its
 preconditions) from ``gptspec.conformance.registry``, the mutation catalog from
-``gptspec.fast.mutants`` and, where a catalog run was saved
-(``python -m gptspec.fast.mutation --json docs/mutation-results.json``), which check
+``meta.mutants`` and, where a catalog run was saved
+(``python -m meta.mutation --json docs/mutation-results.json``), which check
 killed each mutant. Nothing here is typed by hand, so the page cannot drift from the suite.
 """
 

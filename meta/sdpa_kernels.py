@@ -23,7 +23,7 @@ import torch
 
 from gptspec.fast import ops
 from gptspec.fast.backend import TorchBackend
-from gptspec.fast.mutants import patched_ops
+from meta.mutants import patched_ops
 
 KERNELS = ("flash", "efficient")
 # On CUDA the memory-efficient kernel refuses a head width that is not a multiple of 8

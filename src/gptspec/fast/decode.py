@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
 from gptspec.fast import ops
 from gptspec.fast.kv_cache import KVCache
-from gptspec.fast.model import GPT
+from gptspec.fast.model import GPT, Block
 from gptspec.fast.prepacked import PackedMatrix, PrepackedWeights
 
 Tensor = torch.Tensor
@@ -94,7 +95,7 @@ class DecodeStep:
                 ffn_in=_product(block.ffn.w_1, block.ffn.b_1, packed),
                 ffn_out=_product(block.ffn.w_2, block.ffn.b_2, packed),
             )
-            for block in model.blocks
+            for block in cast("list[Block]", model.blocks)
         ]
         self.ln_f = None if model.ln_f is None else (model.ln_f.weight, model.ln_f.bias)
         if model.w_u is None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gptspec/adapters/
 REPORT_DIR = Path("docs") / "ecosystem"
 ADJUDICATIONS = REPORT_DIR / "adjudications.toml"
 VERDICTS = {

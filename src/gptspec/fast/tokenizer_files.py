@@ -130,19 +130,20 @@ def load(path: str | Path, format: str | None = None, **options: Any) -> Tokeniz
 
 
 def _gptspec_bytes(tok: Tokenizer) -> bytes:
+    merges = [list(m) for m in tok.merges]
     doc = {
         "format": GPTSPEC_FORMAT,
         "version": GPTSPEC_VERSION,
         "pattern": tok.pattern,
         "base": list(tok.base),
         "special_tokens": tok.special_tokens,
-        "merges": [list(m) for m in tok.merges],
+        "merges": merges,
     }
     # one merge per line keeps the file diffable and readable
     head = json.dumps({k: v for k, v in doc.items() if k != "merges"}, ensure_ascii=False,
                       indent=1)[:-2]
-    merges = ",\n  ".join(json.dumps(m) for m in doc["merges"])
-    return (head + ',\n "merges": [\n  ' + merges + "\n ]\n}\n").encode("utf-8")
+    lines = ",\n  ".join(json.dumps(m) for m in merges)
+    return (head + ',\n "merges": [\n  ' + lines + "\n ]\n}\n").encode("utf-8")
 
 
 def _field(path: Path, doc: dict, name: str, kind: type | tuple[type, ...]) -> Any:

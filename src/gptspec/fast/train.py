@@ -384,11 +384,11 @@ class Trainer:
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
         if self.scaler:
-            self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(self.optimizer)  # type: ignore[arg-type]  # duck-typed optimizer
         if s.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
         if self.scaler:
-            self.scaler.step(self.optimizer)
+            self.scaler.step(self.optimizer)  # type: ignore[arg-type]
             self.scaler.update()
         else:
             self.optimizer.step()
@@ -599,6 +599,12 @@ def _plot(history: dict, target: Path, plt: Any) -> None:
 # --- the training operations a conformance backend exposes ---------------------------------------
 
 
+def _grad(parameter: torch.Tensor) -> torch.Tensor:
+    if parameter.grad is None:  # every parameter of the schema takes part in the loss
+        raise RuntimeError("a parameter received no gradient")
+    return parameter.grad
+
+
 def gpt_backward(tokens, targets, params: dict, config: GPTConfig, device: str = "cpu",
                  dtype: torch.dtype = torch.float32) -> tuple[float, dict[str, np.ndarray]]:
     """The mean cross-entropy and its gradient by parameter name, through torch autograd
@@ -609,7 +615,7 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig, device: str =
     loss = mean_cross_entropy(model(x), y)  # 16-bit logits: the loss is computed in float32
     loss.backward()
     named = dict(model.named_parameters())
-    grads = {s.name: named[s.name].grad.detach().to("cpu", torch.float64).numpy()
+    grads = {s.name: _grad(named[s.name]).detach().to("cpu", torch.float64).numpy()
              for s in parameter_schema(config)}
     return float(loss.detach()), grads
 

@@ -1,9 +1,9 @@
 """``gptspec conformance``: validate a backend against the float64 reference.
 
 With no ``--backend`` it validates the built-in PyTorch backend on the CPU in float32
-and float64, and, when a CUDA device is present, on it in float32, bfloat16 and float16,
-also with the FlashAttention and memory-efficient SDPA kernels forced
-(:mod:`gptspec.fast.sdpa_kernels`).
+and float64, and, when a CUDA device is present, on it in float32, bfloat16 and float16.
+(The same backend with a fused attention kernel forced is test tooling, not product:
+``meta/sdpa_kernels.py`` in the repository, which ``benchmarks/cuda_check.sh`` runs.)
 
 A backend given with ``--backend`` runs isolated by default: its checks run in a worker
 process, with a per-check time limit, so that a hang or a crash is reported and the run
@@ -60,18 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="list the installed backends and exit")
 
 
-FLASH = "gptspec.fast.sdpa_kernels:flash"
-EFFICIENT = "gptspec.fast.sdpa_kernels:efficient"
-
-
 def _cuda_targets() -> list[tuple[str, str | None, str | None]]:
-    """The built-in backend on CUDA: every dtype with PyTorch's own kernel choice, then
-    each fused SDPA kernel forced (FlashAttention takes only 16-bit inputs)."""
-    targets: list[tuple[str, str | None, str | None]] = [
-        ("torch", "cuda", dt) for dt in ("float32", "bfloat16", "float16")]
-    targets += [(FLASH, "cuda", dt) for dt in ("bfloat16", "float16")]
-    targets += [(EFFICIENT, "cuda", dt) for dt in ("float32", "bfloat16", "float16")]
-    return targets
+    """The built-in backend on CUDA in every dtype, with PyTorch's own kernel choice."""
+    return [("torch", "cuda", dt) for dt in ("float32", "bfloat16", "float16")]
 
 
 def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None]]:

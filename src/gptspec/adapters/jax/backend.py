@@ -244,6 +244,7 @@ class JaxBackend:
         sequences = check_generation(prompts, dict(params), config, max_new_tokens,
                                      temperature, top_k, top_p, rng)
         weights = self._in(dict(params))
+        assert temperature == 0 or rng is not None  # check_generation refuses sampling without
         new: list[list[int]] = [[] for _ in sequences]
         logits_out: list[list[np.ndarray]] = [[] for _ in sequences]
         active = list(range(len(sequences))) if max_new_tokens > 0 else []
@@ -261,7 +262,7 @@ class JaxBackend:
             widened = self._out(rows)
             still = []
             for row, b in enumerate(active):
-                token = int(np.argmax(q[row])) if temperature == 0 else sample_token(q[row], rng)
+                token = int(np.argmax(q[row])) if temperature == 0 else sample_token(q[row], rng)  # type: ignore[arg-type]
                 sequences[b].append(token)
                 new[b].append(token)
                 logits_out[b].append(widened[row])

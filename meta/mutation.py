@@ -1,9 +1,9 @@
 """Mutation testing of the suite: run it against every mutant of the catalog
-(:mod:`gptspec.fast.mutants`) and report which check killed each one.
+(:mod:`meta.mutants`) and report which check killed each one.
 
 A mutant is *killed* by the first check (in dependency order) that fails or errors on it;
 the kill is *on target* when that check names one of the spec entries the mutant breaks.
-``python -m gptspec.fast.mutation`` (what ``nox -s mutants`` runs) prints the table
+``python -m meta.mutation`` (what ``nox -s mutants`` runs) prints the table
 and exits non-zero if any mutant survives or is killed off target. Mutants run in separate
 processes (``--jobs``), each with its own copy of the patched module.
 """
@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from gptspec.fast.mutants import BY_NAME, MUTANTS, Mutant
+from meta.mutants import BY_NAME, MUTANTS, Mutant
 
 
 @dataclass
@@ -117,7 +117,7 @@ def write_json(path: str, results: list[MutantResult], profile: str, seed: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gptspec.fast.mutation",
+    parser = argparse.ArgumentParser(prog="python -m meta.mutation",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="mutants to run (default: the whole catalog)")
     parser.add_argument("--profile", default="default", choices=("quick", "default", "thorough"))

@@ -247,6 +247,7 @@ class OnnxRuntimeBackend:
         top_k = int(top_k) if isinstance(top_k, np.integer) else top_k
         sequences = check_generation(prompts, dict(params), config, max_new_tokens,
                                      temperature, top_k, top_p, rng)
+        assert temperature == 0 or rng is not None  # check_generation refuses sampling without
         new: list[list[int]] = [[] for _ in sequences]
         rows: list[list[np.ndarray]] = [[] for _ in sequences]
         active = list(range(len(sequences))) if max_new_tokens > 0 else []
@@ -257,7 +258,7 @@ class OnnxRuntimeBackend:
                 row = self.forward(context, params, config)[0, -1]
                 q = np.asarray(self.sampling_distribution(row, temperature, top_k, top_p),
                                dtype=np.float64)
-                token = int(np.argmax(q)) if temperature == 0 else sample_token(q, rng)
+                token = int(np.argmax(q)) if temperature == 0 else sample_token(q, rng)  # type: ignore[arg-type]
                 sequences[b].append(token)
                 new[b].append(token)
                 rows[b].append(np.asarray(row, dtype=np.float32))

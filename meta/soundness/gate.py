@@ -2,9 +2,9 @@
 pass every check, in every dtype, at several seeds. A failure here is a false alarm of
 the suite (a budget derived wrongly), not a bug of the backend.
 
-    python soundness/gate.py                 # every backend × float32, bfloat16, float16
+    python -m meta.soundness.gate          # every backend × float32, bfloat16, float16
                                              # × seeds 0, 1, 2 at the thorough profile
-    python soundness/gate.py --quick         # CI: seed 0, default profile, float32 and
+    python -m meta.soundness.gate --quick  # CI: seed 0, default profile, float32 and
                                              # bfloat16, two backends
 
 Prints the table backend × dtype × seed → passed / failed / not implemented and the
@@ -19,12 +19,8 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repository root holds this package
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gptspec.conformance.runner import SuiteResult, run_suite  # noqa: E402
+from gptspec.conformance.runner import SuiteResult, run_suite
 
 
 def compiled_torch(device: str = "cpu", dtype: str = "float32"):
@@ -36,19 +32,19 @@ def compiled_torch(device: str = "cpu", dtype: str = "float32"):
 
 
 def rounded_float64(device: str = "cpu", dtype: str = "float32"):
-    from soundness.torch_variants import RoundedFloat64
+    from meta.soundness.torch_variants import RoundedFloat64
 
     return RoundedFloat64(device, dtype)
 
 
 def explicit_torch(device: str = "cpu", dtype: str = "float32"):
-    from soundness.torch_variants import ExplicitTorch
+    from meta.soundness.torch_variants import ExplicitTorch
 
     return ExplicitTorch(device, dtype)
 
 
 def emulated_numpy(device: str = "cpu", dtype: str = "float32"):
-    from soundness.numpy_emulated import EmulatedNumpy
+    from meta.soundness.numpy_emulated import EmulatedNumpy
 
     return EmulatedNumpy(device, dtype)
 

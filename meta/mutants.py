@@ -14,7 +14,7 @@ cache the same way. A tokenizer mutant is the built-in backend bringing a subcla
 fast tokenizer.
 
 The catalog lives beside the backend it mutates, not in the judge: ``gptspec.conformance``
-knows no backend. ``gptspec.fast.mutation`` runs the suite against each and reports the first check
+knows no backend. ``meta.mutation`` runs the suite against each and reports the first check
 that fails ("killed by") and whether that check names one of the entries the mutant breaks.
 """
 
