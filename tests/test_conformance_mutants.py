@@ -63,7 +63,7 @@ def test_mutant_is_killed_by_a_check_naming_the_entry_it_breaks(name):
 
 
 def test_the_table_shows_a_survivor_and_the_command_fails_on_it(monkeypatch, capsys):
-    from gptspec.fast import mutation
+    from meta import mutation
 
     survivor = mutation.MutantResult("noop", ["softmax"], "", [], "survived", False, 0.0)
     assert "SURVIVED" in table([survivor]) and "| NO " in table([survivor])
@@ -87,7 +87,7 @@ def test_a_mutant_is_not_run_exactly_where_the_machine_lacks_its_code_path():
 def test_a_catalog_of_only_unrunnable_mutants_is_no_verdict(monkeypatch, capsys):
     import dataclasses
 
-    from gptspec.fast import mutation
+    from meta import mutation
 
     absent = dataclasses.replace(BY_NAME["mask_shifted_by_one"],
                                  requires=("a machine nobody has", lambda: False))

@@ -331,7 +331,7 @@ def test_a_reference_function_links_to_its_source_line_when_the_repository_is_kn
 
     base = "https://example.invalid/repo/blob/main/"
     linked = spec_pages.reference_code(gptspec.reference, "softmax", ROOT, base)
-    assert linked is not None and linked.url == f"{base}reference/forward.py#L{linked.line}"
+    assert linked is not None and linked.url == f"{base}src/gptspec/reference/forward.py#L{linked.line}"
     assert f'href="{linked.url}"' in spec_pages._source_link(linked)
     plain = spec_pages.reference_code(gptspec.reference, "softmax", ROOT)
     assert plain is not None and plain.url == "" and "href" not in spec_pages._source_link(plain)
