@@ -54,3 +54,69 @@ class UnknownDtype(Honest):
 class Hangs(Honest):
     def forward(self, tokens, params, config):
         time.sleep(3600)
+
+
+class Forks(Honest):
+    """Its forward starts a child that outlives the call, holding the suite's standard
+    output and error (``gptspec conformance … | cat`` waited for it); the child writes
+    its pid to the file named by GPTSPEC_TEST_PID_FILE."""
+
+    forked = False
+
+    def forward(self, tokens, params, config):
+        if not Forks.forked:
+            Forks.forked = True
+            import os
+
+            if os.fork() == 0:
+                with open(os.environ["GPTSPEC_TEST_PID_FILE"], "w") as out:
+                    out.write(str(os.getpid()))
+                time.sleep(600)
+                os._exit(0)
+        return super().forward(tokens, params, config)
+
+
+class Forges(Honest):
+    """A name, version and error messages that would clear the terminal and print a
+    verdict of their own."""
+
+    name = "\x1b[2J\x1b[Hall checks passed\n"
+    version = "1\r\x1b[32mPASS" + "x" * 10_000
+    device = "cpu\x07"
+
+    def forward(self, tokens, params, config):
+        raise RuntimeError("\x1b[2J\x1b[Hall checks passed\r\n0 failed")
+
+
+class MovesTheDirectory(Honest):
+    """Changes the working directory on every call (to the folder named by
+    GPTSPEC_TEST_CHDIR), as a careless engine's cache might."""
+
+    def __init__(self) -> None:
+        import os
+
+        os.chdir(os.environ["GPTSPEC_TEST_CHDIR"])
+
+    def forward(self, tokens, params, config):
+        import os
+
+        os.chdir(os.environ["GPTSPEC_TEST_CHDIR"])
+        return super().forward(tokens, params, config)
+
+
+class ListsInAnyDtype(Honest):
+    """Takes the dtype asked and declares it, but computes in float64 and returns plain
+    Python lists: judged with bfloat16's budgets, float64 results always pass."""
+
+    def __init__(self, dtype: str = "float64") -> None:
+        self.dtype = dtype
+
+    def forward(self, tokens, params, config):
+        return super().forward(tokens, params, config).tolist()
+
+
+class Float64InAnyDtype(ListsInAnyDtype):
+    """The same, with the float64 results returned as a float64 array."""
+
+    def forward(self, tokens, params, config):
+        return Honest.forward(self, tokens, params, config)

@@ -291,6 +291,18 @@ for flag, value, needle in [
     case(f"conformance{flag}={value.replace('{w}/', '')}", _with(CONF, flag, value), needle)
 case("conformance-backend-missing-module",
      CONF + ["--backend", "no_such_module_xyz:Backend", "--no-isolate"], "no_such_module_xyz")
+# issue 29: every module the command line names is found before any check runs (the
+# plain backend named by --adjudicate-with was never looked for); a time limit past what
+# poll() takes ended in one line that hid an unexpected OverflowError
+case("conformance-backend-missing-module-isolated",
+     CONF + ["--backend", "no_such_module_xyz:Backend"], "no module named 'no_such_module_xyz'")
+case("conformance-backend-missing-submodule",
+     CONF + ["--backend", "gptspec.no_such_module_xyz:Backend"], "no module named")
+case("conformance-adjudicate-with-missing-module",
+     CONF + ["--adjudicate-with", "no_such_module_xyz:Plain"], "--adjudicate-with")
+case("conformance-adjudicate-with-unknown-name", CONF + ["--adjudicate-with", "jaxx"],
+     "unknown backend 'jaxx'")
+case("conformance--timeout=1e308", _with(CONF, "--timeout", "1e308"), "--timeout")
 
 # --- found by an attacker's pass beyond the cases above (issue 15) ----------------------------
 # paths: empty (Path would read it as "."), a file's name ending in /, unreadable though it

@@ -122,6 +122,18 @@ def test_standard_output_closed_by_the_caller_is_one_line():
                                       "info prints its table there")
 
 
+@pytest.mark.parametrize(("argv", "why"), [
+    (["conformance", "--list-checks"], "the list is printed there"),
+    (["experiment", "tying", "--plan"], "--plan prints the plan there")])
+def test_a_listing_to_a_closed_standard_output_is_one_line(argv, why):
+    # experiment --plan printed into the void and exited 0 (issue 29)
+    done = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", *GPTSPEC, *argv],
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2
+    assert _one_line(done.stderr) == (f"gptspec {argv[0]}: error: standard output is "
+                                      f"closed; {why}")
+
+
 def test_a_full_standard_output_is_one_line():
     with open("/dev/full", "w") as full:
         done = subprocess.run([*GPTSPEC, "info", "gpt2"], stdout=full, stderr=subprocess.PIPE,

@@ -226,3 +226,113 @@ def test_a_stop_that_surfaces_as_another_error_still_stops_the_run():
                   stopped_inside_the_library, "forward", "")
     with pytest.raises(KeyboardInterrupt):
         run_check(check, ReferenceBackend(), Precision.of("float32"), "quick", 0)
+
+
+# --- a backend may fork, forge, move the working directory or misstate its dtype (issue 29)
+
+TESTS = os.path.dirname(os.path.abspath(__file__))  # hostile_backends
+
+
+def _hostile_cli(tmp_path, *args, **env):
+    """``gptspec conformance`` on a hostile backend, its output read through pipes, as
+    ``gptspec conformance … | cat`` or a CI log reader reads it."""
+    return subprocess.run(
+        [sys.executable, "-m", "gptspec", "conformance", "--check", "gpt_forward.differential",
+         "--profile", "quick", "--adjudicate-with", "none", *args],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": TESTS, **env})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+def test_a_backend_that_forks_leaves_no_process_behind_nor_holds_the_pipes(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    try:
+        # before, the forked child (asleep for 10 minutes) kept the pipes open: the read
+        # of the output ran into this call's time limit
+        proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Forks", "--timeout", "60",
+                            GPTSPEC_TEST_PID_FILE=str(pid_file))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert time.monotonic() - started < 60
+        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), f"the backend's child {pid} outlived the run"
+    finally:
+        if pid_file.exists() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), 9)
+
+
+def test_what_a_backend_names_itself_or_raises_is_shown_escaped_and_bounded(tmp_path):
+    report = tmp_path / "report.json"
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Forges", "--report", str(report))
+    assert proc.returncode == 1
+    for stream in (proc.stdout, proc.stderr):
+        assert "\x1b" not in stream and "\r" not in stream and "\x07" not in stream
+    assert "backend \\x1b[2J\\x1b[Hall checks passed\\n 1\\r\\x1b[32mPASS" in proc.stdout
+    assert "more characters" in proc.stdout  # the 10,000-character version is cut
+    assert "raised RuntimeError: \\x1b[2J\\x1b[Hall checks passed" in proc.stdout
+    (run,) = json.loads(report.read_text())["runs"]
+    assert run["backend"]["name"] == "\\x1b[2J\\x1b[Hall checks passed\\n"
+    assert run["backend"]["device"] == "cpu\\x07"
+    assert len(run["backend"]["version"]) < 300
+    assert "\x1b" not in run["checks"][0]["detail"]
+
+
+def test_no_isolate_keeps_the_working_directory_where_the_files_are_written(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:MovesTheDirectory",
+                        "--no-isolate", "--report", "report.json", "--markdown", "summary.md",
+                        "--dtype", "float64", GPTSPEC_TEST_CHDIR=str(elsewhere))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "report.json").exists() and (tmp_path / "summary.md").exists()
+    assert not list(elsewhere.iterdir())
+
+
+def test_the_dtype_asked_is_the_dtype_judged(monkeypatch):
+    monkeypatch.syspath_prepend(TESTS)
+    import hostile_backends as hostile
+
+    select = _only("gpt_forward.differential")
+
+    def judged(backend, dtype):
+        (r,) = run_suite(backend, profile="quick", select=select, dtype=dtype).results
+        return r.status, r.detail
+
+    # float64 results handed back as lists or float64 arrays, under bfloat16's budgets
+    status, detail = judged(hostile.ListsInAnyDtype("bfloat16"), "bfloat16")
+    assert status == "error" and "Python list" in detail and "bfloat16 was asked" in detail
+    for dtype in ("bfloat16", "float16", "float32"):
+        status, detail = judged(hostile.Float64InAnyDtype(dtype), dtype)
+        assert status == "error", (dtype, detail)
+        assert f"float64 values that {dtype} cannot hold" in detail
+    # a backend that ignores the dtype asked (it takes no dtype argument)
+    status, detail = judged(hostile.Honest(), "bfloat16")
+    assert status == "error"
+    assert detail == ("the backend declares dtype float64, not the bfloat16 asked "
+                      "(does it take a dtype argument?)")
+    # no false alarm: float64 as asked, and bfloat16 values handed back as float32 (the
+    # built-in backend's logits)
+    assert judged(hostile.Honest(), "float64")[0] == "pass"
+    assert judged(hostile.ListsInAnyDtype("float64"), None)[0] == "pass"
+    from gptspec.fast.backend import TorchBackend
+
+    for dtype in ("bfloat16", "float32"):
+        assert judged(TorchBackend("cpu", dtype), dtype)[0] == "pass", dtype
+
+
+def test_the_dtype_asked_is_judged_in_the_worker_too(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ListsInAnyDtype",
+                        "--dtype", "bfloat16")
+    assert proc.returncode == 1
+    assert "ERR   gpt_forward.differential" in proc.stdout
+    assert "forward returned a Python list (float64 values)" in proc.stdout

@@ -22,6 +22,8 @@ from typing import Any
 
 from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
+MAX_TIMEOUT = 86400.0  # seconds per check: a day; more is a typo (and past what poll takes)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", action="append", metavar="SPEC",
@@ -50,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the checks in a worker process that a hang or crash cannot "
                              "take down (default: on for --backend, off for the built-in)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                        help="time limit per check (default 300; 0 for none)")
+                        help=f"time limit per check (default 300, at most {MAX_TIMEOUT:g}: "
+                             "a day; 0 for none)")
     parser.add_argument("--adjudicate-with", default="torch", metavar="SPEC",
                         help="the plain backend a low-precision failure is compared with, "
                              "on the CPU in the same dtype (default: the built-in torch; "
@@ -91,6 +94,21 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None
     return targets
 
 
+def _locate_backends(args: argparse.Namespace) -> None:
+    """Every backend module the command line names exists, before any check runs: a typo
+    in --adjudicate-with would otherwise surface only as a note on the first failure."""
+    from gptspec.conformance.discovery import BackendError, locate
+
+    specs = [("--backend", spec) for spec in args.backend or []]
+    if args.adjudicate_with not in ("none", "torch"):  # torch: the built-in, this package's
+        specs.append(("--adjudicate-with", args.adjudicate_with))
+    for flag, spec in specs:
+        try:
+            locate(spec)
+        except BackendError as err:
+            raise CLIError(f"{flag} {spec}: {err}") from None
+
+
 def _cuda() -> bool:
     try:
         import torch
@@ -126,12 +144,13 @@ def run(args: argparse.Namespace) -> int:
         return not args.check or any(fnmatch.fnmatch(check.id, p) or check.id.startswith(p)
                                      for p in args.check)
 
-    checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0)
+    checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0, high=MAX_TIMEOUT)
     checks.seed(args.seed)
     if args.check and not any(selected(c) for c in all_checks(area)):
         raise CLIError(f"--check {' '.join(args.check)} matches no check"
                        f"{'' if area is None else f' in area {args.area!r}'} "
                        "(gptspec conformance --list-checks lists them)")
+    _locate_backends(args)
     for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
         if path is not None:
             checks.output_file(path, flag)
@@ -142,6 +161,11 @@ def run(args: argparse.Namespace) -> int:
                        "second would replace the first")
     if args.save_failures is not None:
         checks.output_dir(args.save_failures, "--save-failures")
+    # absolute now: a backend run in this process (--no-isolate) may change the working
+    # directory, and the files must land where they were asked for
+    for name in ("report", "markdown", "save_failures"):
+        if getattr(args, name) is not None:
+            setattr(args, name, str(Path(getattr(args, name)).absolute()))
     if args.device and not args.backend:  # another backend's device names are its own
         for device in args.device:
             checks.device(device)
@@ -188,7 +212,7 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
     from gptspec.conformance import report
     from gptspec.conformance.discovery import BackendError, load_backend
     from gptspec.conformance.isolation import run_isolated
-    from gptspec.conformance.runner import run_suite
+    from gptspec.conformance.runner import keeping_cwd, run_suite
 
     repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
              "--area", args.area]
@@ -205,11 +229,12 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
         if isolate:
             suite = run_isolated(spec, device=device, dtype=dtype, **common)
         else:
-            backend = load_backend(spec, device=device, dtype=dtype)
+            with keeping_cwd():  # its constructor may move it too
+                backend = load_backend(spec, device=device, dtype=dtype)
             origin = {"spec": spec, "device": device or str(backend.device),
                       "dtype": dtype or str(backend.dtype),
                       "name": str(getattr(backend, "name", spec))}
-            suite = run_suite(backend, origin=origin, **common)
+            suite = run_suite(backend, origin=origin, dtype=dtype, **common)
     except BackendError as err:
         raise CLIError(str(err)) from None
     print(report.summary(suite), flush=True)

@@ -19,7 +19,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from gptspec.cli import CLIError, checks
+from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
 NAMES = ("vocab", "tying", "head-width", "all")
 FULL_OUT = Path("docs") / "experiments"  # the results the site answers from
@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else SEEDS)
     studies = _studies(args)
     if args.plan:
-        _print_plan(studies, seeds)
+        standard_stream("stdout", "--plan prints the plan there")
+        with writing_stdout():
+            _print_plan(studies, seeds)
         return 0
     from gptspec.experiments.runner import ExperimentError, run_studies
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
+import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 
 from gptspec.conformance import budgets
@@ -35,6 +36,40 @@ class CheckFailure(AssertionError):
 
 class NotImplementedOp(Exception):
     """The backend does not provide an optional operation."""
+
+
+class WrongDtype(BaseException):
+    """The backend's logits are not in the dtype the run judges (a BaseException, like a
+    time-out, so that Hypothesis reports it at once instead of shrinking the example)."""
+
+
+def wrong_dtype(output: Any, dtype: str) -> str:
+    """Why ``forward``'s output is not an array of ``dtype`` values, or "". An array of a
+    wider dtype holding exactly ``dtype`` values (bfloat16 logits handed back as float32)
+    is fine; a Python list, or values that ``dtype`` cannot hold, were computed in another
+    precision, and judging them with ``dtype``'s looser budgets would pass them unearned."""
+    if dtype == "float64":
+        return ""
+    declared = getattr(output, "dtype", None)
+    returned = str(declared).replace("torch.", "")
+    if declared is not None and returned == dtype:
+        return ""
+    try:
+        x = np.asarray(output)
+        if x.dtype.kind != "f":
+            return ""  # not floating-point numbers: the check itself says what is wrong
+        x = x.astype(np.float64)
+    except Exception:  # noqa: BLE001 — not an array at all: the check's comparison says so
+        return ""
+    if declared is None:
+        return (f"forward returned a Python {type(output).__name__} (float64 values), not "
+                f"an array of {dtype} values, where {dtype} was asked")
+    finite = x[np.isfinite(x)]
+    off = finite[budgets.round_to(finite, dtype) != finite]
+    if not off.size:
+        return ""
+    return (f"forward returned {returned} values that {dtype} cannot hold (e.g. "
+            f"{float(off[0])!r}) where {dtype} was asked: it did not compute in {dtype}")
 
 
 def suite_settings(profile: str) -> settings:
@@ -87,11 +122,13 @@ _KEEP_CALLS = 16  # calls kept per example (a check makes a handful)
 
 class RecordingBackend:
     """The backend as a check sees it: every call to an operation or ``forward`` is
-    recorded, in order, in ``calls`` (reset at each example by the context)."""
+    recorded, in order, in ``calls`` (reset at each example by the context); logits not
+    in ``dtype`` raise WrongDtype."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, dtype: str = "float64") -> None:
         self._backend = backend
         self.calls: list[Call] = []
+        self._dtype = dtype  # forward's logits must be values of it (see wrong_dtype)
 
     @property
     def wrapped(self) -> Any:
@@ -107,6 +144,10 @@ class RecordingBackend:
             self.calls.append(record)
             del self.calls[:-_KEEP_CALLS]
             record.output = value(*args, **kwargs)
+            if name == "forward":
+                problem = wrong_dtype(record.output, self._dtype)
+                if problem:
+                    raise WrongDtype(problem)
             return record.output
 
         call.__name__ = name

@@ -4,6 +4,8 @@ group (the built-in ``torch`` and ``reference`` are registered there too)."""
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 from importlib.metadata import entry_points
 from typing import Any
@@ -23,13 +25,40 @@ def registered() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
-def _resolve(spec: str) -> Any:
+def _target(spec: str) -> tuple[str, str]:
+    """``spec``'s module and attribute, an installed name read as what it names."""
     known = registered()
     target = known.get(spec, spec)
     if ":" not in target:
         raise BackendError(f"unknown backend {spec!r}: give module:attr or one of "
                            f"{', '.join(sorted(known)) or '(none installed)'}")
     module_name, _, attr = target.partition(":")
+    return module_name, attr
+
+
+def locate(spec: str) -> None:
+    """Raise BackendError, in one line, when ``spec`` names a module that does not exist,
+    without running any of its code (the backend may only run isolated): each package
+    on the way is looked up on its parent's path, not imported."""
+    module_name, _ = _target(spec)
+    parts = module_name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise BackendError(f"{module_name!r} is not a module name")
+    try:
+        found = importlib.util.find_spec(parts[0])
+        for depth in range(1, len(parts)):
+            if found is None or found.submodule_search_locations is None:
+                break
+            found = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[: depth + 1]), list(found.submodule_search_locations))
+    except (ImportError, ValueError, OSError):
+        return  # the import, when the run makes it, says what is wrong
+    if found is None:
+        raise BackendError(f"no module named {module_name!r}")
+
+
+def _resolve(spec: str) -> Any:
+    module_name, attr = _target(spec)
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as err:  # noqa: BLE001 — any import failure, in one line

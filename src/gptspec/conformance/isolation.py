@@ -7,20 +7,26 @@ sends the worker one check id at a time; the worker, started with multiprocessin
 result as JSON. When the worker does not answer within the time limit it is killed and
 the check reported as an error "timed out after N s"; when it dies the check is reported
 as an error naming the exit code or signal. Either way a fresh worker takes the next
-check, and the run ends with a report.
+check, and the run ends with a report. The worker leads a session of its own, and every
+way out of it (done, timed out, crashed, Ctrl-C) kills that whole process group: nothing
+a backend forked outlives the run or keeps the caller's pipes open.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
 
 from gptspec.conformance.discovery import BackendError
+from gptspec.conformance.protocol import shown
 from gptspec.conformance.registry import Check, all_checks
 from gptspec.conformance.runner import (
+    NAME_LIMIT,
+    STATUSES,
     CheckResult,
     SuiteResult,
     not_implemented,
@@ -34,17 +40,24 @@ START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeo
 
 def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
             seed: int, save_failures: str | None, plain: str | None) -> None:
-    from gptspec.conformance.budgets import Precision
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.registry import CHECKS, all_checks
-    from gptspec.conformance.runner import _missing_ops, describe_backend
+    from gptspec.conformance.runner import (
+        _missing_ops,
+        describe_backend,
+        dtype_error,
+        judged_precision,
+    )
 
+    # first, before any backend code runs: a session (and process group) of its own, which
+    # the parent kills whole, with whatever the backend started in it
+    os.setsid()
     # Ctrl-C reaches every process of the terminal's group: the parent handles it (and
     # stops this one); here it would only print a traceback from inside the backend
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         backend = load_backend(spec, device=device, dtype=dtype)
-        precision = Precision.of(str(getattr(backend, "dtype", "float64")))
+        precision, mismatch = judged_precision(backend, dtype)
         described = describe_backend(backend)
     except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
         message = (str(err) if isinstance(err, BackendError) else
@@ -64,8 +77,9 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
             return
         check = CHECKS[check_id]
         try:
-            missing = _missing_ops(backend, check)
-            result = (not_implemented(check, missing) if missing else
+            missing = [] if mismatch else _missing_ops(backend, check)
+            result = (dtype_error(check, mismatch) if mismatch else
+                      not_implemented(check, missing) if missing else
                       run_check(check, backend, precision, profile, seed, None, save_failures,
                                 origin, plain))
         except BaseException as err:  # noqa: BLE001 — run_check lets KeyboardInterrupt out
@@ -114,13 +128,21 @@ class _Worker:
                                "(importing and building it)")
         try:
             hello = json.loads(self.conn.recv_bytes())
+            if "load_error" in hello:
+                raise BackendError(shown(hello["load_error"]))
+            self.backend = {k: shown(hello["backend"][k], NAME_LIMIT)
+                            for k in ("name", "version", "device", "dtype")}
         except EOFError:
-            raise BackendError(f"backend {spec!r} failed to start: {_death(self.process)}"
-                               ) from None
-        if "load_error" in hello:
+            death = _death(self.process)
             self.stop()
-            raise BackendError(hello["load_error"])
-        self.backend = hello["backend"]
+            raise BackendError(f"backend {spec!r} failed to start: {death}") from None
+        except BackendError:
+            self.stop()
+            raise
+        except Exception:  # noqa: BLE001 — the worker is the backend's process: not trusted
+            self.stop()
+            raise BackendError(f"backend {spec!r} failed to start: its worker sent an "
+                               "unreadable greeting") from None
 
     def run(self, check: Check, timeout: float | None) -> CheckResult:
         def error(detail: str) -> CheckResult:
@@ -133,24 +155,47 @@ class _Worker:
             if not self.conn.poll(timeout):
                 self.stop()
                 return error(f"timed out after {timeout:g} s (the worker was stopped)")
-            return CheckResult(**json.loads(self.conn.recv_bytes()))
+            answer = self.conn.recv_bytes()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             return error(_death(self.process))
+        try:
+            result = CheckResult(**json.loads(answer))
+            if result.id != check.id or result.status not in STATUSES:
+                raise ValueError(result.id)
+            return result
+        except Exception:  # noqa: BLE001 — the worker runs the backend's code: not trusted
+            self.stop()
+            return error("the worker sent an unreadable answer (the backend wrote into "
+                         "the judge's channel)")
 
     def alive(self) -> bool:
         return self.process.is_alive()
 
     def stop(self) -> None:
+        """End the worker and everything in its process group (what the backend forked):
+        asked to stop first, then killed. Safe to call more than once."""
         if self.process.is_alive():
             try:
                 self.conn.send_bytes(b"")
             except OSError:
                 pass
             self.process.join(1)
-        if self.process.is_alive():
-            self.process.kill()
+        self._kill_group()
         self.process.join(5)
         self.conn.close()
+
+    def _kill_group(self) -> None:
+        # the group's id is the worker's pid, which stays taken while any member of the
+        # group lives: once the group is empty this is a harmless "no such process"
+        pid = self.process.pid
+        if pid is None:
+            return
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.process.is_alive():  # it died before it could call setsid
+            self.process.kill()
 
 
 def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = None,

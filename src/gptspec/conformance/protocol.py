@@ -54,6 +54,25 @@ PROTOCOL_HISTORY = {
 }  # each version's telltale signature, for the message that names a mismatch
 
 
+SHOWN_LIMIT = 2000  # characters of one backend-supplied string a report or terminal shows
+
+
+def shown(text: object, limit: int = SHOWN_LIMIT, *, lines: bool = False) -> str:
+    """A string a backend supplied (its name, version, an exception's message), as the
+    judge prints or writes it: control characters and escape sequences spelled as Python
+    escapes (``\\x1b``, ``\\n``), so that a backend cannot clear the screen or forge a
+    verdict line, and at most ``limit`` characters, the rest counted. ``lines``: keep its
+    line breaks (a falsifying example), escaping everything else."""
+    try:
+        text = str(text)
+    except Exception:  # noqa: BLE001 — a backend's __str__ may raise anything
+        return "(unprintable)"
+    rest = len(text) - limit
+    visible = "".join(c if c.isprintable() or (lines and c == "\n") else repr(c)[1:-1]
+                      for c in text[:limit])
+    return f"{visible}… ({rest} more characters)" if rest > 0 else visible
+
+
 class NotApplicable(Exception):
     """Raised by a backend for an input its engine cannot express (e.g. a post-LN block in
     an engine whose model is pre-LN); the message says why, in one line."""

@@ -29,6 +29,7 @@ import numpy as np
 from gptspec.atomic_files import replacing, write_text
 from gptspec.conformance import budgets
 from gptspec.conformance.context import Call, FailureCapture
+from gptspec.conformance.protocol import shown
 from gptspec.spec.config import GPTConfig
 
 
@@ -124,10 +125,17 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
     return written
 
 
+def _docstring_text(text: object) -> str:
+    """A backend-supplied text inside the generated file's docstring: escaped (shown),
+    backslashes doubled and no double quote, so that it cannot end the docstring."""
+    return shown(text, 200).replace("\\", "\\\\").replace('"', "'")
+
+
 def _pytest_text(check_id: str, npz_name: str, origin: dict[str, Any], message: str) -> str:
-    first = message.splitlines()[0] if message else ""
-    return f'''"""Reproduces the conformance failure of {check_id} on {origin.get("name")}
-({origin.get("device")}, {origin.get("dtype")}) without Hypothesis: the backend's call on the
+    first = _docstring_text(message.splitlines()[0] if message else "")
+    name, device, dtype = (_docstring_text(origin.get(k)) for k in ("name", "device", "dtype"))
+    return f'''"""Reproduces the conformance failure of {check_id} on {name}
+({device}, {dtype}) without Hypothesis: the backend's call on the
 saved inputs, compared with the saved float64 reference within the saved budget.
 
 Failure when written: {first}

@@ -10,6 +10,7 @@ survives hangs of any kind and crashes of the interpreter.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -26,10 +27,11 @@ from gptspec.conformance.context import (
     CheckFailure,
     NotImplementedOp,
     RecordingBackend,
+    WrongDtype,
     keeping_comparisons,
     suite_settings,
 )
-from gptspec.conformance.protocol import NotApplicable
+from gptspec.conformance.protocol import SHOWN_LIMIT, NotApplicable, shown
 from gptspec.conformance.registry import Check, all_checks
 
 STATUSES = ("pass", "fail", "not-implemented", "not-applicable", "blocked", "error")
@@ -73,8 +75,47 @@ class SuiteResult:
         return not any(r.status in ("fail", "error", "blocked") for r in self.results)
 
 
+NAME_LIMIT = 200  # characters of a backend's name, version, device or dtype shown
+
+
 def describe_backend(backend: Any) -> dict[str, str]:
-    return {k: _read(backend, k, "?") for k in ("name", "version", "device", "dtype")}
+    """The backend's name, version, device and dtype as a report shows them (escaped)."""
+    return {k: shown(_read(backend, k, "?"), NAME_LIMIT)
+            for k in ("name", "version", "device", "dtype")}
+
+
+def judged_precision(backend: Any, asked: str | None) -> tuple[Precision, str]:
+    """The precision a run judges (the dtype asked, else the backend's own) and, when the
+    backend declares another dtype than the one asked (a factory that ignores ``dtype``),
+    the error every check of the run reports: its results say nothing about ``asked``."""
+    declared = _read(backend, "dtype", "float64").replace("torch.", "")
+    if asked is None or asked == declared:
+        return Precision.of(declared), ""
+    return Precision.of(asked), (f"the backend declares dtype {shown(declared, NAME_LIMIT)}, "
+                                 f"not the {asked} asked (does it take a dtype argument?)")
+
+
+def dtype_error(check: Check, detail: str) -> CheckResult:
+    return CheckResult(check.id, list(check.entries), check.kind, "error", None, detail,
+                       0, 0, 0.0, check.budget)
+
+
+@contextlib.contextmanager
+def keeping_cwd() -> Any:
+    """The working directory as it was before a backend ran in this process: a backend's
+    ``os.chdir`` must not move the files the judge writes (reports, saved failures)."""
+    try:
+        here = os.open(".", os.O_RDONLY)
+    except OSError:  # no readable working directory: nothing to keep
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.fchdir(here)
+        finally:
+            os.close(here)
 
 
 def _read(backend: Any, attribute: str, default: str) -> str:
@@ -172,12 +213,12 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
     example's exact inputs are saved under ``save_failures`` (see reproduction), and a
     low-precision failure is adjudicated against ``plain``, the spec of a plain same-dtype
     implementation (None: not adjudicated)."""
-    recording = RecordingBackend(backend)
+    recording = RecordingBackend(backend, precision.dtype)
     ctx = CheckContext(recording, precision, suite_settings(profile), seed)
     start = time.perf_counter()
     status, detail = "pass", ""
     try:
-        with keeping_comparisons(ctx), _time_limit(timeout):
+        with keeping_cwd(), keeping_comparisons(ctx), _time_limit(timeout):
             check.fn(recording, ctx)
     except KeyboardInterrupt:
         raise
@@ -188,6 +229,8 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         err = _first(raised)
         if isinstance(err, CheckTimeout) or isinstance(raised, CheckTimeout):
             status, detail = "error", str(err)
+        elif isinstance(err, WrongDtype) or isinstance(raised, WrongDtype):
+            status, detail = "error", str(err if isinstance(err, WrongDtype) else raised)
         elif isinstance(err, NotImplementedOp):
             status, detail = "not-implemented", f"backend has no operation {err}"
         elif isinstance(err, NotApplicable) or (
@@ -216,7 +259,8 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         budget=check.budget, minimal_example="\n".join(ctx.falsifying).strip(),
         not_applicable=ctx.not_applicable)
     if status == "fail" and ctx.failure is not None:
-        _after_failure(result, ctx, backend, precision, save_failures, origin, plain)
+        with keeping_cwd():  # adjudication calls the backend again
+            _after_failure(result, ctx, backend, precision, save_failures, origin, plain)
     return result
 
 
@@ -246,20 +290,24 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
               header: Callable[[SuiteResult], None] | None = None,
               stop_on_failure: bool = False, timeout: float | None = None,
               save_failures: str | None = None,
-              origin: dict[str, Any] | None = None, plain: str | None = None) -> SuiteResult:
+              origin: dict[str, Any] | None = None, plain: str | None = None,
+              dtype: str | None = None) -> SuiteResult:
     """Run every selected check against ``backend``, dependencies first. A check whose
     dependency failed is reported as blocked by the root cause, not run. ``timeout``:
     seconds per check; ``save_failures``: a directory for failing examples (``origin``
     names the backend's spec, device and dtype for the reproducing test); ``plain``: the
     backend spec (as discovery reads it) a low-precision failure is adjudicated against,
-    or None."""
-    precision = Precision.of(str(getattr(backend, "dtype", "float64")))
+    or None; ``dtype``: the dtype asked, which the backend must declare and compute in
+    (None: the backend's own)."""
+    precision, mismatch = judged_precision(backend, dtype)
     suite = SuiteResult(describe_backend(backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=False))
     if header:
         header(suite)
 
     def evaluate(check: Check) -> CheckResult:
+        if mismatch:
+            return dtype_error(check, mismatch)
         missing = _missing_ops(backend, check)
         if missing:
             return not_implemented(check, missing)
@@ -305,8 +353,21 @@ def walk(checks: list[Check], select: Callable[[Check], bool] | None,
             result = evaluate(check)
             if result.status in ("fail", "error") and reproduce:
                 result.reproduce = f"{reproduce} --check {check.id} --seed {seed}"
-        by_id[check.id] = result
+        by_id[check.id] = _escaped(result)
         yield result
+
+
+def _escaped(result: CheckResult) -> CheckResult:
+    """``result`` with every text a backend may have written (an exception's message,
+    an example's repr, an adjudication's note) as :func:`shown` prints it: a terminal
+    and a report get the same escaped, bounded text."""
+    result.detail = shown(result.detail)
+    result.minimal_example = shown(result.minimal_example, 4 * SHOWN_LIMIT, lines=True)
+    result.saved = [shown(path) for path in result.saved]
+    if result.adjudication is not None:
+        result.adjudication = {k: shown(v) if isinstance(v, str) else v
+                               for k, v in result.adjudication.items()}
+    return result
 
 
 def _root_cause(check: Check, by_id: dict[str, CheckResult]) -> str:
