@@ -18,7 +18,7 @@ import torch
 from benchmarks.report import Report, median_seconds
 from gptspec.fast.model import GPT
 from gptspec.reference import costs
-from gptspec.reference.forward import gpt_forward
+from gptspec.reference.output import gpt_forward
 from gptspec.spec import PRESETS, GPTConfig
 
 REFERENCE_LIMIT_S = 5.0

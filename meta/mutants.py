@@ -665,7 +665,7 @@ class _AdamMutant(TorchBackend):
 def _lr_at_one_based_step(self: Any, step: int) -> float:
     """The schedule read at the 1-based step count: every step takes the next step's rate
     (the warm-up's first step is skipped)."""
-    from gptspec.reference.optim import lr_schedule
+    from gptspec.reference.optimizer import lr_schedule
 
     decay = self.decay_steps or self.max_steps
     return lr_schedule(step + 1, self.lr, self.min_lr, min(self.warmup_steps, decay),
@@ -674,7 +674,7 @@ def _lr_at_one_based_step(self: Any, step: int) -> float:
 
 def _lr_cosine_over_max_steps(self: Any, step: int) -> float:
     """The cosine's horizon taken as max_steps, ignoring decay_steps."""
-    from gptspec.reference.optim import lr_schedule
+    from gptspec.reference.optimizer import lr_schedule
 
     return lr_schedule(step, self.lr, self.min_lr, min(self.warmup_steps, self.max_steps),
                        max(self.max_steps, self.warmup_steps + 1))

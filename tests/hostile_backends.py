@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from gptspec.reference.forward import gpt_forward
+from gptspec.reference.output import gpt_forward
 
 
 class Honest:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gptspec.reference import backward as B
-from gptspec.reference import forward as F
+from gptspec.reference import attention, block, embedding, gradients, output
 from gptspec.reference import loss as LOSS
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import init_parameters
@@ -58,18 +57,19 @@ def _rand(rng, *shape):
 def test_linear_backward():
     rng = np.random.default_rng(1)
     inp = {"x": _rand(rng, 2, 3, 4), "W": _rand(rng, 4, 5), "b": _rand(rng, 5)}
-    check_vjp(F.linear, lambda G: B.linear_backward(G, inp["x"], inp["W"]), inp, ["x", "W", "b"])
+    check_vjp(attention.linear, lambda G: gradients.linear_backward(G, inp["x"], inp["W"]), inp,
+              ["x", "W", "b"])
 
 
 def test_token_and_positional_embedding_backward():
     rng = np.random.default_rng(2)
     tokens = np.array([[1, 3, 1], [0, 3, 3]])  # repeated tokens must accumulate
     inp = {"W_E": _rand(rng, 5, 4)}
-    check_vjp(lambda W_E: F.token_embedding(tokens, W_E),
-              lambda G: [B.token_embedding_backward(G, tokens, 5)], inp, ["W_E"])
+    check_vjp(lambda W_E: embedding.token_embedding(tokens, W_E),
+              lambda G: [gradients.token_embedding_backward(G, tokens, 5)], inp, ["W_E"])
     inp = {"W_P": _rand(rng, 6, 4)}
-    check_vjp(lambda W_P: F.positional_embedding(3, W_P)[None] + np.zeros((2, 3, 4)),
-              lambda G: [B.positional_embedding_backward(G, 6)], inp, ["W_P"])
+    check_vjp(lambda W_P: embedding.positional_embedding(3, W_P)[None] + np.zeros((2, 3, 4)),
+              lambda G: [gradients.positional_embedding_backward(G, 6)], inp, ["W_P"])
 
 
 def test_tied_embedding_accumulates_both_uses():
@@ -78,12 +78,13 @@ def test_tied_embedding_accumulates_both_uses():
     inp = {"W_E": _rand(rng, 4, 3)}
 
     def forward(W_E):  # embed, then unembed with the same matrix
-        return F.unembed_tied(F.token_embedding(tokens, W_E), W_E)
+        return output.unembed_tied(embedding.token_embedding(tokens, W_E), W_E)
 
     def backward(G):
-        H = F.token_embedding(tokens, inp["W_E"])
-        dH, dW_unembed = B.unembed_tied_backward(G, H, inp["W_E"])
-        return [B.tied_embedding_accumulation(B.token_embedding_backward(dH, tokens, 4), dW_unembed)]
+        H = embedding.token_embedding(tokens, inp["W_E"])
+        dH, dW_unembed = gradients.unembed_tied_backward(G, H, inp["W_E"])
+        dW_embed = gradients.token_embedding_backward(dH, tokens, 4)
+        return [gradients.tied_embedding_accumulation(dW_embed, dW_unembed)]
 
     check_vjp(forward, backward, inp, ["W_E"])
 
@@ -91,30 +92,31 @@ def test_tied_embedding_accumulates_both_uses():
 def test_unembed_untied_backward():
     rng = np.random.default_rng(4)
     inp = {"H": _rand(rng, 3, 4), "W_U": _rand(rng, 4, 6), "b_U": _rand(rng, 6)}
-    check_vjp(F.unembed_untied, lambda G: B.unembed_untied_backward(G, inp["H"], inp["W_U"]),
+    check_vjp(output.unembed_untied, lambda G: gradients.unembed_untied_backward(G, inp["H"], inp["W_U"]),
               inp, ["H", "W_U", "b_U"])
 
 
 def test_layer_norm_backward():
     rng = np.random.default_rng(5)
     inp = {"x": _rand(rng, 2, 3, 5), "gamma": _rand(rng, 5), "beta": _rand(rng, 5)}
-    check_vjp(lambda x, gamma, beta: F.layer_norm(x, gamma, beta, 1e-5),
-              lambda G: B.layer_norm_backward(G, inp["x"], inp["gamma"], 1e-5),
+    check_vjp(lambda x, gamma, beta: block.layer_norm(x, gamma, beta, 1e-5),
+              lambda G: gradients.layer_norm_backward(G, inp["x"], inp["gamma"], 1e-5),
               inp, ["x", "gamma", "beta"])
 
 
 def test_softmax_backward():
     rng = np.random.default_rng(6)
     inp = {"z": _rand(rng, 3, 5)}
-    check_vjp(F.softmax, lambda G: [B.softmax_backward(G, F.softmax(inp["z"]))], inp, ["z"])
+    check_vjp(attention.softmax, lambda G: [gradients.softmax_backward(G, attention.softmax(inp["z"]))],
+              inp, ["z"])
 
 
 def test_attention_backward():
     rng = np.random.default_rng(7)
-    M = F.causal_mask(4)
+    M = attention.causal_mask(4)
     inp = {"Q": _rand(rng, 2, 4, 3), "K": _rand(rng, 2, 4, 3), "V": _rand(rng, 2, 4, 3)}
-    check_vjp(lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V, M),
-              lambda G: B.scaled_dot_product_attention_backward(G, inp["Q"], inp["K"], inp["V"], M),
+    check_vjp(lambda Q, K, V: attention.scaled_dot_product_attention(Q, K, V, M),
+              lambda G: gradients.scaled_dot_product_attention_backward(G, inp["Q"], inp["K"], inp["V"], M),
               inp, ["Q", "K", "V"])
 
 
@@ -124,8 +126,8 @@ def test_multi_head_attention_backward(d_k):
     a = 2 * d_k  # h·d_k, d_model = 4
     inp = {"H": _rand(rng, 2, 3, 4), "W_qkv": _rand(rng, 4, 3 * a), "b_qkv": _rand(rng, 3 * a),
            "W_O": _rand(rng, a, 4), "b_O": _rand(rng, 4)}
-    check_vjp(lambda **a: F.multi_head_attention(**a, n_heads=2),
-              lambda G: B.multi_head_attention_backward(G, **inp, n_heads=2),
+    check_vjp(lambda **a: attention.multi_head_attention(**a, n_heads=2),
+              lambda G: gradients.multi_head_attention_backward(G, **inp, n_heads=2),
               inp, ["H", "W_qkv", "b_qkv", "W_O", "b_O"])
 
 
@@ -133,7 +135,8 @@ def test_multi_head_attention_backward(d_k):
 def test_activation_backward(name):
     rng = np.random.default_rng(9)
     inp = {"x": _rand(rng, 3, 4)}
-    check_vjp(getattr(F, name), lambda G: [getattr(B, f"{name}_backward")(G, inp["x"])], inp, ["x"])
+    check_vjp(getattr(block, name), lambda G: [getattr(gradients, f"{name}_backward")(G, inp["x"])],
+              inp, ["x"])
 
 
 @pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh", "guide_product"])
@@ -142,7 +145,7 @@ def test_ffn_backward(name):
     d_ff = 4 if name == "guide_product" else 6
     inp = {"x": _rand(rng, 2, 3, 4), "W_1": _rand(rng, 4, d_ff), "b_1": _rand(rng, d_ff),
            "W_2": _rand(rng, d_ff, 4), "b_2": _rand(rng, 4)}
-    check_vjp(getattr(F, f"ffn_{name}"), lambda G: getattr(B, f"ffn_{name}_backward")(G, **inp),
+    check_vjp(getattr(block, f"ffn_{name}"), lambda G: getattr(gradients, f"ffn_{name}_backward")(G, **inp),
               inp, ["x", "W_1", "b_1", "W_2", "b_2"])
 
 
@@ -181,13 +184,13 @@ def _perturbed(config: GPTConfig, seed: int) -> dict:
 @pytest.mark.parametrize("norm", ["pre", "post", "guide"])
 def test_block_backward(norm):
     config = CONFIGS[norm]
-    params = F.block_parameters(_perturbed(config, 12), 0)
+    params = block.block_parameters(_perturbed(config, 12), 0)
     rng = np.random.default_rng(13)
     H = rng.normal(size=(2, 4, config.d_model))
     G = rng.normal(size=H.shape)
-    dH, grads = B.BLOCK_BACKWARD[norm](G, H, params, config)
+    dH, grads = gradients.BLOCK_BACKWARD[norm](G, H, params, config)
     assert set(grads) == set(params)
-    loss = lambda: float(np.sum(G * F.BLOCK[norm](H, params, config)))
+    loss = lambda: float(np.sum(G * block.BLOCK[norm](H, params, config)))
     assert relative_error(dH, numerical_gradient(loss, H)) <= REL
     for name, p in params.items():
         assert relative_error(grads[name], numerical_gradient(loss, p)) <= REL, name
@@ -200,10 +203,10 @@ def test_gpt_backward_matches_finite_differences(name):
     rng = np.random.default_rng(15)
     tokens = rng.integers(0, config.vocab_size, size=(2, 5))
     targets = rng.integers(0, config.vocab_size, size=(2, 5))
-    loss, grads = B.gpt_backward(tokens, targets, params, config)
+    loss, grads = gradients.gpt_backward(tokens, targets, params, config)
     assert list(grads) == list(params)  # every parameter, by schema name, schema order
-    assert loss == pytest.approx(LOSS.cross_entropy_mean(F.gpt_forward(tokens, params, config), targets))
-    f = lambda: LOSS.cross_entropy_mean(F.gpt_forward(tokens, params, config), targets)
+    assert loss == pytest.approx(LOSS.cross_entropy_mean(output.gpt_forward(tokens, params, config), targets))
+    f = lambda: LOSS.cross_entropy_mean(output.gpt_forward(tokens, params, config), targets)
     for pname, p in params.items():
         err = relative_error(grads[pname], numerical_gradient(f, p))
         assert err <= REL, (pname, err)
@@ -211,18 +214,18 @@ def test_gpt_backward_matches_finite_differences(name):
 
 def test_finite_difference_check_catches_a_planted_bug(monkeypatch):
     """A backward with the LayerNorm mean-subtraction term dropped must fail the check."""
-    original = B.layer_norm_backward
+    original = gradients.layer_norm_backward
 
     def broken(dY, x, gamma, eps):
         dx, dg, db = original(dY, x, gamma, eps)
         return dx + 1e-3 * np.mean(dY * gamma, axis=-1, keepdims=True), dg, db
 
-    monkeypatch.setattr(B, "layer_norm_backward", broken)
+    monkeypatch.setattr(gradients, "layer_norm_backward", broken)
     config = CONFIGS["pre"]
     params = _perturbed(config, 16)
     tokens = np.array([[1, 2, 3, 4]])
-    _, grads = B.gpt_backward(tokens, tokens[:, ::-1], params, config)
-    f = lambda: LOSS.cross_entropy_mean(F.gpt_forward(tokens, params, config), tokens[:, ::-1])
+    _, grads = gradients.gpt_backward(tokens, tokens[:, ::-1], params, config)
+    f = lambda: LOSS.cross_entropy_mean(output.gpt_forward(tokens, params, config), tokens[:, ::-1])
     assert relative_error(grads["wte"], numerical_gradient(f, params["wte"])) > REL
 
 
@@ -230,9 +233,9 @@ def test_gpt_backward_refuses_bad_tokens():
     config = CONFIGS["pre"]
     params = init_parameters(config)
     with pytest.raises(ValueError, match="targets"):
-        B.gpt_backward(np.array([[1, 2]]), np.array([[1, 7]]), params, config)
+        gradients.gpt_backward(np.array([[1, 2]]), np.array([[1, 7]]), params, config)
     with pytest.raises(ValueError, match="n_ctx"):
-        B.gpt_backward(np.zeros((1, 6), int), np.zeros((1, 6), int), params, config)
+        gradients.gpt_backward(np.zeros((1, 6), int), np.zeros((1, 6), int), params, config)
 
 
 # --- the sympy gradient entries equal sympy's derivative of the forward forms -------------------

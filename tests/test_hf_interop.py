@@ -24,7 +24,7 @@ from gptspec.fast.hf_interop import (  # noqa: E402
     to_hf_model,
 )
 from gptspec.fast.tokenizer import ENDOFTEXT  # noqa: E402
-from gptspec.reference.forward import gpt_forward  # noqa: E402
+from gptspec.reference.output import gpt_forward  # noqa: E402
 from gptspec.spec import PRESETS  # noqa: E402
 
 F64_RELATIVE = 1e-10

@@ -27,7 +27,7 @@ import pytest
 import sympy as sp
 
 from gptspec import reference
-from gptspec.reference import forward
+from gptspec.reference import attention, block, embedding, output
 from gptspec.spec import REGISTRY, Equation, GPTConfig, parameter_schema
 
 GROUPS = ("embedding", "attention", "block", "output")
@@ -126,7 +126,7 @@ def cases(entry: Equation, rng: np.random.Generator) -> Iterator[tuple[list, lis
                 elif m := re.fullmatch(r"\((.*)\)( mask)?", shape):
                     array = rng.normal(size=dims(m[1]))
                     if m[2] and mask == "causal":
-                        array = forward.causal_mask(array.shape[0])
+                        array = attention.causal_mask(array.shape[0])
                         sym_args.append(sp.Matrix(array.shape[0], array.shape[1],
                                                   lambda i, j: -sp.oo if j > i else 0))
                     else:
@@ -140,7 +140,7 @@ def cases(entry: Equation, rng: np.random.Generator) -> Iterator[tuple[list, lis
                     assert config is not None, f"{entry.id}: add its configurations to CONFIGS"
                     params = random_parameters(config, rng)
                     if shape == "block params":
-                        params = forward.block_parameters(params, 0)
+                        params = block.block_parameters(params, 0)
                     sym_args.append({k: to_sympy(v) for k, v in params.items()})
                     ref_args.append(params)
                 else:
@@ -263,9 +263,10 @@ def test_reference_agrees_with_the_sympy_meaning(entry: Equation) -> None:
 
 
 def test_every_forward_entry_is_checked() -> None:
-    # The forward pass is the four groups; every function of reference/forward.py is one
+    # The forward pass is the four groups; every function of their reference modules is one
     # of their entries, so the parametrised test above covers all of them.
-    assert sorted(e.id for e in forward_entries()) == sorted(forward.__all__)
+    modules = (embedding, attention, block, output)
+    assert sorted(e.id for e in forward_entries()) == sorted(n for m in modules for n in m.__all__)
 
 
 # --- the spec's own identities, symbolically -----------------------------------------------
@@ -380,36 +381,36 @@ def _sequence_log_probability_with_x1(tokens, logits):
 
 
 def _block_pre_ln_without_second_residual(H, p, config):
-    H1 = H + forward._attn(forward._ln(H, p, "ln_1", config), p, config)
-    return forward._ffn(forward._ln(H1, p, "ln_2", config), p, config)
+    H1 = H + block._attn(block._ln(H, p, "ln_1", config), p, config)
+    return block._ffn(block._ln(H1, p, "ln_2", config), p, config)
 
 
 def _gpt_forward_untied_ignoring_bias(tokens, params, config):
-    return forward.gpt_forward(tokens, {k: v for k, v in params.items() if k != "b_u"},
+    return output.gpt_forward(tokens, {k: v for k, v in params.items() if k != "b_u"},
                                config.replace(output_bias=False))
 
 
 def _gpt_forward_reusing_the_first_block(tokens, params, config):
-    first = forward.block_parameters(params, 0)
+    first = block.block_parameters(params, 0)
     shared = {k: v for k, v in params.items() if not k.startswith("blocks.")}
     for layer in range(config.n_layers):
         shared.update({f"blocks.{layer}.{k}": v for k, v in first.items()})
-    return forward.gpt_forward(tokens, shared, config)
+    return output.gpt_forward(tokens, shared, config)
 
 
 WRONG = [
     ("softmax", _softmax_unnormalised),
     ("layer_norm", _layer_norm_unbiased),
     ("layer_norm", _layer_norm_eps_outside),
-    ("gelu", forward.gelu_tanh),
-    ("gelu_tanh", forward.gelu),
+    ("gelu", block.gelu_tanh),
+    ("gelu_tanh", block.gelu),
     ("attention_scores", _scores_mask_inside),
     ("causal_mask", _causal_mask_hides_diagonal),
     ("split_heads", _split_heads_interleaved),
     ("unembed_tied", lambda H, W_E: H @ W_E.reshape(W_E.shape[1], W_E.shape[0])),
     ("sequence_log_probability", _sequence_log_probability_with_x1),
     ("block_pre_ln", _block_pre_ln_without_second_residual),
-    ("block_post_ln", forward.block_pre_ln),
+    ("block_post_ln", block.block_pre_ln),
     ("gpt_forward", _gpt_forward_untied_ignoring_bias),
     ("gpt_forward", _gpt_forward_reusing_the_first_block),
 ]
@@ -423,8 +424,8 @@ def test_comparison_rejects_a_wrong_reference(entry_id: str, wrong: Callable[...
 
 def test_comparison_accepts_an_error_within_tolerance_and_rejects_one_beyond() -> None:
     entry = REGISTRY["linear"]
-    assert disagreement(entry, lambda x, W, b: forward.linear(x, W, b) * (1 + 1e-14)) is None
-    assert disagreement(entry, lambda x, W, b: forward.linear(x, W, b) * (1 + 1e-10)) is not None
+    assert disagreement(entry, lambda x, W, b: attention.linear(x, W, b) * (1 + 1e-14)) is None
+    assert disagreement(entry, lambda x, W, b: attention.linear(x, W, b) * (1 + 1e-10)) is not None
 
 
 def test_exact_side_carries_more_than_double_precision() -> None:
@@ -439,6 +440,6 @@ def test_exact_side_carries_more_than_double_precision() -> None:
 def test_reference_refuses_token_ids_outside_the_vocabulary(tokens: list) -> None:
     W_E = np.zeros((5, 4))
     with pytest.raises(ValueError, match=r"\[0, 5\)"):
-        forward.token_embedding(tokens, W_E)
+        embedding.token_embedding(tokens, W_E)
     with pytest.raises(ValueError, match=r"\[0, 5\)"):
-        forward.one_hot(tokens, 5)
+        embedding.one_hot(tokens, 5)

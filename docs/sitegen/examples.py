@@ -30,7 +30,7 @@ POSITIVE = {"eps": "1e-5", "tau": "0.8"}  # scalar inputs given a value a reader
 TINY = ("from gptspec.spec import GPTConfig, init_parameters",
         "config = GPTConfig(vocab_size=5, n_ctx=4, d_model=4, n_layers=1, n_heads=2, d_ff=8)",
         "params = init_parameters(config, seed=0, std=0.5)")
-BLOCK = TINY + ("from gptspec.reference.forward import block_parameters",
+BLOCK = TINY + ("from gptspec.reference.block import block_parameters",
                 "H = np.array([[0.3, -0.5, -0.9, -1.0], [0.6, 0.8, 0.2, 0.5]])")
 MERGES = ("merges = [(108, 111), (256, 119)]  # 'l' 'o' → 256, then 256 'w' → 257",)
 LOGITS = ("z = np.array([0.1, 2.0, -1.0, 2.0, 0.5])",)

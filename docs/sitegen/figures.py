@@ -135,7 +135,7 @@ def attention_patterns(tokens: np.ndarray, params: dict[str, np.ndarray], config
                        ) -> list[np.ndarray]:
     """Per layer, the (h, T, T) attention weights, computed with the reference functions."""
     from gptspec import reference as ref
-    from gptspec.reference.forward import BLOCK, block_parameters
+    from gptspec.reference.block import BLOCK, block_parameters
 
     H = ref.input_representation(ref.token_embedding(tokens, params["wte"]),
                                  ref.positional_embedding(len(tokens), params["wpe"]))

@@ -41,7 +41,7 @@ import numpy as np
 from scipy.special import erf
 
 import gptspec.reference as ref
-from gptspec.reference.forward import block_parameters
+from gptspec.reference.block import block_parameters
 from gptspec.spec.config import GPTConfig
 
 Array = np.ndarray

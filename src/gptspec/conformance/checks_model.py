@@ -28,7 +28,8 @@ from gptspec.conformance.strategies import (
     parameter_recipes,
     sequence_lengths,
 )
-from gptspec.reference.forward import BLOCK, block_parameters, embed
+from gptspec.reference.block import BLOCK, block_parameters
+from gptspec.reference.embedding import embed
 from gptspec.spec.config import PRESETS, GPTConfig
 
 # Big model cases cost a big reference each: a quarter of the cases (7 or 8 at the

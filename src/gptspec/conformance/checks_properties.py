@@ -23,7 +23,8 @@ from gptspec.conformance.strategies import (
     parameter_recipes,
     token_arrays,
 )
-from gptspec.reference.forward import block_parameters, embed
+from gptspec.reference.block import block_parameters
+from gptspec.reference.embedding import embed
 
 MANTISSA_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 

@@ -27,7 +27,7 @@ import numpy as np
 import gptspec.reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.budgets import LAMBDA, Precision, _q
-from gptspec.reference.forward import block_parameters
+from gptspec.reference.block import block_parameters
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import parameter_schema
 

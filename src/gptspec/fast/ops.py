@@ -1,7 +1,7 @@
 """The forward pass as functional PyTorch operations, one per reference function.
 
 Each function has the name and argument order of its float64 reference in
-``gptspec.reference.forward`` (read it beside ``gptspec.spec.REGISTRY[name]``), but takes
+``gptspec.reference`` (read it beside ``gptspec.spec.REGISTRY[name]``), but takes
 and returns torch tensors of any float dtype on any device. ``gptspec.fast.model`` is
 built from these functions, so checking an operation against the reference checks the
 model's own code.

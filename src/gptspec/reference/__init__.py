@@ -5,15 +5,32 @@ The functions are re-exported flat (as in JAX's lax_reference) so that a spec en
 lists its spec functions in ``__all__``; helpers that are not spec entries stay out.
 """
 
-from gptspec.reference import backward, costs, forward, loss, optim, sampling, tokenizer, training
-from gptspec.reference.backward import *  # noqa: F401,F403
+from gptspec.reference import (
+    attention,
+    block,
+    costs,
+    embedding,
+    gradients,
+    loss,
+    optimizer,
+    output,
+    sampling,
+    tokenizer,
+    training,
+)
+from gptspec.reference.attention import *  # noqa: F401,F403
+from gptspec.reference.block import *  # noqa: F401,F403
 from gptspec.reference.costs import *  # noqa: F401,F403
-from gptspec.reference.forward import *  # noqa: F401,F403
+from gptspec.reference.embedding import *  # noqa: F401,F403
+from gptspec.reference.gradients import *  # noqa: F401,F403
 from gptspec.reference.loss import *  # noqa: F401,F403
-from gptspec.reference.optim import *  # noqa: F401,F403
+from gptspec.reference.optimizer import *  # noqa: F401,F403
+from gptspec.reference.output import *  # noqa: F401,F403
 from gptspec.reference.sampling import *  # noqa: F401,F403
 from gptspec.reference.tokenizer import *  # noqa: F401,F403
 from gptspec.reference.training import *  # noqa: F401,F403
 
-MODULES = (forward, tokenizer, loss, backward, optim, sampling, costs, training)
+# in the order of the spec's groups
+MODULES = (tokenizer, embedding, attention, block, output, loss, gradients, optimizer, training,
+           sampling, costs)
 __all__ = [name for module in MODULES for name in module.__all__]

@@ -10,7 +10,7 @@ import numpy as np
 
 import gptspec
 from gptspec import reference
-from gptspec.reference.forward import gpt_forward
+from gptspec.reference.output import gpt_forward
 from gptspec.spec.config import GPTConfig
 
 

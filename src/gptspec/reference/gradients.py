@@ -14,12 +14,11 @@ import math
 
 import numpy as np
 
-from gptspec.reference import forward as F
+from gptspec.reference import attention, block, embedding, output
+from gptspec.reference.arrays import Array, f64
 from gptspec.reference.loss import cross_entropy_gradient, cross_entropy_mean
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import parameter_schema
-
-Array = np.ndarray
 
 __all__ = [
     "linear_backward",
@@ -48,13 +47,9 @@ __all__ = [
 ]
 
 
-def _f64(x) -> Array:
-    return np.asarray(x, dtype=np.float64)
-
-
 def _rows(x) -> Array:
     """Every leading axis flattened into rows: (…, n) → (N, n)."""
-    x = _f64(x)
+    x = f64(x)
     return x.reshape(-1, x.shape[-1])
 
 
@@ -63,8 +58,8 @@ def _rows(x) -> Array:
 
 def linear_backward(dY, x, W) -> tuple[Array, Array, Array]:
     """y = x W + b  ⇒  ∂L/∂x = ∂L/∂y Wᵀ,  ∂L/∂W = Σ_rows xᵀ ∂L/∂y,  ∂L/∂b = Σ_rows ∂L/∂y."""
-    dY = _f64(dY)
-    dx = dY @ _f64(W).T
+    dY = f64(dY)
+    dx = dY @ f64(W).T
     dW = _rows(x).T @ _rows(dY)
     db = _rows(dY).sum(axis=0)
     return dx, dW, db
@@ -73,7 +68,7 @@ def linear_backward(dY, x, W) -> tuple[Array, Array, Array]:
 def token_embedding_backward(dE, tokens, vocab_size: int) -> Array:
     """E = X W_E  ⇒  ∂L/∂W_E = Xᵀ ∂L/∂E: row v collects the gradients of every position
     holding token v (a scatter-add; a token seen twice gets both)."""
-    dE = _f64(dE)
+    dE = f64(dE)
     dW = np.zeros((vocab_size, dE.shape[-1]))
     np.add.at(dW, np.asarray(tokens).reshape(-1), _rows(dE))
     return dW
@@ -81,7 +76,7 @@ def token_embedding_backward(dE, tokens, vocab_size: int) -> Array:
 
 def positional_embedding_backward(dP, n_ctx: int) -> Array:
     """P = W_P[:T]  ⇒  ∂L/∂W_P[t] = Σ_batch ∂L/∂P[t] for t < T, zero for the unused rows."""
-    dP = _f64(dP)
+    dP = f64(dP)
     T, d = dP.shape[-2], dP.shape[-1]
     dW = np.zeros((n_ctx, d))
     dW[:T] = dP.reshape(-1, T, d).sum(axis=0)
@@ -90,20 +85,20 @@ def positional_embedding_backward(dP, n_ctx: int) -> Array:
 
 def input_representation_backward(dH) -> tuple[Array, Array]:
     """H⁽⁰⁾ = E + P  ⇒  ∂L/∂E = ∂L/∂H⁽⁰⁾ and ∂L/∂P = ∂L/∂H⁽⁰⁾ (a sum copies its gradient)."""
-    dH = _f64(dH)
+    dH = f64(dH)
     return dH, dH
 
 
 def tied_embedding_accumulation(dW_embed, dW_unembed) -> Array:
     """With W_U = W_Eᵀ (Blueprint eq 9) W_E is used twice, so its gradient is the sum of
     both uses: ∂L/∂W_E = Xᵀ ∂L/∂E + (∂L/∂Z)ᵀ H_f."""
-    return _f64(dW_embed) + _f64(dW_unembed)
+    return f64(dW_embed) + f64(dW_unembed)
 
 
 def unembed_tied_backward(dZ, H, W_E) -> tuple[Array, Array]:
     """Z = H W_Eᵀ  ⇒  ∂L/∂H = ∂L/∂Z W_E,  ∂L/∂W_E (this use) = Σ_rows (∂L/∂Z)ᵀ H."""
-    dZ = _f64(dZ)
-    return dZ @ _f64(W_E), _rows(dZ).T @ _rows(H)
+    dZ = f64(dZ)
+    return dZ @ f64(W_E), _rows(dZ).T @ _rows(H)
 
 
 def unembed_untied_backward(dZ, H, W_U) -> tuple[Array, Array, Array]:
@@ -118,18 +113,18 @@ def layer_norm_backward(dY, x, gamma, eps: float) -> tuple[Array, Array, Array]:
     """y = γ ⊙ x̂ + β, x̂ = (x − μ)/σ, σ = √(var + ε), over the last axis (n entries):
     ∂L/∂γ = Σ_rows ∂L/∂y ⊙ x̂,  ∂L/∂β = Σ_rows ∂L/∂y,
     ∂L/∂x = (g − mean(g) − x̂ mean(g ⊙ x̂)) / σ  with g = ∂L/∂y ⊙ γ."""
-    dY, x = _f64(dY), _f64(x)
+    dY, x = f64(dY), f64(x)
     mu = x.mean(axis=-1, keepdims=True)
     sigma = np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
     xhat = (x - mu) / sigma
-    g = dY * _f64(gamma)
+    g = dY * f64(gamma)
     dx = (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True)) / sigma
     return dx, _rows(dY * xhat).sum(axis=0), _rows(dY).sum(axis=0)
 
 
 def softmax_backward(dA, A) -> Array:
     """a = softmax(z)  ⇒  ∂L/∂z = a ⊙ (∂L/∂a − Σ_j a_j ∂L/∂a_j) (the Jacobian diag(a) − a aᵀ)."""
-    dA, A = _f64(dA), _f64(A)
+    dA, A = f64(dA), f64(A)
     return A * (dA - (dA * A).sum(axis=-1, keepdims=True))
 
 
@@ -138,8 +133,8 @@ def scaled_dot_product_attention_backward(dO, Q, K, V, M) -> tuple[Array, Array,
     ∂L/∂V = Aᵀ ∂L/∂O,  ∂L/∂A = ∂L/∂O Vᵀ,  ∂L/∂S = softmax_backward,
     ∂L/∂Q = ∂L/∂S K/√d_k,  ∂L/∂K = (∂L/∂S)ᵀ Q/√d_k.  Masked entries have a = 0, so
     no gradient reaches them."""
-    dO, Q, K, V = _f64(dO), _f64(Q), _f64(K), _f64(V)
-    A = F.attention_weights(Q, K, M)
+    dO, Q, K, V = f64(dO), f64(Q), f64(K), f64(V)
+    A = attention.attention_weights(Q, K, M)
     dV = A.swapaxes(-1, -2) @ dO
     dS = softmax_backward(dO @ V.swapaxes(-1, -2), A)
     scale = 1.0 / math.sqrt(Q.shape[-1])
@@ -150,14 +145,14 @@ def multi_head_attention_backward(dY, H, W_qkv, b_qkv, W_O, b_O, n_heads: int):
     """MultiHead(H) = Concat(heads) W_O + b_O, heads from Q, K, V = H W_qkv + b_qkv:
     the linear, attention and linear backward equations in reverse order.
     Returns (∂L/∂H, ∂L/∂W_qkv, ∂L/∂b_qkv, ∂L/∂W_O, ∂L/∂b_O)."""
-    H = _f64(H)
-    Q, K, V = F.qkv_projection(H, W_qkv, b_qkv)
-    Qh, Kh, Vh = (F.split_heads(X, n_heads) for X in (Q, K, V))
-    M = F.causal_mask(H.shape[-2])
-    C = F.merge_heads(F.scaled_dot_product_attention(Qh, Kh, Vh, M))
+    H = f64(H)
+    Q, K, V = attention.qkv_projection(H, W_qkv, b_qkv)
+    Qh, Kh, Vh = (attention.split_heads(X, n_heads) for X in (Q, K, V))
+    M = attention.causal_mask(H.shape[-2])
+    C = attention.merge_heads(attention.scaled_dot_product_attention(Qh, Kh, Vh, M))
     dC, dW_O, db_O = linear_backward(dY, C, W_O)
-    dQh, dKh, dVh = scaled_dot_product_attention_backward(F.split_heads(dC, n_heads), Qh, Kh, Vh, M)
-    dQKV = np.concatenate([F.merge_heads(dQh), F.merge_heads(dKh), F.merge_heads(dVh)], axis=-1)
+    dQh, dKh, dVh = scaled_dot_product_attention_backward(attention.split_heads(dC, n_heads), Qh, Kh, Vh, M)
+    dQKV = np.concatenate([attention.merge_heads(d) for d in (dQh, dKh, dVh)], axis=-1)
     dH, dW_qkv, db_qkv = linear_backward(dQKV, H, W_qkv)
     return dH, dW_qkv, db_qkv, dW_O, db_O
 
@@ -167,30 +162,30 @@ def multi_head_attention_backward(dY, H, W_qkv, b_qkv, W_O, b_O, n_heads: int):
 
 def relu_backward(dY, x) -> Array:
     """d/dx max(0, x) = 1 for x > 0, else 0 (0 at x = 0, as every framework takes it)."""
-    return _f64(dY) * (_f64(x) > 0)
+    return f64(dY) * (f64(x) > 0)
 
 
 def gelu_backward(dY, x) -> Array:
     """d/dx x Φ(x) = Φ(x) + x φ(x)."""
-    from scipy.special import erf  # here, not at the top (see forward.gelu)
+    from scipy.special import erf  # here, not at the top (see block.gelu)
 
-    x = _f64(x)
+    x = f64(x)
     cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)
-    return _f64(dY) * (cdf + x * pdf)
+    return f64(dY) * (cdf + x * pdf)
 
 
 def gelu_tanh_backward(dY, x) -> Array:
     """y = ½ x (1 + tanh u), u = c (x + a x³)  ⇒
     dy/dx = ½ (1 + tanh u) + ½ x (1 − tanh² u) c (1 + 3 a x²), c = √(2/π), a = 0.044715."""
-    x = _f64(x)
+    x = f64(x)
     c, a = math.sqrt(2.0 / math.pi), 0.044715
     t = np.tanh(c * (x + a * x**3))
-    return _f64(dY) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * c * (1.0 + 3.0 * a * x**2))
+    return f64(dY) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * c * (1.0 + 3.0 * a * x**2))
 
 
 def _ffn_two_layer_backward(activation, activation_backward, dY, x, W_1, b_1, W_2):
-    pre = F.linear(x, W_1, b_1)
+    pre = attention.linear(x, W_1, b_1)
     dhidden, dW_2, db_2 = linear_backward(dY, activation(pre), W_2)
     dx, dW_1, db_1 = linear_backward(activation_backward(dhidden, pre), x, W_1)
     return dx, dW_1, db_1, dW_2, db_2
@@ -198,27 +193,27 @@ def _ffn_two_layer_backward(activation, activation_backward, dY, x, W_1, b_1, W_
 
 def ffn_relu_backward(dY, x, W_1, b_1, W_2, b_2=None):
     """FFN(x) = ReLU(x W_1 + b_1) W_2 + b_2: returns (∂x, ∂W_1, ∂b_1, ∂W_2, ∂b_2)."""
-    return _ffn_two_layer_backward(F.relu, relu_backward, dY, x, W_1, b_1, W_2)
+    return _ffn_two_layer_backward(block.relu, relu_backward, dY, x, W_1, b_1, W_2)
 
 
 def ffn_gelu_backward(dY, x, W_1, b_1, W_2, b_2=None):
     """FFN(x) = GELU(x W_1 + b_1) W_2 + b_2: returns (∂x, ∂W_1, ∂b_1, ∂W_2, ∂b_2)."""
-    return _ffn_two_layer_backward(F.gelu, gelu_backward, dY, x, W_1, b_1, W_2)
+    return _ffn_two_layer_backward(block.gelu, gelu_backward, dY, x, W_1, b_1, W_2)
 
 
 def ffn_gelu_tanh_backward(dY, x, W_1, b_1, W_2, b_2=None):
     """FFN(x) = GELU_tanh(x W_1 + b_1) W_2 + b_2: returns (∂x, ∂W_1, ∂b_1, ∂W_2, ∂b_2)."""
-    return _ffn_two_layer_backward(F.gelu_tanh, gelu_tanh_backward, dY, x, W_1, b_1, W_2)
+    return _ffn_two_layer_backward(block.gelu_tanh, gelu_tanh_backward, dY, x, W_1, b_1, W_2)
 
 
 def ffn_guide_product_backward(dY, x, W_1, b_1, W_2, b_2):
     """y = ReLU(a) ⊙ ReLU(c), a = x W_1 + b_1, c = x W_2 + b_2  ⇒
     ∂L/∂a = ∂L/∂y ⊙ ReLU(c) ⊙ 1[a > 0],  ∂L/∂c = ∂L/∂y ⊙ ReLU(a) ⊙ 1[c > 0],
     and x receives from both maps: ∂L/∂x = ∂L/∂a W_1ᵀ + ∂L/∂c W_2ᵀ."""
-    dY = _f64(dY)
-    a, c = F.linear(x, W_1, b_1), F.linear(x, W_2, b_2)
-    dx_1, dW_1, db_1 = linear_backward(relu_backward(dY * F.relu(c), a), x, W_1)
-    dx_2, dW_2, db_2 = linear_backward(relu_backward(dY * F.relu(a), c), x, W_2)
+    dY = f64(dY)
+    a, c = attention.linear(x, W_1, b_1), attention.linear(x, W_2, b_2)
+    dx_1, dW_1, db_1 = linear_backward(relu_backward(dY * block.relu(c), a), x, W_1)
+    dx_2, dW_2, db_2 = linear_backward(relu_backward(dY * block.relu(a), c), x, W_2)
     return dx_1 + dx_2, dW_1, db_1, dW_2, db_2
 
 
@@ -232,7 +227,7 @@ FFN_BACKWARD = {"relu": ffn_relu_backward, "gelu": ffn_gelu_backward,
 def residual_backward(dY, dx_through_branch) -> Array:
     """y = x + f(x)  ⇒  ∂L/∂x = ∂L/∂y + J_fᵀ ∂L/∂y: the skip path copies the gradient, the
     branch adds its own (``dx_through_branch`` = J_fᵀ ∂L/∂y)."""
-    return _f64(dY) + _f64(dx_through_branch)
+    return f64(dY) + f64(dx_through_branch)
 
 
 def _attn_backward(dY, H, p: dict, config: GPTConfig, grads: dict) -> Array:
@@ -264,23 +259,23 @@ def block_pre_ln_backward(dY, H, p: dict, config: GPTConfig) -> tuple[Array, dic
     """H' = H + MultiHead(LN_1(H)), H_out = H' + FFN(LN_2(H')), backwards: each residual
     copies the gradient past its branch and adds the branch's. Returns (∂L/∂H, the
     block's parameter gradients named without the ``blocks.{l}.`` prefix)."""
-    H = _f64(H)
+    H = f64(H)
     g: dict = {}
-    H1 = H + F._attn(F._ln(H, p, "ln_1", config), p, config)
-    dffn = _ffn_backward(dY, F._ln(H1, p, "ln_2", config), p, config, g)
+    H1 = H + block._attn(block._ln(H, p, "ln_1", config), p, config)
+    dffn = _ffn_backward(dY, block._ln(H1, p, "ln_2", config), p, config, g)
     dH1 = residual_backward(dY, _ln_backward(dffn, H1, p, "ln_2", config, g))
-    dattn = _attn_backward(dH1, F._ln(H, p, "ln_1", config), p, config, g)
+    dattn = _attn_backward(dH1, block._ln(H, p, "ln_1", config), p, config, g)
     return residual_backward(dH1, _ln_backward(dattn, H, p, "ln_1", config, g)), g
 
 
 def block_post_ln_backward(dY, H, p: dict, config: GPTConfig) -> tuple[Array, dict]:
     """H' = LN_1(H + MultiHead(H)), H_out = LN_2(H' + FFN(H')), backwards: through each
     LayerNorm first, then the residual sum."""
-    H = _f64(H)
+    H = f64(H)
     g: dict = {}
-    S1 = H + F._attn(H, p, config)
-    H1 = F._ln(S1, p, "ln_1", config)
-    S2 = H1 + F._ffn(H1, p, config)
+    S1 = H + block._attn(H, p, config)
+    H1 = block._ln(S1, p, "ln_1", config)
+    S2 = H1 + block._ffn(H1, p, config)
     dS2 = _ln_backward(dY, S2, p, "ln_2", config, g)
     dH1 = residual_backward(dS2, _ffn_backward(dS2, H1, p, config, g))
     dS1 = _ln_backward(dH1, S1, p, "ln_1", config, g)
@@ -290,10 +285,10 @@ def block_post_ln_backward(dY, H, p: dict, config: GPTConfig) -> tuple[Array, di
 def block_guide_backward(dY, H, p: dict, config: GPTConfig) -> tuple[Array, dict]:
     """H_out = LN(FFNN(Attention(H)) + H) (Guide sec. 5), backwards: the LayerNorm, then the
     one residual whose branch is the FFN after the attention."""
-    H = _f64(H)
+    H = f64(H)
     g: dict = {}
-    A = F._attn(H, p, config)
-    S = F._ffn(A, p, config) + H
+    A = block._attn(H, p, config)
+    S = block._ffn(A, p, config) + H
     dS = _ln_backward(dY, S, p, "ln_1", config, g)
     dA = _ffn_backward(dS, A, p, config, g)
     return residual_backward(dS, _attn_backward(dA, H, p, config, g)), g
@@ -321,17 +316,17 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig) -> tuple[floa
             raise ValueError(f"{name} must lie in [0, {config.vocab_size}), got "
                              f"[{ids.min()}, {ids.max()}]")
     block_inputs = []
-    H = F.embed(tokens, params, config)
+    H = embedding.embed(tokens, params, config)
     for layer in range(config.n_layers):
         block_inputs.append(H)
-        H = F.BLOCK[config.norm](H, F.block_parameters(params, layer), config)
+        H = block.BLOCK[config.norm](H, block.block_parameters(params, layer), config)
     H_last = H
     if config.final_norm:
-        H = F.final_layer_norm(H, params["ln_f.weight"], params["ln_f.bias"], config.ln_eps)
+        H = output.final_layer_norm(H, params["ln_f.weight"], params["ln_f.bias"], config.ln_eps)
     if config.tied_embeddings:
-        logits = F.unembed_tied(H, params["wte"])
+        logits = output.unembed_tied(H, params["wte"])
     else:
-        logits = F.unembed_untied(H, params["w_u"], params.get("b_u"))
+        logits = output.unembed_untied(H, params["w_u"], params.get("b_u"))
     loss = cross_entropy_mean(logits, targets)
 
     grads: dict = {}
@@ -347,7 +342,7 @@ def gpt_backward(tokens, targets, params: dict, config: GPTConfig) -> tuple[floa
             dH, H_last, params["ln_f.weight"], config.ln_eps)
     for layer in reversed(range(config.n_layers)):
         dH, block_grads = BLOCK_BACKWARD[config.norm](
-            dH, block_inputs[layer], F.block_parameters(params, layer), config)
+            dH, block_inputs[layer], block.block_parameters(params, layer), config)
         grads.update({f"blocks.{layer}.{k}": v for k, v in block_grads.items()})
     dE, dP = input_representation_backward(dH)
     dW_embed = token_embedding_backward(dE, tokens, config.vocab_size)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gptspec.reference.forward import one_hot, softmax
+from gptspec.reference.attention import softmax
+from gptspec.reference.embedding import one_hot
 
 Array = np.ndarray
 

@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from gptspec.reference.forward import gpt_forward, softmax
+from gptspec.reference.attention import softmax
+from gptspec.reference.output import gpt_forward
 from gptspec.spec.config import GPTConfig
 
 Array = np.ndarray

@@ -20,8 +20,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from gptspec.reference.backward import gpt_backward
-from gptspec.reference.optim import adamw_step, clip_grad_norm, lr_schedule
+from gptspec.reference.gradients import gpt_backward
+from gptspec.reference.optimizer import adamw_step, clip_grad_norm, lr_schedule
 from gptspec.spec.config import GPTConfig
 
 Array = np.ndarray
