@@ -43,7 +43,7 @@ from gptspec.fast.checkpoint import (
 from gptspec.fast.data import TokenData
 from gptspec.fast.model import GPT
 from gptspec.fast.optimizer import AdamW
-from gptspec.reference.optim import lr_schedule
+from gptspec.reference.optimizer import lr_schedule
 
 # The batches of (seed, rank, step): the rule is the spec's (train_loop), imported so that the
 # trainer and the judge draw the same batches.
