@@ -90,6 +90,7 @@ case("train-model-too-big", TRAIN + ["--d-model", "65536", "--n-layers", "4096",
                                      "--n-heads", "1", "--d-ff", "65536"], "memory")
 case("train-batch-too-big", _with(TRAIN, "--batch-size", str(10**12)), "memory")
 case("train-grad-accum-too-big", _with(TRAIN, "--grad-accum", str(10**12)), "memory")
+case("train-eval-batches-too-many", _with(TRAIN, "--eval-batches", str(10**12)), "eval-batches")
 case("train-preset-empty", _with(TRAIN, "--preset", ""), "preset")
 case("train-out-symlink-loop", _with(TRAIN, "--out", "{w}/loop"), "symbolic link")
 for value, needle in [("foo", "not a device"), ("cuda", "cuda"), ("cuda:7", "cuda"),
@@ -210,7 +211,8 @@ for name, needle in [
     ("doubling-merges", "mib"), ("long-chain", "mib"), ("huge-special-id", "limit"),
     ("tiktoken-garbage", "base64"), ("tiktoken-long-tokens", "too long"),
     ("hf-wrong-model", "bpe"), ("hf-added-token-id", "integer id"),
-    ("binary", "utf-8"),
+    ("binary", "utf-8"), ("merge-repeated", "repeats merge 0"),
+    ("key-given-twice", "'version' is given twice"),
 ]:
     case(f"tokenizer-encode-file-{name}", _with(ENC, "--tokenizer", f"{{w}}/bad-tok/{name}"),
          needle)
@@ -239,6 +241,7 @@ for argv, needle in [
     (["info", "{w}/text.txt"], "not found"), (["info", "{w}/corrupt-model"], "safetensors"),
     (["info", "{w}/model-bad-config"], "model-bad-config"),
     (["info", "{w}/no-config-metadata"], "metadata"),
+    (["info", "{w}/model-claims-175b"], "do not match its configuration"),
 ]:
     case(f"info-{'-'.join(argv[1:]).replace('{w}/', '')}", argv, needle)
 
@@ -472,6 +475,8 @@ def _hostile_tokenizers(folder: Path) -> None:
         "merge-undefined": _gptspec_tok(merges=[[1, 999]]),
         "merge-negative": _gptspec_tok(merges=[[-1, 2]]),
         "merge-bool": _gptspec_tok(merges=[[True, 2]]),
+        "merge-repeated": _gptspec_tok(merges=[[97, 98]] * 100_000),
+        "key-given-twice": _gptspec_tok().replace('"version": 1', '"version": 1, "version": 1'),
         "base-short": _gptspec_tok(base=list(range(200))),
         "base-repeated": _gptspec_tok(base=[0] * 256),
         "version": _gptspec_tok(version=99),
@@ -668,6 +673,9 @@ def world(tmp_path_factory):
     _write_model(w / "model-bad-config", params, '{"d_model": -3}')
     _write_model(w / "deep-config", params, '{"a": ' * 100_000 + "1" + "}" * 100_000)
     _write_model(w / "no-config-metadata", params, config.to_json())
+    from gptspec.spec.config import preset
+
+    _write_model(w / "model-claims-175b", params, preset("gpt3-175b").to_json())
     from safetensors.numpy import save
 
     (w / "no-config-metadata" / "model.safetensors").write_bytes(save(params))

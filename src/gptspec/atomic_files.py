@@ -13,6 +13,26 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+RANDOM_CHARACTERS = 8  # what tempfile puts between the prefix and the suffix
+
+
+def temporary_prefix(target: Path, suffix: str = ".tmp") -> str:
+    """``.NAME.`` for a temporary file beside ``target``, the name cut short (at a UTF-8
+    character's start) where the whole temporary name would pass the folder's limit on a
+    name's bytes: any name the file system takes as a target works."""
+    name = os.fsencode(target.name)
+    try:
+        limit = os.pathconf(target.parent if target.parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    room = max(limit - 2 - RANDOM_CHARACTERS - len(os.fsencode(suffix)), 1)
+    if len(name) > room:
+        name = name[:room]
+        while name and name[-1] & 0xC0 == 0x80:  # a continuation byte: back to the start
+            name = name[:-1]
+        name = name[:-1] if name and name[-1] >= 0xC0 else name
+    return f".{os.fsdecode(name)}."
+
 
 def fsync_folder(folder: Path) -> None:
     """Flush a folder's entries (a rename in it) to disk."""
@@ -32,7 +52,7 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
     folder = target.parent
     if make_parents:
         folder.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    fd, name = tempfile.mkstemp(prefix=temporary_prefix(target), suffix=".tmp", dir=folder)
     os.close(fd)
     tmp = Path(name)
     try:

@@ -246,16 +246,47 @@ def device(name: str, flag: str = "--device") -> str:
 
 def memory_bytes() -> int | None:
     """Physical memory plus swap this process could hope to use, or None if unknown."""
+    limit = memory_limit()
+    return None if limit is None else limit[0]
+
+
+def memory_limit() -> tuple[int, str] | None:
+    """(bytes, what limits them): the machine's physical memory, or less where the
+    process's address space is limited (``ulimit -v``, RLIMIT_AS): then what is left of
+    that limit, since the mappings already made (Python, the libraries) count against it."""
     try:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
-        return None
-    return int(pages) if pages > 0 else None
+        pages = 0
+    best = (int(pages), "this machine's") if pages > 0 else None
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        infinite = resource.RLIM_INFINITY
+    except (ImportError, OSError, ValueError):
+        return best
+    if soft == infinite or soft <= 0:
+        return best
+    left = max(soft - _address_space_used(), 0)
+    if best is None or left < best[0]:
+        best = (left, f"the {soft / 2**30:.1f} GiB address-space limit's (ulimit -v) remaining")
+    return best
+
+
+def _address_space_used() -> int:
+    """This process's mapped address space (what RLIMIT_AS counts), 0 where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def fits_in_memory(n_bytes: int, what: str) -> None:
-    """Refuse an allocation larger than this machine's memory before trying it."""
-    total = memory_bytes()
-    if total is not None and n_bytes > total:
-        raise CLIError(f"{what} needs {n_bytes / 2**30:.1f} GiB, more than this machine's "
+    """Refuse an allocation larger than the memory this process may use before trying it."""
+    limit = memory_limit()
+    if limit is not None and n_bytes > limit[0]:
+        total, whose = limit
+        raise CLIError(f"{what} needs {n_bytes / 2**30:.1f} GiB, more than {whose} "
                        f"{total / 2**30:.1f} GiB of memory")

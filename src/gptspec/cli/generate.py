@@ -58,29 +58,26 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def load_checkpoint(directory: str) -> tuple[Any, Any, Any]:
     """(config, params, tokenizer) of a checkpoint directory, or a one-line CLIError."""
-    from gptspec.fast.checkpoint import find_checkpoints, newest_model
-    from gptspec.fast.tokenizer import Tokenizer
+    from gptspec.fast.checkpoint import (
+        TokenizerFileMissing,
+        find_checkpoints,
+        load_generation_checkpoint,
+    )
 
     checks.path_name(directory, "--checkpoint")
     path = Path(directory)
     if not path.exists() and not find_checkpoints(path):  # a killed save may leave a copy
         raise CLIError(f"checkpoint directory {directory!r} does not exist")
-    if not path.exists():
-        path = find_checkpoints(path)[0]
-    if not path.is_dir():
+    if path.exists() and not path.is_dir():
         raise CLIError(f"checkpoint {directory!r} is not a directory")
-    try:  # a training checkpoint whose save was killed: the newest complete copy
-        path, config, params = newest_model(path)
+    # the newest complete copy (a killed save's, or one a running save is replacing):
+    # model and tokenizer are read from one folder, whatever is renamed meanwhile
+    try:
+        path, config, params, tokenizer = load_generation_checkpoint(path)
+    except TokenizerFileMissing as err:
+        raise CLIError(f"cannot load the tokenizer of {directory!r}: {_one_line(err)}") from None
     except (ValueError, OSError) as err:  # CheckpointError is a ValueError
         raise CLIError(f"cannot load the model from {directory!r}: {_one_line(err)}") from None
-    tokenizer_file = path / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise CLIError(f"checkpoint {directory!r} has no tokenizer.json")
-    try:
-        tokenizer = Tokenizer.load(tokenizer_file)
-    except (ValueError, OSError) as err:  # TokenizerError is a ValueError
-        raise CLIError(f"cannot load the tokenizer from {str(tokenizer_file)!r}: "
-                       f"{_one_line(err)}") from None
     return config, params, tokenizer
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
@@ -45,15 +46,26 @@ def config_of(name: str) -> GPTConfig:
     try:
         with safe_open(str(file), framework="numpy") as f:
             metadata = f.metadata() or {}
+            # the header's shapes, not the tensors: sizes are printed for what the file
+            # holds, without reading gigabytes
+            shapes = {name: SimpleNamespace(shape=tuple(f.get_slice(name).get_shape()))
+                      for name in f.keys()}
     except (SafetensorError, OSError, ValueError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CLIError(f"{file} is not a readable safetensors file ({first})") from None
     if CONFIG_KEY not in metadata:
         raise CLIError(f"{file} has no {CONFIG_KEY!r} metadata")
     try:
-        return GPTConfig.from_json(metadata[CONFIG_KEY])
+        config = GPTConfig.from_json(metadata[CONFIG_KEY])
     except (ConfigError, ValueError, TypeError, RecursionError) as err:
         raise CLIError(f"{file}: {err}") from None
+    from gptspec.spec.parameters import ParameterError, check_parameters
+
+    try:
+        check_parameters(shapes, config)  # type: ignore[arg-type]  # np.shape reads .shape
+    except ParameterError as err:
+        raise CLIError(f"{file}: its tensors do not match its configuration ({err})") from None
+    return config
 
 
 def human(n: int, unit: str = "") -> str:

@@ -15,6 +15,7 @@ are the same either way.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import sysconfig
@@ -28,6 +29,8 @@ from gptspec.cli import CLIError, checks, error_line, writing_stdout
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
 HISTORY_BYTES_PER_STEP = 136  # [step, loss] as Python keeps it (measured with tracemalloc)
+EVAL_BYTES_PER_BATCH = 32  # a float and its list slot: an evaluation keeps each batch's loss
+TEMPORARY_FILES = ("loss.png", "tokens.bin")  # written beside their targets (atomic_files)
 TRAIN_FLAGS: dict[str, tuple[str, type]] = {"steps": ("max_steps", int), "batch_size": ("batch_size", int),
                "lr": ("lr", float), "min_lr": ("min_lr", float),
                "warmup": ("warmup_steps", int), "weight_decay": ("weight_decay", float),
@@ -124,6 +127,20 @@ def _kept(checkpoint: Path, what: str) -> str:
     return f"no checkpoint had been saved yet in {checkpoint}"
 
 
+def _where_saved(trainer: Any, checkpoint: Path, out: Path) -> str:
+    """Where an interrupted run's work is, as it is: saved by this run, kept from an
+    earlier one (no step was taken), or nowhere yet."""
+    from gptspec.fast.checkpoint import find_checkpoints
+
+    resume = f"continue with: gptspec train --out {out} --resume"
+    if trainer.saved_at is not None:
+        return f"checkpoint of step {trainer.saved_at} saved in {checkpoint}; {resume}"
+    if find_checkpoints(checkpoint):
+        return f"no step was taken; the checkpoint in {checkpoint} is as it was; {resume}"
+    return ("no checkpoint was saved (stopped before the first step); to train, run the "
+            "same command again")
+
+
 def _encode(tokenizer: Any, text: str) -> np.ndarray:
     if not tokenizer.merges and not tokenizer.special_tokens:  # byte level: ids are the bytes
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
@@ -159,7 +176,30 @@ def _settings(args: argparse.Namespace, base: dict | None = None):
         raise CLIError(str(err)) from None
 
 
-def _prepare_data(args: argparse.Namespace, out: Path):
+def _claim(out: Path, locks: list, resume: bool = False) -> None:
+    """Make OUT this process's to write (refused if another live run writes it), then
+    remove what killed runs left there; every later write happens under the lock."""
+    from gptspec.fast.checkpoint import find_checkpoints, recover_checkpoint
+    from gptspec.fast.run_lock import RunLock, RunLocked, remove_stale_temporaries
+
+    if locks or os.environ.get("RANK", "0") != "0":  # held; under torchrun rank 0 writes
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        locks.append(RunLock(out))
+    except RunLocked as err:
+        raise CLIError(str(err)) from None
+    except OSError as err:
+        raise CLIError(f"--out: cannot lock {out}: {err.strerror}") from None
+    if not resume and find_checkpoints(out / "checkpoint"):
+        # a run that ended between the check in run() and the lock
+        raise CLIError(f"{out} already holds a training run; pass --resume to continue it "
+                       "or choose another --out")
+    remove_stale_temporaries(out, TEMPORARY_FILES)
+    recover_checkpoint(out / "checkpoint")  # the temporary folders of killed saves go
+
+
+def _prepare_data(args: argparse.Namespace, out: Path, locks: list):
     """(tokenizer, config, memory-mapped tokens, description) for a fresh run."""
     from gptspec.fast.data import DataError, open_tokens, write_tokens
 
@@ -168,7 +208,12 @@ def _prepare_data(args: argparse.Namespace, out: Path):
         tokenizer = _tokenizer(args, None)
         config = _config(args, tokenizer)
         try:
-            return tokenizer, config, open_tokens(data, config.vocab_size), str(data)
+            tokens = open_tokens(data, config.vocab_size)
+        except DataError as err:
+            raise CLIError(str(err)) from None
+        _claim(out, locks)
+        try:
+            return tokenizer, config, tokens, str(data)
         except DataError as err:
             raise CLIError(str(err)) from None
     text, source = (read_text(data), str(data)) if data is not None else stdlib_text()
@@ -183,12 +228,21 @@ def _prepare_data(args: argparse.Namespace, out: Path):
         TokenData.split(ids, config.n_ctx)
     except DataError as err:
         raise CLIError(f"{source}: {err}") from None
-    out.mkdir(parents=True, exist_ok=True)  # only now: a refused input leaves no folder
-    tokens = write_tokens(out / "tokens.bin", ids, config.vocab_size)
-    return tokenizer, config, open_tokens(tokens, config.vocab_size), source
+    _claim(out, locks)  # makes OUT only now: a refused input leaves no folder
+    written = write_tokens(out / "tokens.bin", ids, config.vocab_size)
+    return tokenizer, config, open_tokens(written, config.vocab_size), source
 
 
 def run(args: argparse.Namespace) -> int:
+    locks: list = []  # the run directory's lock, held until the run ends (_claim)
+    try:
+        return _run(args, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run(args: argparse.Namespace, locks: list) -> int:
     from gptspec.fast.checkpoint import CheckpointError
     from gptspec.fast.data import DataError, TokenData, open_tokens
     from gptspec.fast.train import Trainer, TrainingDiverged, init_distributed
@@ -200,12 +254,13 @@ def run(args: argparse.Namespace) -> int:
         if args.data is not None or args.tokenizer is not None or args.train_tokenizer:
             raise CLIError("--resume reads the data and tokenizer of the checkpointed run; "
                            "do not pass --data or a tokenizer")
-        try:
-            from gptspec.fast.checkpoint import load_training_checkpoint, recover_checkpoint
+        from gptspec.fast.checkpoint import find_checkpoints, load_training_checkpoint
 
-            if recover_checkpoint(checkpoint) is None and not checkpoint.exists():
-                raise CLIError(f"no training checkpoint to resume in {out} ({checkpoint} not "
-                               "found)")
+        if not out.is_dir() or not (checkpoint.exists() or find_checkpoints(checkpoint)):
+            raise CLIError(f"no training checkpoint to resume in {out} ({checkpoint} not "
+                           "found)")
+        _claim(out, locks, resume=True)  # before reading: another writer may be mid-save
+        try:
             config, _, _, state, tokenizer = load_training_checkpoint(checkpoint)
             _check_model_flags_agree(args, config, checkpoint)
             if tokenizer.vocab_size > config.vocab_size:
@@ -245,17 +300,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         from gptspec.fast.checkpoint import find_checkpoints
 
+        if out.is_dir():  # a live writer there is named, whatever it has written yet
+            _claim(out, locks)
         if out.exists() and ((checkpoint / "state.json").exists() or find_checkpoints(checkpoint)):
             raise CLIError(f"{out} already holds a training run; pass --resume to continue it "
                            "or choose another --out")
         settings = _settings(args)  # before the data is read: a bad setting costs nothing
         checks.device(settings.device)
         _check_memory(_model_config(args), settings.batch_size, settings.grad_accum)
-        tokenizer, config, tokens, source = _prepare_data(args, out)  # makes OUT when valid
-        out.mkdir(parents=True, exist_ok=True)
-        from gptspec.fast.checkpoint import recover_checkpoint
-
-        recover_checkpoint(checkpoint)  # the temporary folders of killed saves go
+        tokenizer, config, tokens, source = _prepare_data(args, out, locks)  # makes OUT
         rank, world, device = init_distributed(settings.device)
         settings.device = device
         try:
@@ -303,8 +356,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if rank != 0:
         return 0
-    saved = (f"checkpoint saved in {checkpoint}; continue with: gptspec train --out {out} "
-             "--resume")
+    saved = _where_saved(trainer, checkpoint, out)
     if status == "interrupted" and trainer.output_lost is not None:
         lost = trainer.output_lost
         error = CLIError(f"cannot write to standard output ({lost.strerror or lost}): "
@@ -354,6 +406,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         checks.fits_in_memory(HISTORY_BYTES_PER_STEP * args.steps,
                               f"--steps {args.steps}: the loss history (an entry a step, kept "
                               "in memory and in state.json)")
+    if args.eval_batches is not None:  # like --steps: an evaluation that could never end
+        checks.fits_in_memory(EVAL_BYTES_PER_BATCH * args.eval_batches,
+                              f"--eval-batches {args.eval_batches}: the losses an evaluation "
+                              "keeps (one a batch)")
     for flag in ("warmup", "checkpoint_interval"):
         if getattr(args, flag) is not None:
             checks.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=0)

@@ -13,17 +13,19 @@ missing, corrupt, truncated or mismatched file with a one-line :class:`Checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gptspec.atomic_files import fsync_folder, write_bytes
-from gptspec.spec.config import ConfigError, GPTConfig
+from gptspec.atomic_files import fsync_folder, temporary_prefix, write_bytes
+from gptspec.spec.config import ConfigError, GPTConfig, parse_json
 from gptspec.spec.parameters import ParameterError, check_parameters
 
 MODEL_FILE = "model.safetensors"
@@ -80,6 +82,13 @@ def non_finite(arrays: Mapping[str, Any]) -> str | None:
 def save_model(path: str | os.PathLike[str], params: Mapping[str, Any],
                config: GPTConfig) -> Path:
     """Write the parameters (NumPy arrays or torch tensors, schema names) and the config."""
+    target, _ = _save_model(path, params, config)
+    return target
+
+
+def _save_model(path: str | os.PathLike[str], params: Mapping[str, Any],
+                config: GPTConfig) -> tuple[Path, str]:
+    """save_model, and the tensors' digest (a training checkpoint records it elsewhere)."""
     from safetensors.numpy import save
 
     try:
@@ -94,7 +103,7 @@ def save_model(path: str | os.PathLike[str], params: Mapping[str, Any],
     target = model_file(path)
     metadata = {CONFIG_KEY: config.to_json(), DIGEST_KEY: tensors_digest(arrays)}
     write_bytes(target, save(arrays, metadata=metadata), make_parents=True)
-    return target
+    return target, metadata[DIGEST_KEY]
 
 
 def load_model(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.ndarray]]:
@@ -109,13 +118,125 @@ def newest_model(path: str | os.PathLike[str]
     """(folder, config, params) of the newest complete checkpoint at ``path`` (see
     :func:`find_checkpoints`): the folder is where its tokenizer.json lies."""
     p = Path(path)
-    candidates = find_checkpoints(p) if p.suffix != ".safetensors" else []
-    if candidates:
+    if p.suffix == ".safetensors":
+        return (p.parent, *_load_model_file(p))
+
+    def read(folder: Path, settled: bool) -> tuple[Path, GPTConfig, dict[str, np.ndarray]]:
+        with _pinned(folder, (MODEL_FILE,), settled) as files:
+            if MODEL_FILE not in files:
+                raise CheckpointError(f"no checkpoint at {path}: {folder / MODEL_FILE} not found")
+            config, params, _ = _read_model(folder / MODEL_FILE, files[MODEL_FILE], path)
+        return folder, config, params
+
+    return _read_newest(p, read)
+
+
+def load_generation_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, GPTConfig,
+                                                                      dict[str, np.ndarray], Any]:
+    """(folder, config, params, tokenizer) of the newest complete checkpoint at ``path``,
+    model and tokenizer.json read from the same folder even while a run saves over it.
+    A missing or unreadable tokenizer raises :class:`TokenizerFileMissing`."""
+    p = Path(path)
+
+    def read(folder: Path, settled: bool) -> tuple[Path, GPTConfig, dict[str, np.ndarray], Any]:
+        with _pinned(folder, (MODEL_FILE, TOKENIZER_FILE), settled) as files:
+            if MODEL_FILE not in files:
+                raise CheckpointError(f"no checkpoint at {path}: {folder / MODEL_FILE} not found")
+            config, params, _ = _read_model(folder / MODEL_FILE, files[MODEL_FILE], path)
+            if TOKENIZER_FILE not in files:
+                raise TokenizerFileMissing(f"{folder} has no {TOKENIZER_FILE}")
+            try:
+                tokenizer = _read_tokenizer(folder / TOKENIZER_FILE, files[TOKENIZER_FILE])
+            except CheckpointError as err:
+                raise TokenizerFileMissing(str(err)) from None
+        return folder, config, params, tokenizer
+
+    return _read_newest(p, read)
+
+
+class TokenizerFileMissing(CheckpointError):
+    """The model loads but its tokenizer.json is missing or unreadable."""
+
+
+# --- reading while a run saves ------------------------------------------------------------------
+#
+# A reader (generate, info, resume) may run beside a training run that saves every step.
+# Names change under it: checkpoint/ becomes .checkpoint.previous, a temporary folder
+# becomes checkpoint/, the old previous goes to the trash. A folder, once complete, is
+# never changed, only renamed or removed. So a reader opens the folder it chose once and
+# every file it needs through that descriptor, and then reads the open files: they are
+# one checkpoint's, whatever is renamed meanwhile. A file gone before it was opened means
+# a save removed the folder: the reader chooses again (_Moved), a bounded number of times.
+
+
+class _Moved(Exception):
+    """The folder a reader chose was renamed away or removed by a save: choose again."""
+
+
+READ_TRIES = 100  # each retry follows a save's rename: a run would have to save 100 times
+# while one reader opens four files
+
+
+def _fd_path(fd: int) -> str:
+    """A path that opens the file behind ``fd`` itself, whatever its name is now."""
+    return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else f"/dev/fd/{fd}"
+
+
+@contextlib.contextmanager
+def _pinned(folder: Path, names: tuple[str, ...], settled: bool) -> Iterator[dict[str, str]]:
+    """Open ``names`` in ``folder`` through one descriptor of the folder; yield a path to
+    each opened regular file (a missing name is left out). ``settled``: the folder was
+    complete when chosen, so a name missing now means a save moved it (raises _Moved)."""
+    fds: dict[str, int] = {}
+    try:
         try:
-            return (candidates[0], *_load_model_file(model_file(candidates[0])))
+            folder_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except (FileNotFoundError, NotADirectoryError):
+            if settled:
+                raise _Moved() from None
+            folder_fd = None
+        except OSError as err:
+            raise CheckpointError(f"cannot read {folder}: {err.strerror}") from None
+        if folder_fd is not None:
+            try:
+                for name in names:
+                    try:
+                        fd = os.open(name, os.O_RDONLY, dir_fd=folder_fd)
+                    except FileNotFoundError:
+                        if settled:
+                            raise _Moved() from None
+                        continue
+                    except OSError as err:
+                        raise CheckpointError(f"cannot read {folder / name}: "
+                                              f"{err.strerror}") from None
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        fds[name] = fd
+                    else:
+                        os.close(fd)
+            finally:
+                os.close(folder_fd)
+        yield {name: _fd_path(fd) for name, fd in fds.items()}
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _read_newest(directory: Path, read: Callable[[Path, bool], Any]) -> Any:
+    """``read(folder, settled)`` of the newest complete checkpoint at ``directory`` (see
+    :func:`find_checkpoints`), chosen again when a save moves it away meanwhile; with no
+    complete one, ``read(directory, False)`` says what is missing."""
+    for _ in range(READ_TRIES):
+        candidates = find_checkpoints(directory)
+        if not candidates:
+            return read(directory, False)
+        try:
+            return read(candidates[0], True)
+        except _Moved:
+            continue
         except CheckpointError as err:
             raise _with_fallback(err, candidates) from None
-    return (model_file(p).parent, *_load_model_file(model_file(p), path))
+    raise CheckpointError(f"{directory} was replaced {READ_TRIES} times while being read; "
+                          "try again")
 
 
 def _with_fallback(err: CheckpointError, candidates: list[Path]) -> CheckpointError:
@@ -125,19 +246,27 @@ def _with_fallback(err: CheckpointError, candidates: list[Path]) -> CheckpointEr
         return err
     step = _step_of(candidates[1])
     at_step = "" if step is None else f", step {step},"
-    return CheckpointError(f"{err} (an older complete checkpoint{at_step} is in "
+    return type(err)(f"{err} (an older complete checkpoint{at_step} is in "
                            f"{candidates[1]}; put it in place of {candidates[0]} to use it)")
 
 
 def _load_model_file(file: Path, path: str | os.PathLike[str] | None = None
                      ) -> tuple[GPTConfig, dict[str, np.ndarray]]:
-    from safetensors import SafetensorError, safe_open
-
     path = file if path is None else path
     if not file.is_file():
         raise CheckpointError(f"no checkpoint at {path}: {file} not found")
+    config, params, _ = _read_model(file, str(file), path)
+    return config, params
+
+
+def _read_model(file: Path, source: str, path: str | os.PathLike[str]
+                ) -> tuple[GPTConfig, dict[str, np.ndarray], dict[str, str]]:
+    """(config, params, metadata) of the model file ``file``, read from ``source`` (the
+    file itself or an open descriptor's path); errors name ``file``."""
+    from safetensors import SafetensorError, safe_open
+
     try:
-        with safe_open(str(file), framework="numpy") as f:
+        with safe_open(source, framework="numpy") as f:
             metadata = f.metadata() or {}
             params = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, ValueError, TypeError) as err:
@@ -160,7 +289,7 @@ def _load_model_file(file: Path, path: str | os.PathLike[str] | None = None
         check_parameters(params, config)
     except (ConfigError, ParameterError, TypeError) as err:
         raise CheckpointError(f"{file} does not match its configuration: {err}") from None
-    return config, params
+    return config, params, metadata
 
 
 # --- training checkpoints ----------------------------------------------------------------------
@@ -193,6 +322,12 @@ TOKENIZER_FILE = "tokenizer.json"
 STATE_FORMAT = "gptspec-training-1"
 TRAINING_FILES = (MODEL_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, STATE_FILE)
 MAX_STATE_BYTES = 64 * 2**20  # state.json holds settings, RNG states and the loss history
+# What a save records to tie its four files together (checked on loading, where present):
+# the optimizer file names the step and the model it was saved with, state.json names the
+# optimizer file. A file taken from another checkpoint, or a step edited, is then refused.
+STEP_KEY = "gptspec_step"
+MODEL_DIGEST_KEY = "gptspec_model_sha256"
+OPTIMIZER_DIGEST = "optimizer_sha256"
 
 
 def crash_point(name: str) -> None:
@@ -208,7 +343,8 @@ def _temporaries(directory: Path) -> list[Path]:
     """Leftover temporary and trash folders of ``directory``'s saves."""
     if not directory.parent.is_dir():
         return []
-    prefix = f".{directory.name}."
+    # the shortest prefix a save's names get (long names are cut: temporary_prefix)
+    prefix = temporary_prefix(directory, ".previous.XXXXXXXX.trash")[:-1]
     return sorted(p for p in directory.parent.iterdir()
                   if p.name.startswith(prefix) and p.name.endswith((".tmp", ".trash")))
 
@@ -221,7 +357,8 @@ def _discard(folder: Path) -> None:
         return
     trash = folder
     if not folder.name.endswith(".trash"):
-        trash = Path(tempfile.mkdtemp(prefix=f".{folder.name.lstrip('.')}.", suffix=".trash",
+        named = folder.parent / folder.name.lstrip(".")
+        trash = Path(tempfile.mkdtemp(prefix=temporary_prefix(named, ".trash"), suffix=".trash",
                                       dir=folder.parent))
         os.replace(folder, trash)  # an empty directory is replaced by a rename
         crash_point("renamed to trash")
@@ -237,14 +374,12 @@ def _complete(folder: Path) -> bool:
 def _step_of(folder: Path) -> int | None:
     """The step of a complete checkpoint folder, or None (incomplete, or a state.json
     that does not say: damaged)."""
-    import json
-
     if not _complete(folder):
         return None
     try:
         if (folder / STATE_FILE).stat().st_size > MAX_STATE_BYTES:
             return None
-        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        state = parse_json((folder / STATE_FILE).read_text(encoding="utf-8"))
         step = state["step"]
     except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return None
@@ -322,21 +457,24 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
 
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(target), suffix=".tmp",
+                                dir=target.parent))
     crash_point("made the temporary folder")
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide files that are 0644
-        save_model(tmp, params, config)
+        _, model_digest = _save_model(tmp, params, config)
         crash_point("wrote the model")
         arrays = {name: _to_numpy(name, value) for name, value in optimizer.items()}
-        write_bytes(tmp / OPTIMIZER_FILE,
-                    save(arrays, metadata={DIGEST_KEY: tensors_digest(arrays)}))
+        optimizer_digest = tensors_digest(arrays)
+        write_bytes(tmp / OPTIMIZER_FILE, save(arrays, metadata={
+            DIGEST_KEY: optimizer_digest, STEP_KEY: str(state["step"]),
+            MODEL_DIGEST_KEY: model_digest}))
         crash_point("wrote the optimizer")
         tokenizer.save(tmp / TOKENIZER_FILE)
         crash_point("wrote the tokenizer")
-        state = {"format": STATE_FORMAT, **state}
+        state = {"format": STATE_FORMAT, **state, OPTIMIZER_DIGEST: optimizer_digest}
         write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1).encode())  # last: complete
         crash_point("wrote the state")
         fsync_folder(tmp)
@@ -355,13 +493,7 @@ def load_training_checkpoint(directory: str | os.PathLike[str]):
     """(config, params, optimizer tensors, state, tokenizer) of the newest complete training
     checkpoint at ``directory`` (see :func:`find_checkpoints`); a missing, corrupt or
     inconsistent one raises :class:`CheckpointError` naming the file."""
-    candidates = find_checkpoints(directory)
-    if not candidates:
-        return _load_training_folder(Path(directory))  # says what is missing
-    try:
-        return _load_training_folder(candidates[0])
-    except CheckpointError as err:
-        raise _with_fallback(err, candidates) from None
+    return _read_newest(Path(directory), _load_training_folder)
 
 
 def check_state(state: Any, file: Path) -> dict:
@@ -401,33 +533,40 @@ def check_state(state: Any, file: Path) -> dict:
     return state
 
 
-def _load_training_folder(path: Path):
-    import json
+def _load_training_folder(path: Path, settled: bool = False):
+    if not settled and not path.is_dir():
+        raise CheckpointError(f"no training checkpoint at {path}")
+    with _pinned(path, TRAINING_FILES, settled) as files:
+        for name in (STATE_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, MODEL_FILE):
+            if name not in files:
+                raise CheckpointError(f"{path} is not a training checkpoint: {name} is missing")
+        state = _read_state(path / STATE_FILE, files[STATE_FILE])
+        config, params, model = _read_model(path / MODEL_FILE, files[MODEL_FILE], path)
+        optimizer, metadata = _read_optimizer(path / OPTIMIZER_FILE, files[OPTIMIZER_FILE])
+        _check_together(path, params, model.get(DIGEST_KEY), optimizer, metadata, state)
+        tokenizer = _read_tokenizer(path / TOKENIZER_FILE, files[TOKENIZER_FILE])
+    return config, params, optimizer, state, tokenizer
 
+
+def _read_state(file: Path, source: str) -> dict:
+    try:
+        with open(source, "rb") as f:
+            data = f.read(MAX_STATE_BYTES + 1)
+        if len(data) > MAX_STATE_BYTES:
+            raise CheckpointError(f"{file} is larger than {MAX_STATE_BYTES >> 20} MiB: not a "
+                                  "training state")
+        state = parse_json(data.decode("utf-8"))
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and parse_json's are ValueErrors
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{file} is not a valid training state ({first})") from None
+    return check_state(state, file)
+
+
+def _read_optimizer(file: Path, source: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     from safetensors import SafetensorError, safe_open
 
-    from gptspec.fast.tokenizer import Tokenizer
-
-    directory = path
-    if not path.is_dir():
-        raise CheckpointError(f"no training checkpoint at {directory}")
-    for name in (STATE_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, MODEL_FILE):
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path} is not a training checkpoint: {name} is missing")
     try:
-        if (path / STATE_FILE).stat().st_size > MAX_STATE_BYTES:
-            raise CheckpointError(f"{path / STATE_FILE} is larger than "
-                                  f"{MAX_STATE_BYTES >> 20} MiB: not a training state")
-        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise CheckpointError(f"{path / STATE_FILE} is not valid JSON "
-                              f"({str(err).splitlines()[0] if str(err) else 'too deep'})"
-                              ) from None
-    state = check_state(state, path / STATE_FILE)
-    config, params = _load_model_file(path / MODEL_FILE, path)
-    file = path / OPTIMIZER_FILE
-    try:
-        with safe_open(str(file), framework="numpy") as f:
+        with safe_open(source, framework="numpy") as f:
             metadata = f.metadata() or {}
             optimizer = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, ValueError, TypeError) as err:
@@ -435,14 +574,44 @@ def _load_training_folder(path: Path):
         raise CheckpointError(f"{file} is not a readable safetensors file ({message})") from None
     if metadata.get(DIGEST_KEY) != tensors_digest(optimizer):
         raise CheckpointError(f"{file} is corrupt: its tensors do not match their checksum")
-    for name, value in params.items():
-        for key in (f"exp_avg.{name}", f"exp_avg_sq.{name}"):
-            if state["step"] > 0 and (key not in optimizer
-                                      or optimizer[key].shape != value.shape):
+    return optimizer, metadata
+
+
+def _check_together(path: Path, params: dict[str, np.ndarray], model_digest: str | None,
+                    optimizer: dict[str, np.ndarray], metadata: dict[str, str],
+                    state: dict) -> None:
+    """The four files are one save's: AdamW's moments are exactly the model's parameters'
+    (after a step), and what the save recorded (STEP_KEY …) agrees."""
+    file = path / OPTIMIZER_FILE
+    if optimizer or state["step"] > 0:
+        expected = {f"{kind}.{name}": value.shape for name, value in params.items()
+                    for kind in ("exp_avg", "exp_avg_sq")}
+        for key in sorted(set(expected) | set(optimizer)):
+            if key not in expected:
+                raise CheckpointError(f"{file} does not match the model: {key!r} is not the "
+                                      "moment of one of its parameters")
+            if key not in optimizer or optimizer[key].shape != expected[key]:
                 raise CheckpointError(f"{file} does not match the model: {key!r} is missing "
                                       "or misshapen")
+    recorded = state.get(OPTIMIZER_DIGEST)
+    if recorded is not None and recorded != metadata.get(DIGEST_KEY):
+        raise CheckpointError(f"{file} is not the one {path / STATE_FILE} was saved with "
+                              "(its checksum differs from the recorded one)")
+    step = metadata.get(STEP_KEY)
+    if step is not None and step != str(state["step"]):
+        raise CheckpointError(f"{path / STATE_FILE} says step {state['step']}, but {file} was "
+                              f"saved at step {step}")
+    model = metadata.get(MODEL_DIGEST_KEY)
+    if model is not None and model != (model_digest or tensors_digest(params)):
+        raise CheckpointError(f"{path / MODEL_FILE} is not the model {file} was saved with "
+                              "(its checksum differs from the recorded one)")
+
+
+def _read_tokenizer(file: Path, source: str) -> Any:
+    from gptspec.fast.tokenizer import Tokenizer
+
     try:
-        tokenizer = Tokenizer.load(path / TOKENIZER_FILE)
+        return Tokenizer.load(source)
     except Exception as err:  # the tokenizer's own errors name the problem
-        raise CheckpointError(f"{path / TOKENIZER_FILE} cannot be loaded: {err}") from None
-    return config, params, optimizer, state, tokenizer
+        text = str(err).replace(source, str(file))
+        raise CheckpointError(f"{file} cannot be loaded: {text}") from None

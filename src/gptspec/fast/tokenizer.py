@@ -361,6 +361,14 @@ class Tokenizer:
         if sorted(base) != list(range(256)):
             raise TokenizerError("base must list each of the 256 byte values exactly once")
         self.merges: list[Pair] = [(int(a), int(b)) for a, b in merges]
+        if len(set(self.merges)) != len(self.merges):
+            # a repeated pair can never apply (the first has merged every occurrence), yet
+            # it takes an id, and encoding would rank the pair by its last copy
+            seen: dict[Pair, int] = {}
+            for k, pair in enumerate(self.merges):
+                if pair in seen:
+                    raise TokenizerError(f"merge {k} = {pair} repeats merge {seen[pair]}")
+                seen[pair] = k
         self.pattern = resolve_pattern(pattern)
         self.base = base
         self.special_tokens: dict[str, int] = dict(special_tokens or {})

@@ -36,6 +36,7 @@ from gptspec.fast.tokenizer import (
     TokenizerError,
 )
 from gptspec.reference.tokenizer import bytes_to_unicode
+from gptspec.spec.config import parse_json
 
 __all__ = ["TokenizerFileError", "save", "load", "detect_format", "merges_from_ranks",
            "tokenizer_from_hf_doc", "load_vocab_merges", "FORMATS", "GPTSPEC_FORMAT"]
@@ -73,15 +74,13 @@ def _read(path: Path) -> bytes:
 
 def _json(path: Path, data: bytes) -> Any:
     try:
-        return json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise TokenizerFileError(f"{path}: not UTF-8 text (byte {err.start}); corrupt?") from None
-    except json.JSONDecodeError as err:
-        raise TokenizerFileError(
-            f"{path}: not valid JSON, truncated or corrupt ({err.msg} at line {err.lineno}, "
-            f"column {err.colno})") from None
-    except RecursionError:
-        raise TokenizerFileError(f"{path}: JSON nested too deeply to be a tokenizer") from None
+    try:
+        return parse_json(text)  # a key given twice is refused, not the last one taken
+    except ValueError as err:
+        raise TokenizerFileError(f"{path}: {err}; truncated or corrupt?") from None
 
 
 def detect_format(data: bytes) -> str:

@@ -341,6 +341,7 @@ class Trainer:
         self._pending_signal: int | None = None
         self.stopped_by = int(signal.SIGINT)  # the signal that interrupted run(), if any
         self.output_lost: OSError | None = None  # why the log could not be written, if so
+        self.saved_at: int | None = None  # the step of this object's last save, if any
 
     @property
     def tokens_per_step(self) -> int:
@@ -463,9 +464,31 @@ class Trainer:
         if bad:
             raise TrainingDiverged(f"{bad} holds NaN or infinite values after step "
                                    f"{self.step_count}")
+        self._check_usable()
         with signals_held():
-            return save_training_checkpoint(directory, self.config, params, moments,
-                                            self.state(), self.tokenizer)
+            saved = save_training_checkpoint(directory, self.config, params, moments,
+                                             self.state(), self.tokenizer)
+        self.saved_at = self.step_count
+        return saved
+
+    @torch.no_grad()
+    def _check_usable(self) -> None:
+        """Finite weights can still make a useless model: after a step at lr 1e30 they are
+        about 1e30, and the attention scores (products of two such projections, summed
+        over d_head) overflow float32 to inf and then NaN. Such a model cannot generate
+        (generate refuses non-finite logits), so it is not kept as the last good one. The
+        test is the model's own: its loss on one validation sequence, as evaluate()
+        computes it (one forward of one sequence: small beside a step)."""
+        s = self.settings
+        x, y = self.data.batch("val", 1, np.random.default_rng(s.seed + 7919), s.device)
+        self.model.eval()
+        try:
+            loss = float(self.loss(x, y, model=self.model))
+        finally:
+            self.model.train()
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"the weights after step {self.step_count} are finite but "
+                                   f"the model's loss on a validation sequence is {loss}")
 
     @classmethod
     def resume(cls, directory: str | os.PathLike[str], data: TokenData,

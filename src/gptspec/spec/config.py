@@ -26,6 +26,28 @@ class ConfigError(ValueError):
     """A configuration that does not describe a model; the message names the field."""
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:  # json.loads would keep the last silently: which one was meant?
+            raise ValueError(f"the key {key!r} is given twice")
+        data[key] = value
+    return data
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads`` for the files gptspec reads (configs, state.json, tokenizers): a key
+    given twice and nesting deeper than Python's parser can follow are ValueErrors with
+    a one-line message (the caller names the file), like any other syntax error."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON ({err.msg} at line {err.lineno}, column "
+                         f"{err.colno})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int
@@ -140,12 +162,10 @@ class GPTConfig:
 
     @classmethod
     def from_json(cls, text: str) -> GPTConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"config is not valid JSON: {err}") from None
-        except RecursionError:  # "[[[[…": an untrusted file's, in a checkpoint's metadata
-            raise ConfigError("config is not valid JSON: nested too deeply") from None
+        try:  # an untrusted file's, in a checkpoint's metadata
+            data = parse_json(text)
+        except ValueError as err:
+            raise ConfigError(f"config: {err}") from None
         if not isinstance(data, dict):
             raise ConfigError("config JSON must be an object")
         return cls.from_dict(data)

@@ -1,0 +1,80 @@
+"""One writer per training run directory.
+
+``RunLock(out)`` takes an exclusive ``fcntl.flock`` on ``OUT/.train.lock`` and writes its
+pid there; a second ``gptspec train`` on the same OUT is refused (:class:`RunLocked`,
+naming the holder's pid) instead of saving over the first one's checkpoint. The kernel
+drops the lock when its holder dies however it dies, so a killed run's lock is simply
+taken by the next run, which writes its own pid over the dead one. Cleaning up what a
+killed run left (temporary files) is safe only while holding the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+LOCK_FILE = ".train.lock"
+
+
+class RunLocked(RuntimeError):
+    """Another live process holds the run directory's lock."""
+
+
+class RunLock:
+    def __init__(self, out: str | os.PathLike[str]) -> None:
+        import fcntl
+
+        self.path = Path(out) / LOCK_FILE
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(self.fd)
+            os.close(self.fd)
+            who = f"pid {holder}" if holder else "a process that is just starting"
+            raise RunLocked(f"{out} is being written by another gptspec train ({who}); wait "
+                            "for it to end or choose another --out") from None
+        except OSError:
+            os.close(self.fd)
+            raise
+        # the holder's pid, for the refusal above: written whole with one write after
+        # truncating, so a reader sees the old pid, nothing, or this one
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the flock; the file stays (no unlink race)
+            self.fd = -1
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _holder(fd: int) -> int | None:
+    """The pid the holder wrote; it may be a moment away from writing it."""
+    for _ in range(20):
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.01)
+    return None
+
+
+def remove_stale_temporaries(out: Path, names: tuple[str, ...]) -> list[Path]:
+    """Delete the temporary files (``.NAME.XXXXXXXX.tmp``, see atomic_files) a killed run
+    left beside ``OUT/NAME``. Only for the lock's holder: another writer's are live."""
+    from gptspec.atomic_files import temporary_prefix
+
+    removed = []
+    prefixes = tuple(temporary_prefix(out / name) for name in names)
+    for entry in os.scandir(out):
+        if entry.name.startswith(prefixes) and entry.name.endswith(".tmp") and entry.is_file(
+                follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    return removed

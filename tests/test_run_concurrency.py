@@ -1,0 +1,205 @@
+"""A run directory shared with other processes: one writer at a time (an OS lock), readers
+that always load one complete checkpoint while it is saved over, files of one save only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptspec.cli import main
+from gptspec.fast import checkpoint
+from gptspec.fast.checkpoint import (
+    CheckpointError,
+    load_generation_checkpoint,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+from gptspec.fast.run_lock import LOCK_FILE, RunLock
+from gptspec.fast.tokenizer import Tokenizer
+from gptspec.spec.config import GPTConfig
+from gptspec.spec.parameters import parameter_schema
+
+CONFIG = GPTConfig(vocab_size=256, n_ctx=8, d_model=8, n_layers=1, n_heads=2, d_ff=16)
+TINY = ["--preset", "tiny", "--vocab-size", "256", "--batch-size", "2", "--eval-interval", "2",
+        "--eval-batches", "1", "--warmup", "1", "--no-progress"]
+TEXT = "To be, or not to be, that is the question. " * 40
+
+
+def _save(directory: Path, step: int, config: GPTConfig = CONFIG) -> None:
+    """A checkpoint whose every weight and moment is its step (a mix shows)."""
+    params = {s.name: np.full(s.shape, float(step), dtype=np.float32)
+              for s in parameter_schema(config)}
+    moments = {f"{kind}.{name}": np.full_like(value, step)
+               for name, value in params.items() for kind in ("exp_avg", "exp_avg_sq")}
+    state = {"step": step, "settings": {}, "rng": {"torch": "", "python": [3, [0], None]},
+             "history": {"train": [[step, 1.0]], "val": []}}
+    save_training_checkpoint(directory, config, params, moments, state, Tokenizer.byte_level())
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT)
+    return path
+
+
+# --- one writer --------------------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_naming_the_first_and_the_first_is_unharmed(
+        tmp_path, corpus, capsys):
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "gptspec", "train", *TINY, "--data", str(corpus), "--out",
+         str(out), "--steps", "100000", "--eval-interval", "1", "--checkpoint-interval", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "checkpoint" / "state.json").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        for second in (["--resume"], ["--data", str(corpus)]):
+            assert main(["train", *TINY, "--out", str(out), "--steps", "100000", *second]) == 2
+            err = capsys.readouterr().err
+            assert f"pid {first.pid}" in err and "another gptspec train" in err
+            assert len(err.strip().splitlines()) == 1
+        assert first.poll() is None  # still training, its files untouched
+    finally:
+        first.send_signal(signal.SIGINT)
+        stdout, stderr = first.communicate(timeout=60)
+    assert first.returncode == 130, stderr
+    assert "saved in" in stdout
+    _, _, _, state, _ = load_training_checkpoint(out / "checkpoint")
+    assert state["step"] >= 1
+
+
+def test_a_dead_writers_lock_is_taken_over_and_its_leftovers_removed(tmp_path, corpus):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.run(  # takes the lock and dies without releasing anything
+        [sys.executable, "-c", "import os, signal, sys; from gptspec.fast.run_lock import "
+         "RunLock; RunLock(sys.argv[1]); os.kill(os.getpid(), signal.SIGKILL)", str(out)])
+    assert holder.returncode == -signal.SIGKILL
+    assert (out / LOCK_FILE).read_text().strip().isdigit()
+    leftovers = [out / ".loss.png.abcd1234.tmp", out / ".tokens.bin.abcd1234.tmp"]
+    for file in leftovers:
+        file.write_bytes(b"half a file")
+    (out / ".checkpoint.abcd1234.tmp").mkdir()
+    kept = out / "notes.txt"
+    kept.write_text("mine")
+    assert main(["train", *TINY, "--data", str(corpus), "--out", str(out), "--steps", "2"]) == 0
+    assert (out / LOCK_FILE).read_text().strip() == str(os.getpid())
+    assert not any(p.exists() for p in leftovers)
+    assert not (out / ".checkpoint.abcd1234.tmp").exists() and kept.read_text() == "mine"
+
+
+def test_the_lock_is_held_only_while_the_run_lasts(tmp_path, corpus, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    with RunLock(out):  # another open of the lock file: a writer for flock
+        assert main(["train", *TINY, "--data", str(corpus), "--out", str(out)]) == 2
+        assert f"pid {os.getpid()}" in capsys.readouterr().err
+    assert not (out / "checkpoint").exists() and not (out / "tokens.bin").exists()
+    assert main(["train", *TINY, "--data", str(corpus), "--out", str(out), "--steps", "2"]) == 0
+    assert main(["train", *TINY, "--out", str(out), "--resume", "--steps", "3"]) == 0
+
+
+# --- readers beside a writer ---------------------------------------------------------------------
+
+
+def test_readers_load_one_complete_checkpoint_while_a_writer_saves_in_a_loop(tmp_path):
+    directory = tmp_path / "run" / "checkpoint"
+    _save(directory, 1)
+    stop = tmp_path / "stop"
+    pid = os.fork()
+    if pid == 0:  # the writer: saves step after step until told to stop
+        try:
+            step = 2
+            while not stop.exists():
+                _save(directory, step)
+                step += 1
+        finally:
+            os._exit(0)
+    failures, steps = [], set()
+    try:
+        for i in range(200):
+            try:
+                if i % 2:
+                    _, _, params, tokenizer = load_generation_checkpoint(directory)
+                    step = int(params["wte"].flat[0])
+                else:
+                    _, params, optimizer, state, tokenizer = load_training_checkpoint(directory)
+                    step = state["step"]
+                    assert all((v == step).all() for v in optimizer.values())
+                assert all((v == step).all() for v in params.values()), "two saves' files"
+                assert tokenizer.vocab_size == 256
+                steps.add(step)
+            except (CheckpointError, AssertionError) as err:
+                failures.append(str(err))
+    finally:
+        stop.touch()
+        os.waitpid(pid, 0)
+    assert failures == []
+    assert len(steps) > 5  # the writer did save over the readers many times
+
+
+# --- files of one save --------------------------------------------------------------------------
+
+
+def _edit_state(directory: Path, edit) -> None:
+    file = directory / "state.json"
+    file.write_text(edit(file.read_text()))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda text: text.replace('"step": 3', '"step": 7'),
+     "says step 7, but"),
+    (lambda text: text.replace('"step": 3,', '"step": 3, "step": 3,'),
+     "'step' is given twice"),
+    (lambda text: "[" * 100000 + "]" * 100000,
+     "nested too deeply"),
+])
+def test_an_edited_state_is_refused_in_one_line(tmp_path, edit, message):
+    directory = tmp_path / "checkpoint"
+    _save(directory, 3)
+    _edit_state(directory, edit)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_training_checkpoint(directory)
+    assert "state.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_optimizer_from_another_model_is_refused(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    _save(ours, 3)
+    _save(theirs, 3, CONFIG.replace(d_model=16, d_ff=32))
+    os.replace(theirs / "optimizer.safetensors", ours / "optimizer.safetensors")
+    with pytest.raises(CheckpointError, match="does not match the model"):
+        load_training_checkpoint(ours)
+    _save(theirs, 3)  # same shapes, other values: only the recorded checksum tells
+    os.replace(theirs / "model.safetensors", ours / "model.safetensors")
+    _save(tmp_path / "again", 3)
+    os.replace(tmp_path / "again" / "optimizer.safetensors", ours / "optimizer.safetensors")
+    load_training_checkpoint(ours)  # the same save's content: accepted
+    params = {s.name: np.full(s.shape, 9.0, dtype=np.float32) for s in parameter_schema(CONFIG)}
+    checkpoint.save_model(ours, params, CONFIG)
+    with pytest.raises(CheckpointError, match="is not the model"):
+        load_training_checkpoint(ours)
+
+
+def test_a_resume_with_an_edited_step_is_refused(tmp_path, corpus, capsys):
+    assert main(["train", *TINY, "--data", str(corpus), "--out", str(tmp_path / "out"),
+                 "--steps", "2"]) == 0
+    _edit_state(tmp_path / "out" / "checkpoint",
+                lambda text: text.replace('"step": 2', '"step": 1', 1))
+    assert main(["train", *TINY, "--out", str(tmp_path / "out"), "--resume",
+                 "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "says step 1, but" in err and len(err.strip().splitlines()) == 1
