@@ -153,10 +153,10 @@ def judge_without_torch(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def soundness(session: nox.Session) -> None:
     """The soundness gate: correct backends written differently from the built-in one
-    (meta/soundness/) must pass every check at the thorough profile, seeds 0–2, in float32,
-    bfloat16 and float16; prints backend × dtype × seed → passed/failed and the worst
-    fraction of budget. Options after --: --quick (the CI part), --backend, --dtype,
-    --seeds N, --profile P."""
+    (meta/soundness/) must pass every check at the thorough profile, at 3 seeds drawn afresh
+    each run, in float32, bfloat16 and float16; prints the seeds, backend × dtype × seed →
+    passed/failed and the worst fraction of budget. Options after --: --quick (the CI part),
+    --backend, --dtype, --seed N (repeatable: those seeds), --seeds N, --profile P."""
     install(session)
     session.run("python", "-m", "meta.soundness.gate", *session.posargs)
 

@@ -3,19 +3,21 @@ pass every check, in every dtype, at several seeds. A failure here is a false al
 the suite (a budget derived wrongly), not a bug of the backend.
 
     python -m meta.soundness.gate          # every backend × float32, bfloat16, float16
-                                             # × seeds 0, 1, 2 at the thorough profile
-    python -m meta.soundness.gate --quick  # CI: seed 0, default profile, float32 and
-                                             # bfloat16, two backends
+                                             # × 3 seeds drawn at random, thorough profile
+    python -m meta.soundness.gate --quick  # CI: 1 random seed, default profile, float32
+                                             # and bfloat16, two backends
+    python -m meta.soundness.gate --seed 7 # that seed only (repeatable): a reproduction
 
-Prints the table backend × dtype × seed → passed / failed / not implemented and the
-worst fraction of budget, and exits 1 on any failure. The compiled built-in backend
-recompiles for every new configuration (about 2 s each on a CPU), so it runs the quick
-profile whatever the gate's profile is.
+Seeds are drawn afresh each run (a fixed set lets a budget fit those seeds only) and
+printed with the command that reproduces a failure. Prints backend × dtype × seed →
+passed / failed / n/i and the worst fraction of budget; exits 1 on any failure. The
+compiled backend recompiles per configuration, so it runs the quick profile.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -97,6 +99,24 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+SEED_RANGE = 2**31  # the conformance runner's seeds are any non-negative int
+
+
+def choose_seeds(given: list[int] | None, count: int, first: int | None) -> list[int]:
+    """The seeds given, else ``count`` consecutive ones from ``first``, else ``count``
+    distinct seeds drawn from os.urandom (a fresh draw each run)."""
+    if given:
+        return list(dict.fromkeys(given))
+    if first is not None:
+        return list(range(first, first + count))
+    seeds: list[int] = []
+    while len(seeds) < count:
+        seed = int.from_bytes(os.urandom(4), "little") % SEED_RANGE
+        if seed not in seeds:
+            seeds.append(seed)
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -104,18 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", action="append", choices=sorted(BACKENDS))
     parser.add_argument("--dtype", action="append",
                         choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--seeds", type=int, default=3,
-                        help="N seeds from --first-seed (default 3)")
-    parser.add_argument("--first-seed", type=int, default=0,
-                        help="the first seed (default 0): to split the gate over processes")
+    parser.add_argument("--seed", type=int, action="append",
+                        help="run this seed (repeatable) instead of drawing seeds")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="how many seeds (default 3, 1 with --quick)")
+    parser.add_argument("--first-seed", type=int, default=None,
+                        help="consecutive seeds from this one instead of random ones")
     parser.add_argument("--profile", default=None, choices=("quick", "default", "thorough"))
     parser.add_argument("--area", default="all")
     args = parser.parse_args(argv)
     backends = args.backend or (list(QUICK_BACKENDS) if args.quick else list(BACKENDS))
     dtypes = args.dtype or (["float32", "bfloat16"] if args.quick
                             else ["float32", "bfloat16", "float16"])
-    seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
+    seeds = choose_seeds(args.seed, args.seeds or (1 if args.quick else 3), args.first_seed)
     profile = args.profile or ("default" if args.quick else "thorough")
+    how = "as given" if args.seed or args.first_seed is not None else "drawn at random"
+    print(f"seeds {', '.join(map(str, seeds))} ({how}), profile {profile}", flush=True)
 
     rows, start = [], time.perf_counter()
     for backend in backends:
@@ -127,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                 for r in row.suite.results:
                     if r.status in ("fail", "error", "blocked"):
                         print(f"    {r.status.upper()} {r.id}: {r.detail}", flush=True)
+                if not row.suite.ok:
+                    print(f"    reproduce: python -m meta.soundness.gate --backend {backend} "
+                          f"--dtype {dtype} --profile {profile} --area {args.area} "
+                          f"--seed {seed}", flush=True)
     print()
     print(table(rows))
     bad = [r for r in rows if not r.suite.ok]
