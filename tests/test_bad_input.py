@@ -153,6 +153,7 @@ for damage, needle in [
     ("deep-json", "json"), ("not-an-object", "training state"), ("format", "training state"),
     ("tokens-missing", "tokens"), ("tokens-changed", "changed"),
     ("settings-bad", "batch_size"), ("model-missing", "missing"),
+    ("settings-deep", "state.json: the setting 'lr'"), ("elapsed-deep", "elapsed_seconds"),
     ("model-corrupt", "safetensors"), ("nan-weights", "nan"),
 ]:
     case(f"resume-state-{damage}", _with(RESUME, "--out", "{w}/damaged/" + damage), needle)
@@ -546,6 +547,11 @@ def _damage_runs(world: Path) -> None:
     damaged("no-data", state=lambda d: d.pop("data"))
     damaged("data-wrong", state=lambda d: d.update(data={"tokens": 3}))
     damaged("settings-bad", state=lambda d: d["settings"].update(batch_size=-4))
+    deep: list = []
+    for _ in range(300):  # deep enough for a repr or a comparison to go astray
+        deep = [deep]
+    damaged("settings-deep", state=lambda d: d["settings"].update(lr=deep))
+    damaged("elapsed-deep", state=lambda d: d.update(elapsed_seconds=deep))
     damaged("format", state=lambda d: d.update(format="other"))
     damaged("rng-torch-garbage", state=lambda d: d["rng"].update(torch="!!!!"))
     damaged("rng-python-size", state=lambda d: d["rng"].update(python=[3, [0], None]))

@@ -203,3 +203,73 @@ def test_a_resume_with_an_edited_step_is_refused(tmp_path, corpus, capsys):
                  "--steps", "4"]) == 2
     err = capsys.readouterr().err
     assert "says step 1, but" in err and len(err.strip().splitlines()) == 1
+
+
+# --- what is said and kept ---------------------------------------------------------------------
+
+
+def test_a_run_stopped_before_its_first_step_does_not_claim_a_checkpoint(
+        tmp_path, corpus, monkeypatch, capsys):
+    from gptspec.fast import train
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    real_step = train.Trainer.step
+    monkeypatch.setattr(train.Trainer, "step", interrupted)
+    argv = ["train", *TINY, "--out", str(tmp_path / "out"), "--steps", "4"]
+    assert main([*argv, "--data", str(corpus)]) == 130
+    said = capsys.readouterr().out
+    assert "no checkpoint was saved" in said and "saved in" not in said
+    assert not (tmp_path / "out" / "checkpoint").exists()
+    monkeypatch.setattr(train.Trainer, "step", real_step)
+    assert main([*argv, "--data", str(corpus), "--steps", "2"]) == 0  # "the same command"
+    monkeypatch.setattr(train.Trainer, "step", interrupted)
+    assert main([*argv, "--resume"]) == 130
+    said = capsys.readouterr().out
+    assert "no step was taken" in said and "saved in" not in said
+
+
+def test_finite_weights_whose_loss_is_not_are_not_kept_as_good(tmp_path, corpus, capsys):
+    argv = ["train", *TINY, "--data", str(corpus), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--steps", "1", "--lr", "1e30"]) == 2
+    err = capsys.readouterr().err
+    assert "finite but the model's loss" in err and "no checkpoint had been saved" in err
+    assert not (tmp_path / "out" / "checkpoint").exists()
+
+
+def test_a_name_of_250_bytes_gets_temporary_names_that_fit(tmp_path):
+    from gptspec.atomic_files import write_bytes
+
+    name = "é" * 125  # 250 bytes: legal, and 14 bytes short of a temporary name's
+    (tmp_path / "file").mkdir()
+    write_bytes(tmp_path / "file" / name, b"data")
+    assert (tmp_path / "file" / name).read_bytes() == b"data"
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (1, 2, 3):
+        _save(run / name, step)
+    assert load_training_checkpoint(run / name)[3]["step"] == 3
+    # the trash of each save (names cut short) was found and emptied
+    kept = sorted(p.name for p in run.iterdir())
+    assert kept == sorted([name, checkpoint._previous(run / name).name])
+    assert all(len(os.fsencode(p.name)) <= 255 for p in run.iterdir())
+    (run / "half.tmp").mkdir()  # a killed save's temporary folder, under the cut name
+    (run / "half.tmp").rename(run / (checkpoint.temporary_prefix(run / name) + "abcdefgh.tmp"))
+    assert checkpoint.recover_checkpoint(run / name) == run / name
+    assert sorted(p.name for p in run.iterdir()) == kept
+
+
+def test_the_memory_check_honours_the_address_space_limit(monkeypatch):
+    import resource
+
+    from gptspec.cli import CLIError, checks
+
+    checks.fits_in_memory(2**30, "a GiB")  # this machine has one
+    limit = checks._address_space_used() + 2**29  # what is mapped counts against it
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (
+        limit if which == resource.RLIMIT_AS else resource.RLIM_INFINITY,
+        resource.RLIM_INFINITY))
+    checks.fits_in_memory(2**28, "a quarter GiB")
+    with pytest.raises(CLIError, match=r"ulimit -v"):
+        checks.fits_in_memory(2**30, "a GiB")

@@ -161,7 +161,7 @@ def _config(args: argparse.Namespace, tokenizer: Any):
     return config
 
 
-def _settings(args: argparse.Namespace, base: dict | None = None):
+def _settings(args: argparse.Namespace, base: dict | None = None, where: str = ""):
     from gptspec.fast.train import TrainSettings
 
     values = dict(base or {})
@@ -173,7 +173,7 @@ def _settings(args: argparse.Namespace, base: dict | None = None):
     try:
         return TrainSettings.from_dict(values)
     except (ValueError, TypeError) as err:  # TypeError: a state.json with odd values
-        raise CLIError(str(err)) from None
+        raise CLIError(f"{where}{err}") from None
 
 
 def _claim(out: Path, locks: list, resume: bool = False) -> None:
@@ -284,7 +284,7 @@ def _run(args: argparse.Namespace, locks: list) -> int:
                            "--steps")
         if checkpoint.is_dir():  # before training, not at the first save
             checks.output_dir(checkpoint, "--out")
-        settings = _settings(args, state["settings"])
+        settings = _settings(args, state["settings"], f"{checkpoint / 'state.json'}: ")
         _check_memory(config, settings.batch_size, settings.grad_accum)
         checks.device(settings.device, "--device" if args.device else
                       f"the checkpoint's device ({checkpoint}/state.json)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import stat
 import tempfile
@@ -322,6 +323,7 @@ TOKENIZER_FILE = "tokenizer.json"
 STATE_FORMAT = "gptspec-training-1"
 TRAINING_FILES = (MODEL_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, STATE_FILE)
 MAX_STATE_BYTES = 64 * 2**20  # state.json holds settings, RNG states and the loss history
+MAX_SETTING_CHARS = 100  # the longest setting that is a word: a device such as "cuda:7"
 # What a save records to tie its four files together (checked on loading, where present):
 # the optimizer file names the step and the model it was saved with, state.json names the
 # optimizer file. A file taken from another checkpoint, or a step edited, is then refused.
@@ -336,15 +338,19 @@ def crash_point(name: str) -> None:
 
 
 def _previous(directory: Path) -> Path:
-    return directory.parent / f".{directory.name}.previous"
+    """``.NAME.previous``, NAME cut short where that would pass the file system's limit."""
+    return directory.parent / f"{temporary_prefix(directory, '.previous')[:-1]}.previous"
 
 
 def _temporaries(directory: Path) -> list[Path]:
     """Leftover temporary and trash folders of ``directory``'s saves."""
     if not directory.parent.is_dir():
         return []
-    # the shortest prefix a save's names get (long names are cut: temporary_prefix)
-    prefix = temporary_prefix(directory, ".previous.XXXXXXXX.trash")[:-1]
+    # the shortest prefix a save's names get (long names are cut: temporary_prefix); the
+    # dot after the name only where it was not cut
+    prefix = temporary_prefix(directory, ".previous.XXXXXXXX.trash")
+    if prefix != f".{directory.name}.":
+        prefix = prefix[:-1]
     return sorted(p for p in directory.parent.iterdir()
                   if p.name.startswith(prefix) and p.name.endswith((".tmp", ".trash")))
 
@@ -510,6 +516,17 @@ def check_state(state: Any, file: Path) -> dict:
                                   f"({type(state[key]).__name__})")
     if not 0 <= state["step"] < 2**63:
         raise CheckpointError(f"{file}: 'step' {state['step']} is out of range")
+    for key, value in state["settings"].items():  # what TrainSettings checks, one level
+        if (isinstance(value, (list, dict)) or not isinstance(key, str)
+                or (isinstance(value, str) and len(value) > MAX_SETTING_CHARS)):
+            raise CheckpointError(f"{file}: the setting {str(key)[:40]!r} is not a number, "
+                                  "a short word or true/false")
+    elapsed = state.get("elapsed_seconds", 0.0)
+    if (not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool)
+            or not math.isfinite(elapsed) or elapsed < 0):
+        raise CheckpointError(f"{file}: 'elapsed_seconds' is not a number of seconds")
+    if not isinstance(state.get("scaler") or {}, dict):
+        raise CheckpointError(f"{file}: 'scaler' is not a saved gradient scaler state")
     rng = state["rng"]
     if not (isinstance(rng.get("torch"), str) and isinstance(rng.get("python"), list)
             and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)):

@@ -150,14 +150,15 @@ class TrainSettings:
         for name in ("warmup_steps", "decay_steps", "checkpoint_interval"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"setting {name!r} must not be negative")
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"need 0 < lr and 0 ≤ min_lr ≤ lr, got lr={self.lr}, "
-                             f"min_lr={self.min_lr}")
         for name in ("lr", "min_lr", "weight_decay", "grad_clip", "eps", "beta1", "beta2"):
             value = getattr(self, name)  # NaN passes every comparison below: refused here
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or not math.isfinite(value) or value < 0):
-                raise ValueError(f"setting {name!r} must be a finite number ≥ 0, got {value!r}")
+                raise ValueError(f"setting {name!r} must be a finite number ≥ 0, got "
+                                 f"{repr(value)[:40]}")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"need 0 < lr and 0 ≤ min_lr ≤ lr, got lr={self.lr}, "
+                             f"min_lr={self.min_lr}")
         if not (self.beta1 < 1 and self.beta2 < 1):
             raise ValueError(f"settings 'beta1' and 'beta2' must be below 1, got "
                              f"{self.beta1}, {self.beta2}")
