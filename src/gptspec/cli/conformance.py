@@ -210,9 +210,10 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
              area: str | None, selected, timeout: float | None, isolate: bool,
              started: Callable[[Any], None]):
     from gptspec.conformance import report
+    from gptspec.conformance.context import keeping_cwd
     from gptspec.conformance.discovery import BackendError, load_backend
     from gptspec.conformance.isolation import run_isolated
-    from gptspec.conformance.runner import keeping_cwd, run_suite
+    from gptspec.conformance.runner import run_suite
 
     repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
              "--area", args.area]

@@ -120,6 +120,24 @@ _SKIP = {"name", "version", "device", "dtype"}
 _KEEP_CALLS = 16  # calls kept per example (a check makes a handful)
 
 
+@contextlib.contextmanager
+def keeping_cwd() -> Any:
+    """The working directory as it was before a backend ran in this process: a backend's
+    ``os.chdir`` must not move the files the judge writes (reports, saved failures)."""
+    try:
+        here = os.open(".", os.O_RDONLY)
+    except OSError:  # no readable working directory: nothing to keep
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.fchdir(here)
+        finally:
+            os.close(here)
+
+
 class RecordingBackend:
     """The backend as a check sees it: every call to an operation or ``forward`` is
     recorded, in order, in ``calls`` (reset at each example by the context); logits not
@@ -143,7 +161,8 @@ class RecordingBackend:
             record = Call(name, args, kwargs)
             self.calls.append(record)
             del self.calls[:-_KEEP_CALLS]
-            record.output = value(*args, **kwargs)
+            with keeping_cwd():
+                record.output = value(*args, **kwargs)
             if name == "forward":
                 problem = wrong_dtype(record.output, self._dtype)
                 if problem:

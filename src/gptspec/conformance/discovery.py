@@ -10,7 +10,7 @@ import inspect
 from importlib.metadata import entry_points
 from typing import Any
 
-from gptspec.conformance.protocol import PROTOCOL_HISTORY, PROTOCOL_VERSION
+from gptspec.conformance.protocol import PROTOCOL_HISTORY, PROTOCOL_VERSION, shown
 
 GROUP = "gptspec.backends"
 REQUIRED = ("name", "version", "device", "dtype", "forward")  # and protocol_version
@@ -81,7 +81,7 @@ def _resolve(spec: str) -> Any:
 def _what_raised(err: BaseException) -> str:
     if isinstance(err, SystemExit):
         return f"it called exit({err.code!r})"
-    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return shown(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
 
 
 def load_backend(spec: str, device: str | None = None, dtype: str | None = None) -> Any:

@@ -40,6 +40,10 @@ START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeo
 
 def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
             seed: int, save_failures: str | None, plain: str | None) -> None:
+    # first, before any backend code runs: a session (and process group) of its own, which
+    # the parent kills whole, with whatever the backend started in it
+    if hasattr(os, "setsid"):
+        os.setsid()
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.registry import CHECKS, all_checks
     from gptspec.conformance.runner import (
@@ -49,9 +53,6 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
         judged_precision,
     )
 
-    # first, before any backend code runs: a session (and process group) of its own, which
-    # the parent kills whole, with whatever the backend started in it
-    os.setsid()
     # Ctrl-C reaches every process of the terminal's group: the parent handles it (and
     # stops this one); here it would only print a traceback from inside the backend
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -188,13 +189,12 @@ class _Worker:
         # the group's id is the worker's pid, which stays taken while any member of the
         # group lives: once the group is empty this is a harmless "no such process"
         pid = self.process.pid
-        if pid is None:
-            return
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if self.process.is_alive():  # it died before it could call setsid
+        if pid is not None and hasattr(os, "killpg"):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.process.is_alive():  # no process groups here, or it had not made its own
             self.process.kill()
 
 

@@ -6,7 +6,8 @@ dtype one of float64, float32, bfloat16, float16) and
 ``forward(tokens, params, config) -> logits``:
 ``config`` a :class:`gptspec.spec.GPTConfig`, ``params`` a dict of float64 NumPy arrays
 named by :func:`gptspec.spec.parameter_schema`, ``tokens`` int64 (B, T); the logits
-(B, T, V) as an array of any float dtype.
+(B, T, V) as an array of any float dtype whose values are ``dtype`` values (a list, or
+values computed in a wider dtype, is an error: the run judges the dtype asked).
 
 Every function of the protocol takes its arguments in one order: the inputs first (tokens,
 prompts, activations), then the parameters, then the configuration, then options

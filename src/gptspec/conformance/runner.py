@@ -10,7 +10,6 @@ survives hangs of any kind and crashes of the interpreter.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -29,6 +28,7 @@ from gptspec.conformance.context import (
     RecordingBackend,
     WrongDtype,
     keeping_comparisons,
+    keeping_cwd,
     suite_settings,
 )
 from gptspec.conformance.protocol import SHOWN_LIMIT, NotApplicable, shown
@@ -98,24 +98,6 @@ def judged_precision(backend: Any, asked: str | None) -> tuple[Precision, str]:
 def dtype_error(check: Check, detail: str) -> CheckResult:
     return CheckResult(check.id, list(check.entries), check.kind, "error", None, detail,
                        0, 0, 0.0, check.budget)
-
-
-@contextlib.contextmanager
-def keeping_cwd() -> Any:
-    """The working directory as it was before a backend ran in this process: a backend's
-    ``os.chdir`` must not move the files the judge writes (reports, saved failures)."""
-    try:
-        here = os.open(".", os.O_RDONLY)
-    except OSError:  # no readable working directory: nothing to keep
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            os.fchdir(here)
-        finally:
-            os.close(here)
 
 
 def _read(backend: Any, attribute: str, default: str) -> str:
