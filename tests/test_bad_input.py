@@ -307,6 +307,7 @@ case("conformance-adjudicate-with-missing-module",
 case("conformance-adjudicate-with-unknown-name", CONF + ["--adjudicate-with", "jaxx"],
      "unknown backend 'jaxx'")
 case("conformance--timeout=1e308", _with(CONF, "--timeout", "1e308"), "--timeout")
+case("conformance--timeout=1e-300", _with(CONF, "--timeout", "1e-300"), "at least")
 
 # --- found by an attacker's pass beyond the cases above (issue 15) ----------------------------
 # paths: empty (Path would read it as "."), a file's name ending in /, unreadable though it

@@ -23,6 +23,7 @@ from typing import Any
 from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
 
 MAX_TIMEOUT = 86400.0  # seconds per check: a day; more is a typo (and past what poll takes)
+MIN_TIMEOUT = 0.001
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
                                      for p in args.check)
 
     checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0, high=MAX_TIMEOUT)
+    if 0 < args.timeout < MIN_TIMEOUT:  # a timer this short is rounded to none at all
+        raise CLIError(f"--timeout must be 0 (none) or at least {MIN_TIMEOUT:g} s, "
+                       f"got {args.timeout:g}")
     checks.seed(args.seed)
     if args.check and not any(selected(c) for c in all_checks(area)):
         raise CLIError(f"--check {' '.join(args.check)} matches no check"
