@@ -7,7 +7,8 @@
 
 The output directory gets ``checkpoint/`` (model.safetensors, optimizer.safetensors,
 state.json, tokenizer.json; ``gptspec generate --checkpoint OUT/checkpoint``), the
-tokenized corpus ``tokens.bin`` (memory-mapped), and ``loss.png``. On a CPU shared with
+tokenized corpus ``tokens.bin`` (memory-mapped), ``loss.png``, and ``.train.lock`` (one run
+writes OUT at a time; a second is refused, naming the first's pid). On a CPU shared with
 other work, ``OMP_NUM_THREADS=1`` is often faster than oversubscribed threads; the losses
 are the same either way.
 """
@@ -134,7 +135,7 @@ def _where_saved(trainer: Any, checkpoint: Path, out: Path) -> str:
 
     resume = f"continue with: gptspec train --out {out} --resume"
     if trainer.saved_at is not None:
-        return f"checkpoint of step {trainer.saved_at} saved in {checkpoint}; {resume}"
+        return f"checkpoint saved in {checkpoint} (step {trainer.saved_at}); {resume}"
     if find_checkpoints(checkpoint):
         return f"no step was taken; the checkpoint in {checkpoint} is as it was; {resume}"
     return ("no checkpoint was saved (stopped before the first step); to train, run the "

@@ -573,9 +573,14 @@ def _read_state(file: Path, source: str) -> dict:
             raise CheckpointError(f"{file} is larger than {MAX_STATE_BYTES >> 20} MiB: not a "
                                   "training state")
         state = parse_json(data.decode("utf-8"))
-    except (OSError, ValueError) as err:  # UnicodeDecodeError and parse_json's are ValueErrors
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(f"{file} is not a valid training state ({first})") from None
+    except OSError as err:
+        raise CheckpointError(f"cannot read {file}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{file} is not UTF-8 text (byte {err.start})") from None
+    except ValueError as err:  # parse_json's: one line
+        said = str(err)
+        raise CheckpointError(f"{file} is {said}" if said.startswith("not valid JSON")
+                              else f"{file}: {said}") from None
     return check_state(state, file)
 
 
