@@ -8,9 +8,8 @@
 The output directory gets ``checkpoint/`` (model.safetensors, optimizer.safetensors,
 state.json, tokenizer.json; ``gptspec generate --checkpoint OUT/checkpoint``), the
 tokenized corpus ``tokens.bin`` (memory-mapped), ``loss.png``, and ``.train.lock`` (one run
-writes OUT at a time; a second is refused, naming the first's pid). On a CPU shared with
-other work, ``OMP_NUM_THREADS=1`` is often faster than oversubscribed threads; the losses
-are the same either way.
+writes OUT at a time; a second is refused, naming the first's pid). On a shared CPU,
+``OMP_NUM_THREADS=1`` is often faster than oversubscribed threads (same losses).
 """
 
 from __future__ import annotations
@@ -183,9 +182,9 @@ def _claim(out: Path, locks: list, resume: bool = False) -> None:
     from gptspec.fast.checkpoint import find_checkpoints, recover_checkpoint
     from gptspec.fast.run_lock import RunLock, RunLocked, remove_stale_temporaries
 
+    out.mkdir(parents=True, exist_ok=True)
     if locks or os.environ.get("RANK", "0") != "0":  # held; under torchrun rank 0 writes
         return
-    out.mkdir(parents=True, exist_ok=True)
     try:
         locks.append(RunLock(out))
     except RunLocked as err:
