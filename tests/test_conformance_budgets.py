@@ -203,3 +203,65 @@ def test_a_one_at_a_time_float32_normaliser_of_a_flat_row_is_within_its_budget()
     got = float(shifted[tokens[1]] - np.log(normaliser))
     assert abs(got - y) <= B.budget(scale), (abs(got - y), B.budget(scale))
     assert abs(got - y) > B.budget(np.sqrt(V) * p.u_acc)  # what independent roundings allow
+
+
+def test_targets_below_2u_round_alike_and_their_response_mirrors_the_reference(monkeypatch):
+    """∂L/∂z_y = (p_y − 1)/N at 2048 targets with p_y < u/2 all round to −1/N in bfloat16,
+    errors of one sign: their sum errs by Σ p_y/N, past what a quadrature of independent
+    roundings allows. gpt_backward_bound carries their response through _backward_values,
+    which must be the reference's backward pass from a given ∂L/∂z."""
+    from gptspec.conformance import gradient_budgets as G
+
+    rng = np.random.default_rng(0)
+    N, p = 2048, B.Precision.of("bfloat16")
+    exact = (rng.uniform(0, p.u / 2, N) - 1) / N
+    error = B.round_to(exact, "bfloat16") - exact
+    assert np.all(error < 0) or np.all(error > 0)
+    assert abs(error.sum()) > B.LAMBDA * np.sqrt(np.sum(np.square(p.u * exact)))
+
+    # a precision whose 2u exceeds every probability: every target takes that path
+    every_target = B.Precision("bfloat16", 0.5, p.u_acc, p.tiny)
+    for config in VARIANTS:
+        params, tokens, targets = _case(config)
+        seen = {}
+        real = G._backward_values
+
+        def spy(dZ, *args, seen=seen, real=real):
+            seen["args"] = args
+            return real(dZ, *args)
+
+        monkeypatch.setattr(G, "_backward_values", spy)
+        G.gpt_backward_bound(tokens, targets, params, config, every_target)
+        monkeypatch.setattr(G, "_backward_values", real)
+        logits = ref.gpt_forward(tokens, params, config)
+        dZ = ref.cross_entropy_gradient(logits, targets, reduction="mean")
+        _, expected = ref.gpt_backward(tokens, targets, params, config)
+        got = real(dZ, *seen["args"])
+        for name, g in expected.items():
+            np.testing.assert_allclose(got[name], g, rtol=1e-10, atol=1e-14, err_msg=name)
+
+
+def test_the_output_matrix_gradient_sees_the_values_errors_summed_over_queries():
+    # O_s = Σ_t A_st V_t: an error δV_t reaches every query attending to key t, so ∂W_O =
+    # Σ_s O_sᵀ ∂Y_s moves by Σ_t δV_tᵀ (Aᵀ∂Y)_t; with uniform causal weights over 512 keys
+    # and an ∂Y of one sign (a feature every row's gradient shares) the quadrature over
+    # queries saw a fraction of it
+    from gptspec.conformance.gradient_budgets import multi_head_attention_backward_bound
+
+    rng = np.random.default_rng(0)
+    T, d, p = 512, 8, B.Precision.of("bfloat16")
+    H = rng.normal(size=(1, T, d))
+    W_qkv, b_qkv = np.zeros((d, 3 * d)), np.zeros(3 * d)  # Q = K = 0: uniform weights
+    W_qkv[:, 2 * d:] = rng.normal(size=(d, d)) / np.sqrt(d)
+    dY = 1.0 + 0.1 * rng.normal(size=(1, T, d))
+    _, grads = multi_head_attention_backward_bound(dY, p.u * np.abs(dY), H, np.zeros_like(H),
+                                                   W_qkv, b_qkv, np.eye(d), None, 1, p)
+    budget = B.budget(grads["w_o"][1])
+    _, eQKV = B.linear_bound(H, np.zeros_like(H), W_qkv, b_qkv, p)
+    eV = eQKV[0, :, 2 * d:]
+    A = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    # backends whose V is off by independent errors of its error scale, one per element
+    shifts = np.array([(A @ (eV * rng.normal(size=eV.shape))).T @ dY[0] for _ in range(200)])
+    assert np.all(np.abs(shifts) <= budget), np.max(np.abs(shifts) / budget)
+    assert np.max(np.abs(shifts)) > B.budget(np.sqrt(np.square(A) @ np.square(eV)).T
+                                             @ np.abs(dY[0])).min() / 10
