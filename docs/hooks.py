@@ -9,7 +9,9 @@ Registered in mkdocs.yml (``hooks: [docs/hooks.py]``). At each build:
   it also makes the figures (a tiny model trained for a few seconds) and installs KaTeX;
 - ``on_files`` adds the generated files and KaTeX's ``dist`` to the site (``docs/generated``
   is excluded from the ordinary file scan so its pages get URLs like ``/spec/softmax/``);
-- ``on_page_markdown`` inlines the data-flow diagram where a page asks for it;
+- ``on_page_markdown`` inlines the data-flow diagram where a page asks for it, and the
+  numbers the guides state from saved runs (the NumPy example's conformance run, the
+  mutation catalog's), so that no count is typed by hand;
 - ``on_post_build`` turns the TeX in the search index into plain text (readable snippets).
 """
 
@@ -37,6 +39,8 @@ for folder in (DOCS, DOCS.parent):
 from sitegen import (  # noqa: E402
     compatibility,
     dataflow,
+    evidence,
+    example_run,
     figures,
     katex,
     open_questions,
@@ -56,6 +60,8 @@ GPT3_COUNTS_MARKER = "<!-- gptspec:gpt3-counts -->"
 PRESET_DECISIONS_MARKER = "<!-- gptspec:preset-decisions -->"
 FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
 CROSSWALK_MARKER = "<!-- gptspec:crosswalk -->"
+EXAMPLE_RUN_MARKER = "<!-- gptspec:numpy-example-run -->"
+MUTATION_SUMMARY_MARKER = "<!-- gptspec:mutation-summary -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
 VERIFICATION_PAGE = f"{spec_pages.SPEC_DIR}/verification.md"
@@ -90,7 +96,8 @@ def _compatibility_page(root: Path) -> str:
         table = ecosystem.load_adjudications(root / ecosystem.ADJUDICATIONS)
         return compatibility.compatibility_page(runs, ecosystem.ENGINES, table,
                                                 ecosystem.VERDICTS,
-                                                {c.id: c.area for c in all_checks()})
+                                                {c.id: c.area for c in all_checks()},
+                                                evidence.build_commit(root), root)
     except (compatibility.CompatibilityError, ecosystem.AdjudicationError) as err:
         raise PluginError(str(err)) from None
 
@@ -121,8 +128,10 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     from gptspec.spec import GROUPS, REGISTRY
 
     checks_for, checks_problem = load_checks_for()
-    # the reference functions' source links: repo_url (a placeholder, see mkdocs.yml)
-    source_base = f"{config.repo_url.rstrip('/')}/blob/main/" if config.repo_url else ""
+    # the reference functions' source links: repo_url (a placeholder, see mkdocs.yml), at
+    # the commit the site is built from, so a line number stays right after later commits
+    ref = evidence.build_commit(root) or evidence.FALLBACK_REF
+    source_base = f"{config.repo_url.rstrip('/')}/blob/{ref}/" if config.repo_url else ""
     views = spec_pages.build_views(REGISTRY, gptspec.reference, checks_for, root, source_base)
     planned = set(spec_pages.render_pages(views, GROUPS, []))
     gaps = spec_pages.traceability_gaps(views, planned, checks_problem)
@@ -142,7 +151,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         if f"{spec_pages.SPEC_DIR}/{stale.name}" not in pages:
             stale.unlink()
     if not reports:
-        log.info("no conformance report found: entry pages say 'not yet run'")
+        log.info("no conformance report found: entry pages show no results")
 
     try:
         stats = figures.make_figures(GENERATED / "assets" / "figures", root / ".cache" / "figures")
@@ -204,6 +213,26 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
         # the page's URL is one folder deep (sources/), the spec pages' are spec/<id>/
         markdown = markdown.replace(CROSSWALK_MARKER, spec_pages.crosswalk(
             REGISTRY, "../" + spec_pages.SPEC_DIR))
+    if EXAMPLE_RUN_MARKER in markdown:
+        from gptspec.conformance.registry import all_checks
+
+        root = Path(config.config_file_path).resolve().parent
+        try:
+            run = example_run.section(root, [c.id for c in all_checks()],
+                                      evidence.build_commit(root))
+        except example_run.ExampleRunError as err:
+            raise PluginError(str(err)) from None
+        markdown = markdown.replace(EXAMPLE_RUN_MARKER, run)
+    if MUTATION_SUMMARY_MARKER in markdown:
+        from meta.mutants import MUTANTS
+
+        root = Path(config.config_file_path).resolve().parent
+        try:
+            saved = verification.load_mutation_results(root / verification.MUTATION_RESULTS)
+        except verification.MutationResultsError as err:
+            raise PluginError(str(err)) from None
+        markdown = markdown.replace(MUTATION_SUMMARY_MARKER,
+                                    verification.mutation_summary(MUTANTS, saved))
     if FIGURE_NOTE_MARKER in markdown:
         s = _state["figure_stats"]
         note = (f"The model below was trained with {s['model']} for {s['steps']} steps "

@@ -72,7 +72,8 @@ def test_an_entry_page_shows_everything_about_the_entry() -> None:
     assert BLUEPRINT in page and "eq 99" in page
     assert "Two or three?" in page and r"\(y = 2\,x\)" in page and "three times x" in page
     assert "<code>scale.differential</code>" in page
-    assert "Not yet run" in page
+    # no report: no results section, and no "Not yet run" claim about this entry
+    assert "Results of the built-in backends" not in page and "Not yet run" not in page
     assert "Doubling is exact" in page
 
 
@@ -316,7 +317,9 @@ def test_search_snippets_read_formulas_as_text(tmp_path) -> None:
         == "softmax (QKᵀ/√d_k + M ) V"
     assert tex_to_text(r"\hat{x} = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}") \
         == "x̂ = (x - μ)/√(σ^2 + ε)"
-    assert readable(r"mask \(M_{ij} = -\infty\) for \(j > i\)") == "mask M_{ij} = -∞ for j > i"
+    # the index is HTML: a reading goes back into it escaped
+    assert readable(r"mask \(M_{ij} = -\infty\) for \(j &gt; i\)") == \
+        "mask M_{ij} = -∞ for j &gt; i"
     index = tmp_path / "search_index.json"
     index.write_text(json.dumps({"config": {}, "docs": [
         {"location": "spec/softmax/", "title": "Softmax",
@@ -331,7 +334,9 @@ def test_a_reference_function_links_to_its_source_line_when_the_repository_is_kn
 
     base = "https://example.invalid/repo/blob/main/"
     linked = spec_pages.reference_code(gptspec.reference, "softmax", ROOT, base)
-    assert linked is not None and linked.url == f"{base}src/gptspec/reference/forward.py#L{linked.line}"
+    # whichever module of the reference defines it (the package is being split by group)
+    assert linked is not None and linked.path.startswith("src/gptspec/reference/")
+    assert linked.url == f"{base}{linked.path}#L{linked.line}"
     assert f'href="{linked.url}"' in spec_pages._source_link(linked)
     plain = spec_pages.reference_code(gptspec.reference, "softmax", ROOT)
     assert plain is not None and plain.url == "" and "href" not in spec_pages._source_link(plain)
@@ -347,3 +352,129 @@ def test_the_preset_pages_show_the_switches_and_gpt3s_published_counts() -> None
     assert "<td>125M</td>" in counts and "<td>175B</td>" in counts and "<td>1.167</td>" in counts
     decisions = spec_pages.preset_decisions(PRESET_DECISIONS)
     assert decisions.count("**Decision.**") == len(PRESET_DECISIONS)
+
+
+# --- issue 30: one consistent document ------------------------------------------------------
+
+
+def test_a_report_that_does_not_cover_an_entry_adds_nothing_to_its_page(tmp_path: Path) -> None:
+    report = tmp_path / "other.json"
+    report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 2, "runs": [{
+        "backend": {"name": "torch", "version": "2.13.0", "device": "cpu", "dtype": "float32"},
+        "settings": {"profile": "quick"},
+        "checks": [{"id": "other.thing", "entries": ["other"], "status": "pass",
+                    "worst_fraction": 0.5}]}]}))
+    page = spec_pages.entry_page(views(made_up_entry())[0], load_report(report))
+    assert "Not yet run" not in page and "Results of the built-in backends" not in page
+    assert "torch 2.13.0" not in page
+    covering = tmp_path / "scale.json"
+    covering.write_text(report.read_text().replace('"other.thing", "entries": ["other"]',
+                                                   '"scale.differential", "entries": ["scale"]'))
+    page = spec_pages.entry_page(views(made_up_entry())[0],
+                                 load_report(report) + load_report(covering))
+    assert page.count("torch 2.13.0") == 1 and "Results of the built-in backends" in page
+
+
+def test_a_check_statement_is_its_whole_first_paragraph() -> None:
+    from sitegen.checks import _info, first_paragraph
+
+    def check():
+        """The first line of a statement that wraps
+        onto a second line, and ends here.
+
+        The preconditions, in a paragraph of their own."""
+
+    info = _info(types.SimpleNamespace(id="scale.x", doc=check.__doc__,
+                                       summary=check.__doc__.splitlines()[0], ops=()))
+    assert info.description == ("The first line of a statement that wraps onto a second "
+                                "line, and ends here.")
+    assert first_paragraph("\n\n  Leading blank lines.\n\n  Then more.") == "Leading blank lines."
+
+
+def test_a_stale_report_gets_a_banner_naming_the_difference() -> None:
+    from sitegen.evidence import stale_banner
+
+    assert stale_banner("This report", ["a.x", "b.y"], ["b.y", "a.x"]) == ""
+    banner = stale_banner("This report", ["a.x", "old.z"], ["a.x", "b.y"], "0123456789abcdef",
+                          "fedcba9876543210")
+    assert "Stale evidence" in banner and "<code>b.y</code>" in banner
+    assert "<code>old.z</code>" in banner and "0123456789" in banner and "fedcba9876" in banner
+    assert "does not record" in stale_banner("R", [], ["a.x"])
+
+
+def test_the_compatibility_page_marks_each_report_whose_checks_differ(tmp_path: Path) -> None:
+    from sitegen import compatibility
+
+    def write(name: str, ids: list[str]) -> None:
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "schema": "gptspec-conformance", "version": 3,
+            "provenance": {"commit": "0123456789abcdef"},
+            "runs": [{"backend": {"name": name, "dtype": "float32"},
+                      "settings": {"profile": "quick"},
+                      "checks": [{"id": i, "status": "pass", "worst_fraction": 0.1}
+                                 for i in ids]}]}))
+
+    write("current", ["a.x", "b.y"])
+    write("old", ["a.x"])
+    engines = [types.SimpleNamespace(backend=n, what=n, dtypes=("float32",))
+               for n in ("current", "old")]
+    page = compatibility.compatibility_page(compatibility.load_runs(tmp_path), engines, [], {},
+                                            {"a.x": "forward", "b.y": "forward"})
+    current, old = page.split("## old\n")
+    assert "1 of these 2 reports ran another set of checks" in current
+    assert current.split("## current")[1].count("gs-stale") == 0
+    assert old.count("gs-stale") == 1 and "<code>b.y</code>" in old
+
+
+def test_search_index_text_has_characters_not_references(tmp_path: Path) -> None:
+    from sitegen.search_text import rewrite_index, without_entities
+
+    assert without_entities("<code>&lt;entry&gt;</code> Kingma &amp; Ba") == \
+        "<code>‹entry›</code> Kingma & Ba"
+    assert without_entities("&amp;lt; stays a text") == "＆lt; stays a text"
+    index = tmp_path / "search_index.json"
+    index.write_text(json.dumps({"config": {}, "docs": [
+        {"location": "spec/causal_mask/", "title": "Causal mask",
+         "text": r"<p>\(M_{ij} = \begin{cases} 0 &amp; j \le i \\ -\infty &amp; j &gt; i"
+                 r"\end{cases}\)</p>"}]}))
+    rewrite_index(index)
+    text = json.loads(index.read_text())["docs"][0]["text"]
+    assert "amp;" not in text and "gt;" not in text and "j › i" in text, text
+
+
+def test_machine_paths_are_cut_from_saved_text() -> None:
+    from sitegen.markup import public_text
+
+    assert public_text("the .py files (/root/.pyenv/versions/3.11.7/lib/python3.11)") == \
+        "the .py files (…/lib/python3.11)"
+    assert public_text("docs/experiments/vocab.json and https://example.invalid/home/a") == \
+        "docs/experiments/vocab.json and https://example.invalid/home/a"
+
+
+def test_uses_are_read_from_the_sympy_forms() -> None:
+    from sitegen.uses import entries_used
+
+    from gptspec.spec import REGISTRY
+
+    assert {"causal_mask", "merge_heads", "scaled_dot_product_attention"} <= set(
+        entries_used(REGISTRY["multi_head_attention"]))
+    block = set(entries_used(REGISTRY["block_pre_ln"]))
+    assert {"layer_norm", "multi_head_attention", "ffn_gelu_tanh"} <= block
+    assert "gelu" in entries_used(REGISTRY["ffn_gelu"])
+    assert entries_used(REGISTRY["softmax"]) == []
+
+
+def test_the_mutation_summary_states_what_the_saved_run_measured(tmp_path: Path) -> None:
+    from sitegen.verification import load_mutation_results, mutation_summary
+
+    mutants = [types.SimpleNamespace(name=n) for n in ("a", "b", "c", "d")]
+    saved = tmp_path / "mutation-results.json"
+    saved.write_text(json.dumps({"schema": "gptspec-mutation", "version": 1, "results": [
+        {"name": "a", "killed_by": "x.y", "on_target": True},
+        {"name": "b", "killed_by": "x.y", "on_target": True},
+        {"name": "c", "killed_by": "", "on_target": False, "status": "not-run",
+         "detail": "not run: needs AVX-512 BF16, which this machine lacks"}]}))
+    text = mutation_summary(mutants, load_mutation_results(saved))
+    assert "2 of 4 mutants were killed on target" in text
+    assert "1 were not run" in text and "needs AVX-512 BF16, which that machine lacks" in text
+    assert "1 are newer than the run (`d`)" in text

@@ -380,3 +380,214 @@ def test_mkdocs_serve_serves_the_generated_pages(tmp_path: Path) -> None:
             server.kill()
             server.wait(timeout=20)
         log.close()
+
+
+# --- issue 30: the site as one consistent document (read from the built pages) -----------
+
+# A machine's absolute path: a home or checkout, an interpreter's folder, a temporary file.
+MACHINE_PATH = re.compile(r"(?<![\w.:/])(?:/(?:root|home|Users|tmp|work|private)/[^\s\"'<>]+"
+                          r"|/usr/(?:local/)?lib/python[^\s\"'<>]*|[^\s\"'<>]*\.pyenv/"
+                          r"|[A-Za-z]:\\Users\\)")
+
+
+def machine_paths(site: Path) -> list[str]:
+    """Every machine path in the site's pages, its search index and its sitemap."""
+    found = []
+    for path in sorted(site.rglob("*")):
+        if path.suffix in (".html", ".xml", ".txt") or path.name == "search_index.json":
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found += [f"{path.relative_to(site)}: {m.group(0)[:80]}"
+                      for m in MACHINE_PATH.finditer(text)]
+    return found
+
+
+def test_no_page_shows_a_machine_path(site: Path, tmp_path: Path) -> None:
+    assert machine_paths(site) == []
+    # the scan finds what it looks for
+    (tmp_path / "index.html").write_text(
+        "<p>Data: the .py files (/root/.pyenv/versions/3.11.7/lib/python3.11), and "
+        "/home/someone/gptspec/x.py; not https://example.invalid/home/a</p>")
+    assert len(machine_paths(tmp_path)) == 2
+
+
+def _article(site: Path, page: str) -> str:
+    text = (site / page / "index.html").read_text(encoding="utf-8")
+    return text.split("<article", 1)[1].split("</article>", 1)[0]
+
+
+def test_check_statements_are_whole(site: Path) -> None:
+    """Each entry page states every check of the entry by its docstring's whole first
+    paragraph, not its first line (which cut 27 of 71 statements mid-sentence)."""
+    import html
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    from sitegen.checks import first_paragraph
+
+    from gptspec.conformance.registry import all_checks
+
+    checks = all_checks()
+    wrapped = [c for c in checks if first_paragraph(c.doc) != c.doc.splitlines()[0].strip()]
+    assert wrapped, "no check's statement spans lines: this test would prove nothing"
+    missing = []
+    for c in checks:
+        statement = html.escape(first_paragraph(c.doc), quote=True)
+        for entry_id in c.entries:
+            if f"<td>{statement}</td>" not in _article(site, f"spec/{entry_id}"):
+                missing.append(f"{entry_id}: {c.id}")
+    assert missing == []
+
+
+def test_no_entry_page_claims_a_run_that_no_report_made(site: Path, entries: list) -> None:
+    """A report that does not cover an entry adds nothing to its page: no "Not yet run",
+    and no results section unless some report holds a check of the entry."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    from sitegen.conformance_results import load_reports
+
+    reports = load_reports(ROOT)
+    wrong = []
+    for e in entries:
+        page = _article(site, f"spec/{e.id}")
+        covered = any(r.for_entry(e.id) for r in reports)
+        if "Not yet run" in page or ("results-of-the-built-in-backends" in page) != covered:
+            wrong.append(e.id)
+    assert wrong == []
+
+
+def _ecosystem_reports() -> list[tuple[str, str, set[str]]]:
+    import json
+
+    found = []
+    for path in sorted((ROOT / "docs" / "ecosystem").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for run in data["runs"]:
+            found.append((path.name, run["backend"]["name"], {c["id"] for c in run["checks"]}))
+    return found
+
+
+def test_each_stale_report_has_a_banner_naming_the_difference(site: Path) -> None:
+    from gptspec.conformance.registry import all_checks
+
+    suite = {c.id for c in all_checks()}
+    page = _article(site, "spec/compatibility")
+    sections = {s.split("\n", 1)[0]: s for s in page.split("<h3 ")[1:]}
+    reports = _ecosystem_reports()
+    assert reports and len(sections) >= len(reports)
+    problems = []
+    for name, _, ids in reports:
+        section = next((s for s in sections.values() if f"({name})" in s or name in s), "")
+        banner = "gs-stale" in section
+        if banner != (ids != suite):
+            problems.append(f"{name}: banner {banner}, checks differ {ids != suite}")
+        for missing in sorted(suite - ids) + sorted(ids - suite):
+            if f"<code>{missing}</code>" not in section:
+                problems.append(f"{name}: the banner does not name {missing}")
+    assert problems == []
+    # the backend guide's saved run of the example is held to the same rule
+    import json
+
+    run = json.loads((ROOT / "docs/examples/numpy_backend/run/report.json").read_text())
+    ids = {c["id"] for c in run["runs"][0]["checks"]}
+    assert ("gs-stale" in _article(site, "backend")) == (ids != suite)
+
+
+def test_the_backend_guide_states_what_the_saved_runs_measured(site: Path) -> None:
+    import json
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    from sitegen.example_run import counts_text
+
+    guide = _article(site, "backend")
+    run = json.loads((ROOT / "docs/examples/numpy_backend/run/report.json").read_text())
+    assert counts_text(run["runs"][0]["checks"]) in guide
+    saved = json.loads((ROOT / "docs/mutation-results.json").read_text())["results"]
+    killed = sum(1 for r in saved if r.get("killed_by") and r.get("on_target"))
+    from meta.mutants import MUTANTS
+
+    assert f"{killed} of {len(MUTANTS)} mutants were killed on target" in guide
+    assert "Every mutant in the catalog is killed" not in guide
+
+
+def test_equation_pages_link_the_equations_they_use(site: Path) -> None:
+    uses = {"multi_head_attention": ("scaled_dot_product_attention", "causal_mask",
+                                     "merge_heads"),
+            "block_pre_ln": ("layer_norm", "multi_head_attention", "ffn_gelu_tanh"),
+            "ffn_gelu": ("gelu",)}
+    for entry_id, used in uses.items():
+        page = _article(site, f"spec/{entry_id}")
+        uses_line = page.split('class="gs-uses"', 1)[1].split("</p>", 1)[0]
+        for other in used:
+            assert f'href="../{other}/"' in uses_line, (entry_id, other)
+
+
+def test_source_links_are_pinned_to_the_built_commit(site: Path) -> None:
+    page = _article(site, "spec/softmax")
+    refs = set(re.findall(r"/blob/([^/]+)/src/gptspec/reference/", page))
+    assert len(refs) == 1, refs
+    ref = refs.pop()
+    checkout = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).returncode == 0
+    if checkout:  # the commit the site was built from: HEAD then, HEAD or before it now
+        assert re.fullmatch(r"[0-9a-f]{40}", ref), ref
+        assert subprocess.run(["git", "merge-base", "--is-ancestor", ref, "HEAD"],
+                              cwd=ROOT).returncode == 0, ref
+    else:
+        assert ref == "main"
+    # and each cited document links to its place on the Sources page
+    sources = page.split('id="sources"', 1)[1].split("</ul>", 1)[0]
+    anchors = re.findall(r'href="\.\./\.\./sources/#([^"]+)"', sources)
+    assert anchors and all(f'id="{a}"' in (site / "sources" / "index.html").read_text(
+        encoding="utf-8") for a in anchors)
+
+
+def test_the_search_index_holds_no_character_references(site: Path) -> None:
+    """The theme shows index text as it is: a reference there reads "amp;" or "lt;"."""
+    import json
+
+    docs = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["docs"]
+    leftover = re.compile(r"&(?:[A-Za-z]+|#\d+|#x[0-9a-fA-F]+);|(?<![A-Za-z])(?:amp|lt|gt|quot);")
+    found = [f"{d['location']}: {m.group(0)}" for d in docs for key in ("title", "text")
+             for m in leftover.finditer(d[key])]
+    assert found == [], found[:10]
+
+
+# Material's own search worker, run by node on the built index, as the browser runs it.
+SEARCH_JS = r"""
+const fs = require("fs");
+const [worker, index, ...queries] = process.argv.slice(2);
+let handler = null; const replies = [];
+global.self = global;
+global.addEventListener = (type, h) => { if (type === "message") handler = h; };
+global.postMessage = (m) => replies.push(m);
+require(worker);
+(async () => {
+  const data = JSON.parse(fs.readFileSync(index, "utf8"));
+  await handler({data: {type: 0, data: {...data, options: {suggest: false}}}});
+  for (const q of queries) await handler({data: {type: 2, data: q}});
+  const results = replies.filter(m => m.type === 3);
+  console.log(JSON.stringify(results.map(m => m.data.items.map(group => group[0].location))));
+})();
+"""
+
+
+def search_ranking(site: Path, queries: list[str], tmp_path: Path) -> dict[str, list[str]]:
+    import json
+    import shutil
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = tmp_path / "search.js"
+    script.write_text(SEARCH_JS, encoding="utf-8")
+    worker = next((site / "assets" / "javascripts" / "workers").glob("search.*.min.js"))
+    done = subprocess.run([node, str(script), str(worker),
+                           str(site / "search" / "search_index.json"), *queries],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(zip(queries, json.loads(done.stdout.strip().splitlines()[-1]), strict=True))
+
+
+def test_search_ranks_the_nucleus_page_first_for_top_p(site: Path, tmp_path: Path) -> None:
+    ranked = search_ranking(site, ["top-p", "top p", "nucleus", "softmax"], tmp_path)
+    for query in ("top-p", "top p", "nucleus"):
+        assert ranked[query][:1] == ["spec/nucleus_filter/"], (query, ranked[query][:5])
+    assert ranked["softmax"][:1] != ["spec/nucleus_filter/"]  # the ranking is not fixed

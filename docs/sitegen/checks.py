@@ -8,6 +8,7 @@ only turns them into what a page shows: an id and a budget description.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,12 +46,27 @@ def _info(check: Any) -> CheckInfo:
         if budget:
             break
     description = ""
-    for name in ("summary", "description", "doc"):
-        description = _text(getattr(check, name, None)).strip()
+    # the docstring before the summary: a summary line may wrap, and cutting it at its
+    # first line left statements ending mid-sentence
+    for name in ("doc", "description", "summary"):
+        description = first_paragraph(_text(getattr(check, name, None)))
         if description:
             break
-    return CheckInfo(id=str(check.id), budget=budget, description=description.split("\n")[0],
+    return CheckInfo(id=str(check.id), budget=budget, description=description,
                      ops=tuple(getattr(check, "ops", ())))
+
+
+def first_paragraph(doc: str) -> str:
+    """A docstring's first paragraph (up to its first blank line) on one line: the check's
+    whole statement, however many lines it was wrapped over."""
+    lines = []
+    for line in inspect.cleandoc(doc).splitlines():
+        if not line.strip():
+            if lines:
+                break
+            continue
+        lines.append(line.strip())
+    return " ".join(lines)
 
 
 def load_checks_for() -> tuple[Callable[[str], list[CheckInfo]], str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from sitegen.evidence import stale_banner
 from sitegen.markup import code, esc, table
 from sitegen.spec_pages import percent
 
@@ -42,6 +43,7 @@ class EngineRun:
     provenance: str
     profile: str
     checks: tuple[dict[str, Any], ...]
+    commit: str = ""  # the gptspec commit that produced it, where the report records one
 
 
 def _provenance(data: Mapping[str, Any], run: Mapping[str, Any]) -> str:
@@ -61,6 +63,12 @@ def _provenance(data: Mapping[str, Any], run: Mapping[str, Any]) -> str:
                       f"profile {settings.get('profile', '?')}, seed {settings.get('seed', '?')}"])
 
 
+def _commit(data: Mapping[str, Any]) -> str:
+    prov = data.get("provenance")
+    commit = prov.get("commit") if isinstance(prov, dict) else None
+    return commit if isinstance(commit, str) else ""
+
+
 def load_runs(folder: Path) -> list[EngineRun]:
     """Every run of every report in ``folder`` (``*.json``), in file order."""
     runs = []
@@ -77,7 +85,8 @@ def load_runs(folder: Path) -> list[EngineRun]:
                     version=str(backend.get("version", "?")),
                     provenance=_provenance(data, run),
                     profile=str(run.get("settings", {}).get("profile", "?")),
-                    checks=tuple(run["checks"])))
+                    checks=tuple(run["checks"]),
+                    commit=_commit(data)))
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise CompatibilityError(f"ecosystem report {path}: cannot be read: {err}") from None
     return runs
@@ -134,8 +143,11 @@ def _failure(run: EngineRun, check: Mapping[str, Any], adjudications: Sequence[A
 
 
 def _run_section(run: EngineRun, adjudications: Sequence[Any], verdicts: Mapping[str, str],
-                 area_of: Mapping[str, str]) -> str:
-    parts = [f"### {run.engine} · {run.dtype}\n",
+                 area_of: Mapping[str, str], head: str = "", root: Path | None = None) -> str:
+    # area_of holds every check of the suite: the report is compared with it
+    banner = stale_banner(f"This report ({run.path.name})", (str(c.get("id")) for c in run.checks),
+                          area_of, run.commit, head, root)
+    parts = [f"### {run.engine} · {run.dtype}\n", banner,
              f'<p class="gs-provenance"><small>{esc(run.version)}. Produced by: '
              f"{esc(run.provenance)}.</small></p>\n",
              table(["area", *HEADER], [_counts_row(esc(area), checks)
@@ -156,9 +168,12 @@ def _dtype_rank(engines: Sequence[Any], run: EngineRun) -> int:
 
 def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
                        adjudications: Sequence[Any], verdicts: Mapping[str, str],
-                       area_of: Mapping[str, str]) -> str:
+                       area_of: Mapping[str, str], head: str = "", root: Path | None = None
+                       ) -> str:
     """``engines``: the ecosystem's table (``backend``, ``dtypes``, ``what``);
-    ``adjudications``: the committed table; ``area_of``: check id → the suite's area."""
+    ``adjudications``: the committed table; ``area_of``: check id → the suite's area, for
+    every check of the suite; ``head``: the commit the site is built from ("" unknown),
+    ``root`` the checkout (to count the commits between a report's and ``head``)."""
     parts = [
         "# Compatibility\n",
         "Engines nobody here wrote, run through the same conformance suite as the built-in "
@@ -175,6 +190,12 @@ def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
     rank = {e.backend: i for i, e in enumerate(engines)}
     runs = sorted(runs, key=lambda r: (rank.get(r.engine, len(rank)), r.engine,
                                        _dtype_rank(engines, r)))
+    stale = [r for r in runs if {str(c.get("id")) for c in r.checks} != set(area_of)]
+    if stale:
+        parts.append(f'<div class="admonition warning gs-stale">\n<p class="admonition-title">'
+                     f"Stale evidence</p>\n<p>{len(stale)} of these {len(runs)} reports ran "
+                     f"another set of checks than the suite's {len(area_of)}: each one's "
+                     "section below names the difference.</p>\n</div>\n")
     if runs:
         parts.append(table(["engine, dtype", *HEADER],
                            [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
@@ -192,5 +213,5 @@ def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
         if missing:
             parts.append(f'<p class="gs-not-run">Not yet run in {", ".join(missing)}: '
                          "<code>nox -s ecosystem</code> writes the reports.</p>\n")
-        parts += [_run_section(r, adjudications, verdicts, area_of) for r in mine]
+        parts += [_run_section(r, adjudications, verdicts, area_of, head, root) for r in mine]
     return "\n".join(parts) + "\n"

@@ -9,11 +9,27 @@ and a ``|`` in LaTeX would split a table cell.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Sequence
+
+# An absolute path on the machine that produced some saved data: a home, a checkout, an
+# interpreter's folder. It says nothing to a reader and names someone's machine.
+MACHINE_PATH = re.compile(r"(?<![\w.])(?:/(?:root|home|Users|tmp|work|usr|opt|var|private)"
+                          r"|[A-Za-z]:\\(?:Users|Program Files)?)(?:[/\\][^\s/\\()<>\"',;]+)+")
 
 
 def esc(text: str) -> str:
     return html.escape(str(text), quote=True)
+
+
+def public_text(text: str) -> str:
+    """Saved text with each machine path cut to its last two parts: "(/root/.pyenv/versions/
+    3.11.7/lib/python3.11)" reads "(…/lib/python3.11)"."""
+    def shorten(match: re.Match[str]) -> str:
+        parts = [p for p in re.split(r"[/\\]", match.group(0)) if p]
+        return "…/" + "/".join(parts[-2:])
+
+    return MACHINE_PATH.sub(shorten, text)
 
 
 def inline_math(latex: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from gptspec.experiments.studies import SEEDS
 from gptspec.reference.costs import param_count_total
-from sitegen.markup import esc, table
+from sitegen.markup import esc, public_text, table
 
 RESULTS = Path("docs") / "experiments"
 PAGE = "open-questions.md"
@@ -284,7 +284,7 @@ def _provenance(data: Mapping[str, Any]) -> str:
             f"({p.get('cores', '?')} cores), torch {esc(torch)}; {len(data['runs'])} runs, one "
             f"thread each, {command.get('jobs', '?')} at a time; the runs took "
             f"{p.get('run_process_seconds', 0) / 60:.0f} process-minutes. Data: "
-            f"{esc(data['data']['source'])}, {data['data']['train_bytes']:,} bytes for training "
+            f"{esc(public_text(data['data']['source']))}, {data['data']['train_bytes']:,} bytes for training "
             f"and {data['data']['val_bytes']:,} for validation (SHA-256 "
             f"{esc(data['data']['sha256'][:12])}…). All numbers: "
             f'<a href="../experiments/{esc(data["study"])}.json">{esc(data["study"])}.json</a>.'
@@ -362,7 +362,7 @@ def _scale(results: Mapping[str, Mapping[str, Any]], studies: Mapping[str, Any])
             f"context of {c['n_ctx']} tokens), each trained for "
             f"{min(flops) / 1e12:.1f}–{max(flops) / 1e12:.1f} TFLOP — minutes of one CPU "
             f"thread — on at most {max(tokens) / 1e6:.1f} million tokens of "
-            f"{esc(data['data']['source'])} ({data['data']['train_bytes'] / 1e6:.1f} MB of "
+            f"{esc(public_text(data['data']['source']))} ({data['data']['train_bytes'] / 1e6:.1f} MB of "
             f"training text), {' or '.join(map(str, seeds))} seeds per arm. ")
     else:
         arms = [a for s in studies.values() for a in s.arms]

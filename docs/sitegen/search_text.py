@@ -4,11 +4,13 @@ The pages keep their TeX (KaTeX renders it in the browser), but the search plugi
 the HTML's text, where a formula is raw source: ``\\(\\frac{QK^\\top}{\\sqrt{d_k}}\\)``. After
 the build, :func:`rewrite_index` replaces every ``\\(…\\)`` and ``\\[…\\]`` in
 ``search/search_index.json`` with a plain reading of it, ``(QKᵀ)/(√(d_k))``, so that
-results show text a reader can scan. Only the index changes; the pages are untouched.
+results show text a reader can scan, and writes its character references as characters
+(:func:`without_entities`). Only the index changes; the pages are untouched.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -104,7 +106,31 @@ def tex_to_text(tex: str) -> str:
 
 def readable(text: str) -> str:
     """Text with every inline or display formula replaced by its plain reading."""
-    return MATH.sub(lambda m: tex_to_text(m.group(1) or m.group(2)), text)
+    # the index holds HTML: the TeX's "&" and "<" arrive as "&amp;" and "&lt;" (read as
+    # characters, not as spacing), and its reading goes back as HTML
+    return MATH.sub(lambda m: html.escape(tex_to_text(html.unescape(m.group(1) or m.group(2))),
+                                          quote=False), text)
+
+
+TAG_OR_TEXT = re.compile(r"(<[^<>]*>)|([^<]+)")
+ENTITY_LIKE = re.compile(r"&(?=[A-Za-z#][A-Za-z0-9]*;)")
+
+
+def without_entities(markup: str) -> str:
+    """The index's HTML with its text's character references written as characters.
+
+    The theme shows a snippet's text from the index, escaped once more where it highlights
+    a match, so "&amp;" and "&lt;" came out as "amp;" and "lt;". Tags are kept (a snippet
+    shows code as code); in the text between them ``<`` and ``>`` become ‹ and ›, which no
+    HTML reader takes for a tag, and an ``&`` that would read as a reference becomes ＆."""
+    def text(match: re.Match[str]) -> str:
+        if match.group(1):
+            return match.group(1)
+        plain = html.unescape(match.group(2))
+        plain = plain.replace("<", "‹").replace(">", "›")
+        return ENTITY_LIKE.sub("＆", plain)
+
+    return TAG_OR_TEXT.sub(text, markup)
 
 
 def rewrite_index(path: Path) -> int:
@@ -114,7 +140,7 @@ def rewrite_index(path: Path) -> int:
     for doc in data.get("docs", []):
         for key in ("title", "text"):
             if isinstance(doc.get(key), str):
-                new = readable(doc[key])
+                new = without_entities(readable(doc[key]))
                 changed += new != doc[key]
                 doc[key] = new
     path.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")),

@@ -28,6 +28,7 @@ from sitegen.checks import CheckInfo, is_direct
 from sitegen.conformance_results import BackendReport
 from sitegen.examples import Example, worked_example
 from sitegen.markup import code, display_math, esc, inline_math, link, markdown_math, table
+from sitegen.uses import entries_used
 
 SPEC_DIR = "spec"
 ENTRY_CODE = re.compile(r"(?<![\[`])`([a-z][a-z0-9_]*)`(?!`)")
@@ -44,7 +45,7 @@ GROUP_TITLES = {
     "costs": "Sizes and costs",
 }
 NOT_RUN = (
-    "Not yet run: no conformance report was found when the site was built. Run "
+    "No conformance report was found when the site was built. Run "
     "<code>gptspec conformance --report out/conformance/&lt;backend&gt;.json</code> "
     "and rebuild."
 )
@@ -71,6 +72,8 @@ class EntryView:
     reference: ReferenceCode | None
     checks: tuple[CheckInfo, ...]
     example: Example | None = None  # run when the site was built
+    uses: tuple[tuple[str, str], ...] = ()  # (id, title) of the entries its sympy form calls
+    used_by: tuple[tuple[str, str], ...] = ()  # and of those whose sympy forms call it
 
     @property
     def page(self) -> str:
@@ -101,6 +104,20 @@ def _source_link(ref: ReferenceCode) -> str:
     return f'<a href="{esc(ref.url)}">{where}</a>' if ref.url else where
 
 
+def source_anchor(document: str) -> str:
+    """The id of a cited document's section on the Sources page (its crosswalk)."""
+    return "src-" + re.sub(r"[^a-z0-9]+", "-", document.lower()).strip("-")[:60].rstrip("-")
+
+
+def _source_item(source: Any) -> str:
+    """A citation, linked to where the Sources page lists everything cited in that document
+    (the entry pages are spec/<id>/, the Sources page sources/)."""
+    # a Markdown link, which MkDocs resolves (and checks) as it does any page's links
+    title = re.sub(r"([\\\[\]*_`<])", r"\\\1", source.document)
+    where = f", {esc(source.where)}" if source.where else ""
+    return f"[{title}](../sources.md#{source_anchor(source.document)}){where}"
+
+
 def sympy_definition(entry: Any) -> str:
     """The sympy function from its ``def`` on: the decorator's fields are shown above."""
     source = textwrap.dedent(entry.sympy_source)
@@ -120,12 +137,28 @@ def build_views(
 ) -> list[EntryView]:
     """``source_base``: the URL that a path from the repository root is appended to for a
     link to the reference function's source ("" for none)."""
+    entries = list(entries)
+    titles = {e.id: e.title for e in entries}
+    uses = {e.id: [u for u in entries_used(e) if u in titles] for e in entries}
     return [
         EntryView(e, reference_code(reference_module, e.reference, root, source_base),
                   tuple(checks_for(e.id)),
-                  worked_example(e, reference_module))
+                  worked_example(e, reference_module),
+                  tuple((u, titles[u]) for u in uses[e.id]),
+                  tuple((o, titles[o]) for o in titles if e.id in uses[o]))
         for e in entries
     ]
+
+
+def _uses(view: EntryView) -> str:
+    """Links to the entries this one is built from and to those built from it (pages are
+    siblings)."""
+    lines = []
+    for label, pairs in (("Uses", view.uses), ("Used by", view.used_by)):
+        if pairs:
+            lines.append(f'<p class="gs-uses" markdown><strong>{label}</strong> ' + ", ".join(
+                f"[{esc(title)}]({entry_id}.md)" for entry_id, title in pairs) + "</p>\n")
+    return "\n".join(lines)
 
 
 def _example(example: Example | None) -> str:
@@ -236,22 +269,20 @@ def percent(fraction: float | None) -> str:
 
 
 def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
+    """The results of the reports that ran a check of this entry; nothing at all when none
+    did (a report of another backend's subset, or no report, says nothing about it)."""
+    covering = [(r, r.for_entry(view.entry.id)) for r in reports]
+    covering = [(r, results) for r, results in covering if results]
+    if not covering:
+        return ""
     out = ["## Results of the built-in backends\n"]
-    if not reports:
-        out.append(f'<p class="gs-not-run">{NOT_RUN}</p>\n')
-        return "\n".join(out)
-    for report in reports:
-        results = report.for_entry(view.entry.id)
+    for report, results in covering:
         out.append(f"**{esc(report.backend)}**" +
                    (f" <small>({esc(report.settings)})</small>" if report.settings else "")
                    + "\n")
         if report.provenance:
             out.append(f'<p class="gs-provenance"><small>Produced by: '
                        f"{esc(report.provenance)}.</small></p>\n")
-        if not results:
-            out.append('<p class="gs-not-run">Not yet run: this report has no check of this '
-                       "entry.</p>\n")
-            continue
         rows = []
         for r in results:
             used = percent(r.budget_fraction)
@@ -279,11 +310,12 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport],
         f'<p class="gs-meta">Entry {code(e.id)} · group '
         f'<a href="../#{esc(e.group)}">{esc(group_title(e.group))}</a></p>\n',
         '<div class="gs-equation">\n' + display_math(e.latex) + "\n</div>\n",
+        _uses(view),
         "<p><strong>Symbols</strong></p>\n" + _symbols_table(e),
         reference,
         _example(view.example),
         "## Sources\n",
-        "\n".join(f"- {esc(str(s))}" for s in e.sources) + "\n",
+        "\n".join(f"- {_source_item(s)}" for s in e.sources) + "\n",
         _decisions(e, ids),
     ]
     if e.notes:
@@ -419,7 +451,7 @@ def crosswalk(entries: Iterable[Any], spec_dir: str) -> str:
     order = [d for d in first if d in cited] + sorted(d for d in cited if d not in first)
     parts = []
     for document in order:
-        parts.append(f"### {esc(document)}\n")
+        parts.append(f"### {esc(document)} {{ #{source_anchor(document)} }}\n")
         rows = [[esc(where), ", ".join(link(f"{spec_dir}/{e.id}/", e.title) for e in es)]
                 for where, es in sorted(cited[document].items(), key=lambda kv: _natural(kv[0]))]
         parts.append(table(["Where", "Specified by"], rows, "gs-crosswalk"))

@@ -64,6 +64,43 @@ def load_mutation_results(path: Path) -> MutationRun | None:
     return MutationRun(killed, described, not_run)
 
 
+def mutation_summary(mutants: Sequence[Any], run: MutationRun | None) -> str:
+    """What the saved catalog run measured, in one sentence of Markdown: how many mutants
+    were killed on target, and each one not run or survived with why. Read at build time,
+    so the guides cannot claim more than the run showed."""
+    if run is None:
+        return ("No saved run of the catalog was found when this site was built: "
+                "`nox -s mutants -- --json docs/mutation-results.json` makes one.")
+    names = [m.name for m in mutants]
+    on_target = [n for n in names if n in run.killed_by and n not in run.not_run
+                 and run.killed_by[n][0] and run.killed_by[n][1]]
+    off_target = [n for n in names if n in run.killed_by and n not in run.not_run
+                  and run.killed_by[n][0] and not run.killed_by[n][1]]
+    survived = [n for n in names if n in run.killed_by and n not in run.not_run
+                and not run.killed_by[n][0]]
+    not_run = [n for n in names if n in run.not_run]
+    absent = [n for n in names if n not in run.killed_by]
+    parts = [f"In the saved run of the catalog ({esc(run.provenance)}), "
+             f"{len(on_target)} of {len(names)} mutants were killed on target"]
+    if off_target:
+        parts.append(f"{len(off_target)} by a check that names no entry the bug breaks")
+    if survived:
+        parts.append(f"{len(survived)} survived (" + ", ".join(f"`{n}`" for n in survived) + ")")
+    if not_run:
+        why = "; ".join(f"`{n}`: {_why_not_run(run.not_run[n])}" for n in not_run)
+        parts.append(f"{len(not_run)} were not run on the machine that saved it ({why})")
+    if absent:
+        parts.append(f"{len(absent)} are newer than the run (" +
+                     ", ".join(f"`{n}`" for n in absent) + ")")
+    return "; ".join(parts) + "."
+
+
+def _why_not_run(detail: str) -> str:
+    detail = detail.strip() or "not run"
+    # said by the machine that saved the run, read here on another
+    return detail.removeprefix("not run: ").replace("this machine", "that machine")
+
+
 def _docstring_html(doc: str) -> str:
     """A check's docstring as it is written (line breaks kept: its numbered conditions)."""
     text = esc(inspect.cleandoc(doc))

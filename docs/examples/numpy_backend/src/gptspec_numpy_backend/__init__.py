@@ -44,7 +44,10 @@ class NumpyBackend:
     # --- embedding ---------------------------------------------------------------------
 
     def one_hot(self, tokens, vocab_size):
-        return np.eye(vocab_size, dtype=F32)[np.asarray(tokens)]
+        # compare with 0..V-1 rather than index np.eye(V): the identity is V² numbers
+        # (10 GB at GPT-2's vocabulary), the result only T·V
+        tokens = np.asarray(tokens)
+        return (tokens[..., None] == np.arange(int(vocab_size))).astype(F32)
 
     def token_embedding(self, tokens, W_E):
         return np.take(_f32(W_E), np.asarray(tokens), axis=0)
