@@ -591,3 +591,23 @@ def test_search_ranks_the_nucleus_page_first_for_top_p(site: Path, tmp_path: Pat
     for query in ("top-p", "top p", "nucleus"):
         assert ranked[query][:1] == ["spec/nucleus_filter/"], (query, ranked[query][:5])
     assert ranked["softmax"][:1] != ["spec/nucleus_filter/"]  # the ranking is not fixed
+
+
+def test_every_budget_lambda_links_to_its_definition(site: Path, entries: list) -> None:
+    """λ in a check's budget (entry pages, Verification) and beside a tolerance with λ links
+    to the Verification page's definition of it."""
+    verification = _article(site, "spec/verification")
+    assert 'id="budgets"' in verification
+    unlinked, linked = [], 0
+    for e in entries:
+        page = _article(site, f"spec/{e.id}")
+        checks = page.split('class="gs-checks"', 1)[1].split("</table>", 1)[0]
+        linked += checks.count('href="../verification/#budgets">λ</a>')
+        if checks.replace('href="../verification/#budgets">λ</a>', "").count("λ"):
+            unlinked.append(e.id)
+        if "\\lambda" in (e.tolerance.formula if e.tolerance else "") and \
+                'href="../verification/#budgets">λ</a>' not in page.split('id="tolerance"')[1]:
+            unlinked.append(f"{e.id} (tolerance)")
+    assert linked and unlinked == []
+    budgets = re.findall(r"<p><small>Budget: (.*?)</small></p>", verification)
+    assert budgets and not [b for b in budgets if b.replace('href="#budgets">λ</a>', "").count("λ")]

@@ -51,6 +51,14 @@ NOT_RUN = (
 )
 
 
+# λ, wherever an entry page states a budget, links to where the Verification page defines it
+LAMBDA_LINK = '<a class="gs-lambda" href="../verification/#budgets">λ</a>'
+
+
+def lambda_links(budget_html: str, link: str = LAMBDA_LINK) -> str:
+    return budget_html.replace("λ", link)
+
+
 class TraceabilityError(RuntimeError):
     """A spec entry without a reference function, a conformance check or a page."""
 
@@ -336,12 +344,15 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport],
         parts.append(f"<p>A backend's result may differ from the float64 reference by "
                      f"{inline_math(t.formula)}, with the reduction length "
                      f"{code(t.reduction)}.</p>\n" + (f"\n{t.note}\n" if t.note else ""))
+        if "\\lambda" in t.formula:
+            parts.append(f'<p><small>{LAMBDA_LINK} is the suite\'s budget multiplier '
+                         "(defined on the Verification page).</small></p>\n")
     else:
         parts.append("No tolerance: the result is compared exactly.\n")
     parts.append("## Conformance checks\n")
     if view.checks:
         parts.append(table(["Check", "Budget", "What it checks"],
-                           [[code(c.id), esc(c.budget) or "—", esc(c.description)]
+                           [[code(c.id), lambda_links(esc(c.budget)) or "—", esc(c.description)]
                             for c in view.checks], "gs-checks"))
     else:
         parts.append('<p class="gs-missing">No conformance check covers this entry.</p>\n')

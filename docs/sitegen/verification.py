@@ -21,8 +21,10 @@ from typing import Any
 
 from sitegen.checks import is_direct
 from sitegen.markup import code, esc, link, table
+from sitegen.spec_pages import lambda_links
 
 MUTATION_RESULTS = Path("docs") / "mutation-results.json"
+LAMBDA = '<a class="gs-lambda" href="#budgets">λ</a>'  # to its definition, on this page
 AREA_ORDER = ("forward", "tokenizer", "training", "generation", "costs")
 
 
@@ -120,7 +122,7 @@ def _budget_section(budgets: Any) -> str:
     model = re.sub(r"(?<=[^\n])\n(?=\* )", "\n\n", model, count=1)
     model = model.replace("counted per\nfunction below", "counted per\nfunction in the module")
     return "\n".join([
-        "## Budgets: the Higham–Mary bound and λ\n",
+        "## Budgets: the Higham–Mary bound and λ { #budgets }\n",
         f"Every tolerance in the suite is a budget **λ = {lam:g}** times an error scale "
         "propagated through the computation from the dtype's unit roundoff *u* and each "
         "reduction's length *n*. For a sum of length *n* the scale is √n·u·Σ|terms|, the "
@@ -159,7 +161,8 @@ def _checks_section(checks: Sequence[Any], entry_ids: set[str], spec_dir: str) -
                          f"{code(c.id)} · {' · '.join(facts)}</p>\n")
             parts.append(_docstring_html(c.doc or c.id))
             if c.budget:
-                parts.append(f"<p><small>Budget: {esc(c.budget)}</small></p>\n")
+                parts.append(f"<p><small>Budget: {lambda_links(esc(c.budget), LAMBDA)}"
+                             "</small></p>\n")
     return "\n".join(parts)
 
 
