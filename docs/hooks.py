@@ -141,7 +141,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         reports = load_reports(root)
     except ReportError as err:
         raise PluginError(str(err)) from None
-    pages = spec_pages.render_pages(views, GROUPS, reports)
+    pages = spec_pages.render_pages(views, GROUPS, reports, evidence.build_commit(root), root)
     pages[VERIFICATION_PAGE] = _verification_page(views, root)
     pages[COMPATIBILITY_PAGE] = _compatibility_page(root)
     _open_questions(root, pages)

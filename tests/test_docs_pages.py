@@ -478,3 +478,24 @@ def test_the_mutation_summary_states_what_the_saved_run_measured(tmp_path: Path)
     assert "2 of 4 mutants were killed on target" in text
     assert "1 were not run" in text and "needs AVX-512 BF16, which that machine lacks" in text
     assert "1 are newer than the run (`d`)" in text
+
+
+def test_the_conformance_page_marks_a_report_of_another_suite(tmp_path: Path) -> None:
+    run = {"backend": {"name": "torch", "version": "2.13.0", "device": "cpu", "dtype": "float32"},
+           "settings": {"profile": "quick"},
+           "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",
+                       "worst_fraction": 0.5}]}
+    current = tmp_path / "current.json"
+    current.write_text(json.dumps({"schema": "gptspec-conformance", "version": 3,
+                                   "runs": [run]}))
+    pages = spec_pages.render_pages(views(made_up_entry()), ["attention"], load_report(current))
+    assert "gs-stale" not in pages["spec/conformance.md"]
+    run["checks"][0]["id"] = "scale.retired"
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema": "gptspec-conformance", "version": 3, "runs": [run],
+                               "provenance": {"commit": "0123456789abcdef"}}))
+    page = spec_pages.render_pages(views(made_up_entry()), ["attention"],
+                                   load_report(old))["spec/conformance.md"]
+    assert page.count("gs-stale") == 1 and "(old.json)" in page
+    assert "<code>scale.differential</code>" in page and "<code>scale.retired</code>" in page
+    assert "0123456789" in page

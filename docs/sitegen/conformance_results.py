@@ -42,6 +42,7 @@ class BackendReport:
     settings: str
     results: tuple[CheckResult, ...] = field(default=())
     provenance: str = ""  # "commit …, date, machine, CPU; profile …, device …, dtype …"
+    commit: str = ""  # the commit that produced it, where the report records one
 
     def for_entry(self, entry_id: str) -> list[CheckResult]:
         return [r for r in self.results if entry_id in r.entries]
@@ -94,6 +95,12 @@ def _describe_provenance(data: dict, run: dict) -> str:
     return "; ".join(parts)
 
 
+def _commit(data: dict) -> str:
+    prov = data.get("provenance")
+    commit = prov.get("commit") if isinstance(prov, dict) else None
+    return commit if isinstance(commit, str) else ""
+
+
 def _check_result(item: Any, path: Path) -> CheckResult:
     if not isinstance(item, dict) or not isinstance(item.get("id"), str):
         raise ReportError(f"conformance report {path}: a check without an id: {item!r:.80}")
@@ -143,6 +150,7 @@ def load_report(path: Path) -> list[BackendReport]:
             settings=_describe_settings(run.get("settings")),
             results=tuple(_check_result(c, path) for c in checks),
             provenance=_describe_provenance(data, run),
+            commit=_commit(data),
         ))
     return reports
 

@@ -26,6 +26,7 @@ from pygments.lexers import PythonLexer
 from sitegen import drawn
 from sitegen.checks import CheckInfo, is_direct
 from sitegen.conformance_results import BackendReport
+from sitegen.evidence import stale_banner
 from sitegen.examples import Example, worked_example
 from sitegen.markup import code, display_math, esc, inline_math, link, markdown_math, table
 from sitegen.uses import entries_used
@@ -384,7 +385,11 @@ def index_page(views: Sequence[EntryView], groups: Sequence[str]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def conformance_page(reports: Sequence[BackendReport]) -> str:
+def conformance_page(reports: Sequence[BackendReport],
+                     suite_ids: AbstractSet[str] | None = None, head: str = "",
+                     root: Path | None = None) -> str:
+    """``suite_ids``: the suite's checks, which each report is compared with (None: not
+    compared); ``head``: the commit the site is built from, ``root`` the checkout."""
     parts = ["# Conformance results\n",
              "The latest results of the built-in backends, read from the JSON reports of "
              "`gptspec conformance --report FILE` when the site was built.\n"]
@@ -392,6 +397,10 @@ def conformance_page(reports: Sequence[BackendReport]) -> str:
         parts.append(f'<p class="gs-not-run">{NOT_RUN}</p>\n')
     for report in reports:
         parts.append(f"## {esc(report.backend)}\n")
+        if suite_ids is not None:
+            parts.append(stale_banner(f"This report ({report.path.name})",
+                                      (r.check_id for r in report.results), suite_ids,
+                                      report.commit, head, root))
         if report.settings:
             parts.append(f"Settings: {esc(report.settings)}.\n")
         if report.provenance:
@@ -490,12 +499,16 @@ def write_if_changed(path: Path, text: str | bytes) -> None:
 
 
 def render_pages(views: Sequence[EntryView], groups: Sequence[str],
-                 reports: Sequence[BackendReport]) -> dict[str, str]:
-    """Every generated page by its path under the site's docs root."""
+                 reports: Sequence[BackendReport], head: str = "", root: Path | None = None
+                 ) -> dict[str, str]:
+    """Every generated page by its path under the site's docs root; ``head`` and ``root``
+    as for :func:`conformance_page`."""
     ids = {v.entry.id for v in views}
     pages = {v.page: entry_page(v, reports, ids) for v in views}
     pages[f"{SPEC_DIR}/index.md"] = index_page(views, groups)
-    pages[f"{SPEC_DIR}/conformance.md"] = conformance_page(reports)
+    # every check covers an entry, so the views hold the suite's checks
+    pages[f"{SPEC_DIR}/conformance.md"] = conformance_page(
+        reports, {c.id for v in views for c in v.checks}, head, root)
     pages[f"{SPEC_DIR}/traceability.md"] = traceability_page(views, set(pages))
     return pages
 
