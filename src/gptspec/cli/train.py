@@ -195,7 +195,10 @@ def _claim(out: Path, locks: list, resume: bool = False) -> None:
         # a run that ended between the check in run() and the lock
         raise CLIError(f"{out} already holds a training run; pass --resume to continue it "
                        "or choose another --out")
-    remove_stale_temporaries(out, TEMPORARY_FILES)
+    # under torchrun every rank writes tokens.bin (the same bytes) at this moment: only
+    # the files rank 0 alone writes are a killed run's
+    together = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    remove_stale_temporaries(out, ("loss.png",) if together else TEMPORARY_FILES)
     recover_checkpoint(out / "checkpoint")  # the temporary folders of killed saves go
 
 
