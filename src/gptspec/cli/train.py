@@ -197,7 +197,7 @@ def _claim(out: Path, locks: list, resume: bool = False) -> None:
                        "or choose another --out")
     # under torchrun every rank writes tokens.bin (the same bytes) at this moment: only
     # the files rank 0 alone writes are a killed run's
-    together = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    together = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
     remove_stale_temporaries(out, ("loss.png",) if together else TEMPORARY_FILES)
     recover_checkpoint(out / "checkpoint")  # the temporary folders of killed saves go
 
