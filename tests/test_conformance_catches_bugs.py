@@ -214,3 +214,43 @@ def test_failing_example_is_reported_minimally_with_a_reproduction():
     (r,) = suite.results
     assert "Falsifying example" in r.minimal_example
     assert r.reproduce.endswith("--check causal_mask.differential --seed 0")
+
+
+def test_a_temperature_divided_in_16_bit_is_caught_at_a_temperature_not_a_power_of_two(
+        monkeypatch):
+    """Sampling runs in float32 at least; a backend that divides 16-bit logits by τ in
+    their dtype rounds z/τ to 8 bits. At τ = 0.5, 1, 2 (the only temperatures drawn once)
+    the quotient is exact and the bug invisible; the check now draws others too."""
+    import torch
+
+    from gptspec.fast.backend import TorchBackend
+    from gptspec.fast.generate import sampling_distribution
+
+    class TemperatureIn16Bit(TorchBackend):
+        def sampling_distribution(self, z, temperature=1.0, top_k=None, top_p=None):
+            z = torch.as_tensor(np.asarray(z), dtype=self.torch_dtype)
+            if temperature:
+                z, temperature = z / temperature, 1.0  # rounded to the 16-bit dtype
+            return self._to_numpy(sampling_distribution(z, temperature, top_k, top_p))
+
+    buggy, honest = TemperatureIn16Bit("cpu", "bfloat16"), TorchBackend("cpu", "bfloat16")
+    z = np.asarray(torch.randn(50, generator=torch.Generator().manual_seed(0))
+                   .to(torch.bfloat16).double())
+    for tau in (0.5, 1.0, 2.0):
+        assert np.array_equal(buggy.sampling_distribution(z, tau),
+                              honest.sampling_distribution(z, tau))
+    assert not np.array_equal(buggy.sampling_distribution(z, 0.7),
+                              honest.sampling_distribution(z, 0.7))
+    def status(backend):
+        suite = run_suite(backend, profile="quick", seed=0, area=None,
+                          select=lambda c: c.id == "sampling_distribution.differential")
+        return [(r.status, r.detail) for r in suite.results]
+
+    assert status(buggy)[0][0] == "fail"
+    assert status(honest)[0][0] == "pass", status(honest)
+    from hypothesis import strategies as st
+
+    from gptspec.conformance import checks_generation
+
+    monkeypatch.setattr(checks_generation, "TEMPERATURES", st.sampled_from((0.0, 0.5, 1.0, 2.0)))
+    assert status(buggy)[0][0] == "pass"  # what the check drew before

@@ -398,9 +398,16 @@ def filter_certainty(y: np.ndarray, top_k: int | None, top_p: float | None,
     return certain_in & ~certain_out, certain_out
 
 
+# Temperatures of which z/τ is exact (powers of two) and ones of which it is not: only
+# the latter show a backend that divides in the logits' 16-bit dtype (sampling runs in
+# float32 at least). None below 0.5: arrays() draws logits up to half the dtype's range.
+TEMPERATURES = st.one_of(st.sampled_from((0.0, 0.5, 1.0, 2.0)), st.sampled_from((0.7, 1.3)),
+                         st.floats(0.5, 4.0))
+
+
 @st.composite
 def sampling_settings(draw, V: int):
-    temperature = draw(st.sampled_from((0.0, 0.5, 1.0, 2.0)), label="temperature")
+    temperature = draw(TEMPERATURES, label="temperature")
     top_k = draw(st.one_of(st.none(), st.integers(1, V + 1)), label="top_k")
     top_p = draw(st.one_of(st.none(), st.sampled_from((0.1, 0.5, 0.9, 0.99, 1.0)),
                            st.floats(0.01, 1.0)), label="top_p")
@@ -507,7 +514,7 @@ def sample_token_support(backend, ctx):
     @ctx.given(case=generation_cases(ctx.precision.dtype), data=st.data())
     def _(case, data):
         config, params, prompts, max_new, eot = case
-        tau = data.draw(st.sampled_from((0.5, 1.0, 2.0)), label="temperature")
+        tau = data.draw(st.sampled_from((0.5, 1.0, 2.0, 0.7, 1.3)), label="temperature")
         # settings that drop tokens (else there is nothing to check)
         top_k, top_p = data.draw(st.tuples(st.one_of(st.none(), st.integers(1, 3)),
                                            st.sampled_from((None, 0.3, 0.6, 0.9)))
