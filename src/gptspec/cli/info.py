@@ -35,24 +35,15 @@ def config_of(name: str) -> GPTConfig:
             return preset(name)
         except ConfigError as err:
             raise CLIError(str(err)) from None
-    from safetensors import SafetensorError, safe_open
+    from gptspec.fast.checkpoint import CONFIG_KEY, CheckpointError, model_header
 
-    from gptspec.fast.checkpoint import CONFIG_KEY, model_file
-
-    newest = find_checkpoints(path) if not path.is_file() else []  # a killed save's newest copy
-    file = model_file(newest[0] if newest else path)
-    if not file.is_file():
-        raise CLIError(f"{path} is neither a preset nor a checkpoint ({file} not found)")
-    try:
-        with safe_open(str(file), framework="numpy") as f:
-            metadata = f.metadata() or {}
-            # the header's shapes, not the tensors: sizes are printed for what the file
-            # holds, without reading gigabytes
-            shapes = {name: SimpleNamespace(shape=tuple(f.get_slice(name).get_shape()))
-                      for name in f.keys()}
-    except (SafetensorError, OSError, ValueError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CLIError(f"{file} is not a readable safetensors file ({first})") from None
+    try:  # the newest complete copy, read through one folder descriptor (a save may run)
+        file, metadata, header_shapes = model_header(path)
+    except CheckpointError as err:
+        raise CLIError(str(err)) from None
+    # the header's shapes, not the tensors: sizes are printed for what the file holds,
+    # without reading gigabytes
+    shapes = {name: SimpleNamespace(shape=shape) for name, shape in header_shapes.items()}
     if CONFIG_KEY not in metadata:
         raise CLIError(f"{file} has no {CONFIG_KEY!r} metadata")
     try:

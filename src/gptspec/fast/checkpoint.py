@@ -155,6 +155,37 @@ def load_generation_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, GPTC
     return _read_newest(p, read)
 
 
+def model_header(path: str | os.PathLike[str]
+                 ) -> tuple[Path, dict[str, str], dict[str, tuple[int, ...]]]:
+    """(model file, metadata, each tensor's shape) of the newest checkpoint at ``path``
+    (a folder or a .safetensors file), from the file's header: no tensor is read."""
+    p = Path(path)
+
+    def header(file: Path, source: str) -> tuple[Path, dict[str, str], dict[str, tuple]]:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(source, framework="numpy") as f:
+                return file, f.metadata() or {}, {
+                    name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        except (SafetensorError, OSError, ValueError) as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CheckpointError(f"{file} is not a readable safetensors file ({first})"
+                                  ) from None
+
+    if p.suffix == ".safetensors":  # as model_file: another file is a folder's name
+        return header(p, str(p))
+
+    def read(folder: Path, settled: bool) -> tuple[Path, dict[str, str], dict[str, tuple]]:
+        with _pinned(folder, (MODEL_FILE,), settled) as files:
+            if MODEL_FILE not in files:
+                raise CheckpointError(f"{p} is neither a preset nor a checkpoint "
+                                      f"({folder / MODEL_FILE} not found)")
+            return header(folder / MODEL_FILE, files[MODEL_FILE])
+
+    return _read_newest(p, read)
+
+
 class TokenizerFileMissing(CheckpointError):
     """The model loads but its tokenizer.json is missing or unreadable."""
 
