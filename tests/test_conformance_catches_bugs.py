@@ -109,6 +109,11 @@ class ResidualDropped(ReferenceBackend):
         return ref.block_pre_ln(H, p, config) - np.asarray(H)  # forgot "+ H"
 
 
+class FinalLayerNormOwnEps(ReferenceBackend):
+    def final_layer_norm(self, H, gamma, beta, eps):
+        return ref.layer_norm(H, gamma, beta, 1e-5)  # nn.LayerNorm's default, not the config's
+
+
 class UnembedWithoutTranspose(ReferenceBackend):
     def unembed_tied(self, H, W_E):
         W_E = np.asarray(W_E)
@@ -131,6 +136,7 @@ PLANTED = [
     (HeadSumMissingOneHead, "attention.head_sum"),
     (ResidualDropped, "residual.identity"),
     (UnembedWithoutTranspose, "embedding.round_trip"),
+    (FinalLayerNormOwnEps, "final_layer_norm.differential"),
 ]
 
 
