@@ -180,6 +180,25 @@ def test_an_edited_state_is_refused_in_one_line(tmp_path, edit, message):
     assert "state.json" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_config_with_a_key_given_twice_is_refused():
+    from gptspec.spec.config import ConfigError
+
+    text = CONFIG.to_json()
+    assert GPTConfig.from_json(text) == CONFIG
+    with pytest.raises(ConfigError, match="'d_model' is given twice"):
+        GPTConfig.from_json(text.replace('"d_model": 8', '"d_model": 8, "d_model": 16'))
+
+
+def test_a_state_with_endless_evaluations_is_refused(tmp_path, corpus, capsys):
+    argv = ["train", *TINY, "--out", str(tmp_path / "out")]
+    assert main([*argv, "--data", str(corpus), "--steps", "2"]) == 0
+    _edit_state(tmp_path / "out" / "checkpoint",
+                lambda text: text.replace('"eval_batches": 1', '"eval_batches": 1000000000000'))
+    assert main(["train", "--out", str(tmp_path / "out"), "--resume", "--steps", "3",
+                 "--no-progress"]) == 2
+    assert "state.json: eval_batches 1000000000000" in capsys.readouterr().err
+
+
 def test_an_optimizer_from_another_model_is_refused(tmp_path):
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     _save(ours, 3)

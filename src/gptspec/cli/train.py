@@ -171,9 +171,14 @@ def _settings(args: argparse.Namespace, base: dict | None = None, where: str = "
     if getattr(args, "compile", None):  # on --resume, without the flag, as the run was
         values["compile"] = True
     try:
-        return TrainSettings.from_dict(values)
+        settings = TrainSettings.from_dict(values)
     except (ValueError, TypeError) as err:  # TypeError: a state.json with odd values
         raise CLIError(f"{where}{err}") from None
+    # the flag is checked up front; a state.json's value here (an evaluation never ending)
+    checks.fits_in_memory(EVAL_BYTES_PER_BATCH * settings.eval_batches,
+                          f"{where}eval_batches {settings.eval_batches}: the losses an "
+                          "evaluation keeps (one a batch)")
+    return settings
 
 
 def _claim(out: Path, locks: list, resume: bool = False) -> None:
