@@ -54,7 +54,8 @@ def locate(spec: str) -> None:
     except (ImportError, ValueError, OSError):
         return  # the import, when the run makes it, says what is wrong
     if found is None:
-        raise BackendError(f"no module named {module_name!r}")
+        raise BackendError(f"cannot import backend module {module_name!r}: no module named "
+                           f"{module_name!r}")
 
 
 def _resolve(spec: str) -> Any:
