@@ -93,6 +93,7 @@ CHECK_MODULES = (
     "gptspec.conformance.checks_ops",
     "gptspec.conformance.checks_properties",
     "gptspec.conformance.checks_model",
+    "gptspec.conformance.checks_probes",
     "gptspec.conformance.checks_tokenizer",
     "gptspec.conformance.checks_training",
     "gptspec.conformance.checks_generation",

@@ -1,0 +1,429 @@
+"""Probes: every forward-area entry judged through ``forward`` alone, for engines that
+expose nothing but logits.
+
+A probe builds a model whose logits depend on few entries, the others made zero or the
+identity (W_O = 0 silences attention, W_2 = 0 the FFN, a post-LN block with both silenced
+is LayerNorm alone), and compares the whole model with the reference within the whole
+model's budget (budgets.gpt_forward_bound). Each probe names the entry it isolates and
+declares its *support*: every entry its logits depend on. :func:`localise` turns the
+probes that failed and passed into the entries they point at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from gptspec import reference as ref
+from gptspec.conformance import budgets as B
+from gptspec.conformance.registry import check
+from gptspec.conformance.strategies import (
+    BOUNDARY_LENGTHS,
+    DEFAULT_SCALES,
+    HEAD_WIDTHS,
+    PARAMETER_SCALES,
+    ParameterRecipe,
+    big,
+    token_arrays,
+)
+from gptspec.spec.config import GPTConfig
+
+Params = dict[str, np.ndarray]
+Case = tuple[GPTConfig, Params, np.ndarray]
+
+TOKEN = frozenset({"token_embedding", "one_hot", "token_embedding_one_hot"})
+POSITION = frozenset({"positional_embedding", "input_representation"})
+READ_OUT = frozenset({"unembed_untied", "linear", "gpt_forward"})
+PRE_LN = frozenset({"block_pre_ln"})
+ATTENTION = frozenset({"causal_mask", "softmax", "softmax_shifted", "attention_weights",
+                       "attention_scores", "scaled_dot_product_attention", "qkv_projection",
+                       "split_heads", "merge_heads", "multi_head_attention",
+                       "multi_head_attention_head_sum", "linear"})
+FFN_ENTRIES = {"relu": {"relu", "ffn_relu"}, "gelu": {"gelu", "ffn_gelu"},
+               "gelu_tanh": {"gelu_tanh", "ffn_gelu_tanh"},
+               "guide_product": {"relu", "ffn_guide_product"}}
+MODEL_BUDGET = "the whole model's: every stage's roundings propagated (budgets.gpt_forward_bound)"
+# vocabularies past 2¹⁶ (ids that wrap in 16 bits) and a real tokenizer's; small d keeps
+# the reference cheap
+BIG_VOCABS = (1025, 65537, 100277)
+
+
+@dataclass(frozen=True)
+class Probe:
+    entry: str  # the entry the probe isolates; its check is probe.<entry>
+    entries: tuple[str, ...]  # what the check names (the entry and its equal forms)
+    support: frozenset[str]  # every entry the probe's logits depend on
+    build: Callable[[st.DataObject, str], Case]
+    doc: str
+
+
+PROBES: dict[str, Probe] = {}
+
+
+# --- building blocks ---------------------------------------------------------------------
+
+
+def _config(data: st.DataObject, *, wide: bool = False, **fixed) -> GPTConfig:
+    """A small configuration (a real head width or a long context when ``wide``), one
+    block, every option off unless ``fixed`` turns it on."""
+    n_heads = fixed.pop("n_heads", None) or data.draw(st.integers(1, 2), label="heads")
+    if wide and data.draw(big(1 / 3), label="a real head width"):
+        d_k = data.draw(st.sampled_from(HEAD_WIDTHS), label="d_k")
+    else:
+        d_k = data.draw(st.integers(1, 6), label="d_k")
+    d_model = n_heads * d_k
+    values: dict[str, Any] = dict(vocab_size=data.draw(st.integers(2, 24), label="V"),
+                  n_ctx=data.draw(st.integers(1, 8), label="n_ctx"), d_model=d_model,
+                  n_layers=1, n_heads=n_heads, d_ff=data.draw(st.integers(1, 2 * d_model)),
+                  norm="pre", ffn="relu", tied_embeddings=False, attn_bias=False,
+                  ffn_bias=False, positional_embedding=False, output_bias=False,
+                  final_norm=False,
+                  ln_eps=data.draw(st.sampled_from((1e-5, 1e-6, 1e-12, 1e-3)), label="ε"))
+    values.update(fixed)
+    if values["ffn"] == "guide_product":
+        values["d_ff"] = values["d_model"]
+    return GPTConfig(**values)
+
+
+def _random(data: st.DataObject, config: GPTConfig, dtype: str) -> Params:
+    """Random parameters of every shape, at one of the dtype's weight scales."""
+    scale = data.draw(st.sampled_from(PARAMETER_SCALES.get(dtype, DEFAULT_SCALES)), label="scale")
+    return ParameterRecipe(config, scale, data.draw(st.integers(0, 2**32 - 1), label="seed")).make()
+
+
+def _silence(params: Params, attention: bool = False, ffn: bool = False) -> Params:
+    """Zero the maps that write a sublayer into the residual stream."""
+    for key in (["attn.w_o", "attn.b_o"] if attention else []) + \
+               (["ffn.w_2", "ffn.b_2"] if ffn else []):
+        name = f"blocks.0.{key}"
+        if name in params:
+            params[name] = np.zeros_like(params[name])
+    return params
+
+
+def _tokens(data: st.DataObject, config: GPTConfig, long: bool = False) -> np.ndarray:
+    T = config.n_ctx if long else None
+    return data.draw(token_arrays(config, length=T), label="tokens")
+
+
+def _long_context(data: st.DataObject) -> int:
+    """n_ctx: small, or one of the block-boundary lengths."""
+    if data.draw(big(1 / 3), label="a long context"):
+        return data.draw(st.sampled_from(BOUNDARY_LENGTHS), label="n_ctx")
+    return data.draw(st.integers(1, 8), label="n_ctx")
+
+
+def _vocab(data: st.DataObject) -> int:
+    if data.draw(big(1 / 4), label="a big vocabulary"):
+        return data.draw(st.sampled_from(BIG_VOCABS), label="V")
+    return data.draw(st.integers(2, 24), label="V")
+
+
+def _tiny_variance(data: st.DataObject, W: np.ndarray, eps: float) -> np.ndarray:
+    """Rows of ``W`` made into an offset plus a spread near √ε: LayerNorm's hard case,
+    where ε and the variance's form decide the result."""
+    if not data.draw(st.booleans(), label="tiny variance"):
+        return W
+    spread = math.sqrt(eps) * data.draw(st.sampled_from((0.1, 1.0, 10.0)), label="spread/√ε")
+    centred = W - W.mean(axis=-1, keepdims=True)
+    norm = np.sqrt((centred ** 2).mean(axis=-1, keepdims=True)) + 1e-300
+    return 1.0 + spread * centred / norm
+
+
+def probe(entry: str, support: set[str] | frozenset[str], entries: tuple[str, ...] = ()
+          ) -> Callable[[Callable[[st.DataObject, str], Case]], Callable]:
+    """Register ``build`` as the probe of ``entry``; its docstring states the construction."""
+    def register(build: Callable[[st.DataObject, str], Case]) -> Callable:
+        names = entries or (entry,)
+        PROBES[entry] = Probe(entry, names, frozenset(support) | set(names), build,
+                              (build.__doc__ or "").strip())
+        _register_check(PROBES[entry])
+        return build
+    return register
+
+
+def _register_check(p: Probe) -> None:
+    def run(backend, ctx):
+        @ctx.given(data=st.data())
+        def _(data):
+            config, params, tokens = p.build(data, ctx.precision.dtype)
+            params = {k: B.round_to(v, ctx.precision.dtype) for k, v in params.items()}
+            expected = ref.gpt_forward(tokens, params, config)
+            scale = B.gpt_forward_bound(tokens, params, config, ctx.precision)
+            ctx.record("logits", B.compare(backend.forward(tokens, params, config), expected,
+                                           B.budget(scale)))
+
+    run.__doc__ = (f"Through forward alone, isolating {p.entry}: {p.doc} "
+                   f"The logits depend on {', '.join(sorted(p.support))} only.")
+    check(f"probe.{p.entry}", entries=p.entries, budget=MODEL_BUDGET)(run)
+
+
+# --- embeddings and the read-out -------------------------------------------------------------
+
+
+@probe("token_embedding", TOKEN | PRE_LN | READ_OUT,
+       entries=("token_embedding", "one_hot", "token_embedding_one_hot"))
+def _token_embedding(data, dtype):
+    """no positional embedding, a silenced pre-LN block and an untied read-out without
+    bias, so the logits are W_E[x] W_U; vocabularies up to 100277 (ids past 2¹⁶)."""
+    config = _config(data, vocab_size=_vocab(data))
+    params = _silence(_random(data, config, dtype), attention=True, ffn=True)
+    return config, params, _tokens(data, config)
+
+
+@probe("positional_embedding", POSITION | PRE_LN | READ_OUT)
+def _positional_embedding(data, dtype):
+    """W_E = 0 and a silenced block, so the logits are W_P[t] W_U; contexts up to 1025
+    at every block boundary, the whole context filled."""
+    config = _config(data, n_ctx=_long_context(data), positional_embedding=True)
+    params = _silence(_random(data, config, dtype), attention=True, ffn=True)
+    params["wte"] = np.zeros_like(params["wte"])
+    return config, params, _tokens(data, config, long=True)
+
+
+@probe("input_representation", TOKEN | POSITION | PRE_LN | READ_OUT)
+def _input_representation(data, dtype):
+    """W_E and W_P both random and a silenced block: the logits are (W_E[x] + W_P[t]) W_U."""
+    config = _config(data, positional_embedding=True)
+    params = _silence(_random(data, config, dtype), attention=True, ffn=True)
+    return config, params, _tokens(data, config)
+
+
+@probe("unembed_tied", TOKEN | PRE_LN | {"unembed_tied", "gpt_forward"})
+def _unembed_tied(data, dtype):
+    """tied embeddings and a silenced block: the logits are W_E[x] W_Eᵀ."""
+    config = _config(data, vocab_size=_vocab(data), tied_embeddings=True)
+    params = _silence(_random(data, config, dtype), attention=True, ffn=True)
+    return config, params, _tokens(data, config)
+
+
+@probe("unembed_untied", TOKEN | PRE_LN | READ_OUT)
+def _unembed_untied(data, dtype):
+    """an untied read-out with its bias b_U and a silenced block: W_E[x] W_U + b_U."""
+    config = _config(data, output_bias=True)
+    params = _silence(_random(data, config, dtype), attention=True, ffn=True)
+    return config, params, _tokens(data, config)
+
+
+@probe("final_layer_norm", TOKEN | PRE_LN | READ_OUT | {"final_layer_norm", "layer_norm"})
+def _final_layer_norm(data, dtype):
+    """a silenced block and the final LayerNorm, ε drawn from 1e-12 to 1e-3, half the time
+    on embeddings of tiny spread around an offset: LN_f(W_E[x]) W_U."""
+    config = _config(data, final_norm=True)
+    params = _silence(_random(data, config, dtype), attention=True, ffn=True)
+    params["wte"] = _tiny_variance(data, params["wte"], config.ln_eps)
+    return config, params, _tokens(data, config)
+
+
+# --- LayerNorm and the feed-forward networks --------------------------------------------------
+
+
+@probe("layer_norm", TOKEN | READ_OUT | {"layer_norm", "block_post_ln"})
+def _layer_norm(data, dtype):
+    """a post-LN block with both sublayers silenced is LN_2(LN_1(W_E[x])); ε drawn from
+    1e-12 to 1e-3, half the time on embeddings of tiny spread around an offset."""
+    config = _config(data, norm="post")
+    params = _silence(_random(data, config, dtype), attention=True, ffn=True)
+    params["wte"] = _tiny_variance(data, params["wte"], config.ln_eps)
+    return config, params, _tokens(data, config)
+
+
+def _ffn_probe(variant: str, biases: bool):
+    entries = FFN_ENTRIES[variant]
+    activation = "relu" if variant == "guide_product" else variant
+    name = f"ffn_{variant}" if biases else activation
+
+    def build(data, dtype):
+        config = _config(data, ffn=variant, ffn_bias=biases)
+        params = _silence(_random(data, config, dtype), attention=True)
+        return config, params, _tokens(data, config)
+
+    build.__doc__ = (f"attention silenced, so a pre-LN block is H + FFN(LN_2(H)) with the "
+                     f"{variant} FFN, {'with' if biases else 'without'} its biases.")
+    equal = ("ffn_guide_product",) if variant == "guide_product" else (name,)
+    probe(name, TOKEN | PRE_LN | READ_OUT | {"layer_norm"} | entries, entries=equal)(build)
+
+
+for _variant in ("relu", "gelu", "gelu_tanh"):
+    _ffn_probe(_variant, biases=False)
+    _ffn_probe(_variant, biases=True)
+_ffn_probe("guide_product", biases=True)
+
+
+# --- attention ------------------------------------------------------------------------------
+
+
+ATTENTION_SUPPORT = TOKEN | PRE_LN | READ_OUT | {"layer_norm"} | ATTENTION
+
+
+def _attention_case(data, dtype, *, zero_scores: bool = False, score_scale: float = 1.0,
+                    wide: bool = False, **fixed) -> Case:
+    config = _config(data, wide=wide, n_ctx=fixed.pop("n_ctx", None) or _long_context(data),
+                     **fixed)
+    params = _silence(_random(data, config, dtype), ffn=True)
+    w_qkv = params["blocks.0.attn.w_qkv"]
+    width = config.d_attn  # h·d_H: the columns of W_Q, then of W_K
+    if zero_scores:  # W_Q = W_K = 0: every score 0, each row averages its visible values
+        w_qkv[:, : 2 * width] = 0.0
+        if "blocks.0.attn.b_qkv" in params:
+            params["blocks.0.attn.b_qkv"][: 2 * width] = 0.0
+    else:
+        w_qkv[:, : 2 * width] *= score_scale
+    return config, params, _tokens(data, config, long=True)
+
+
+@probe("causal_mask", ATTENTION_SUPPORT - {"attention_scores"},
+       entries=("causal_mask", "attention_weights"))
+def _causal_mask(data, dtype):
+    """W_Q = W_K = 0 and the FFN silenced: every score is 0, so row t of the attention
+    averages the values of positions 0 … t, exactly what the mask allows; contexts up to
+    1025, the whole context filled."""
+    return _attention_case(data, dtype, zero_scores=True)
+
+
+@probe("attention_scores", ATTENTION_SUPPORT)
+def _attention_scores(data, dtype):
+    """one head of a small or real width (up to 128) and the FFN silenced: the scores
+    Q Kᵀ/√d_k, of order one, decide the weights."""
+    return _attention_case(data, dtype, n_heads=1, wide=True, n_ctx=8)
+
+
+@probe("softmax", ATTENTION_SUPPORT, entries=("softmax", "softmax_shifted"))
+def _softmax(data, dtype):
+    """scores grown by W_Q and W_K scaled up, where exp overflows without the max shift
+    (past 88 in float32, 11 in float16), and the FFN silenced."""
+    scale = data.draw(st.sampled_from((4.0, 16.0, 64.0)), label="score scale")
+    return _attention_case(data, dtype, score_scale=scale, n_ctx=8)
+
+
+@probe("scaled_dot_product_attention", ATTENTION_SUPPORT)
+def _sdpa(data, dtype):
+    """two heads, contexts up to 1025, and the FFN silenced: attention as the model
+    computes it, at the lengths where fused kernels tile."""
+    return _attention_case(data, dtype, n_heads=2)
+
+
+@probe("split_heads", ATTENTION_SUPPORT, entries=("split_heads", "merge_heads"))
+def _split_heads(data, dtype):
+    """three or four heads with their own weights, and the FFN silenced: a head that sees
+    another's columns or positions changes the logits."""
+    return _attention_case(data, dtype, n_heads=data.draw(st.integers(3, 4)), n_ctx=8)
+
+
+@probe("qkv_projection", ATTENTION_SUPPORT)
+def _qkv_projection(data, dtype):
+    """attention with its biases b_Q, b_K, b_V, b_O and the FFN silenced."""
+    return _attention_case(data, dtype, attn_bias=True, n_ctx=8)
+
+
+@probe("multi_head_attention", ATTENTION_SUPPORT, entries=("multi_head_attention",
+                                                          "multi_head_attention_head_sum"))
+def _multi_head_attention(data, dtype):
+    """a free head width (h·d_H ≠ d_model) and the FFN silenced: W_O maps the concatenated
+    heads back to d_model."""
+    config = _config(data, n_ctx=8, attn_bias=data.draw(st.booleans()))
+    d_head = data.draw(st.integers(1, 6), label="d_head")
+    config = dataclasses.replace(config, d_head=d_head)
+    params = _silence(_random(data, config, dtype), ffn=True)
+    return config, params, _tokens(data, config)
+
+
+# --- whole blocks ---------------------------------------------------------------------------
+
+
+def _block_probe(norm: str):
+    def build(data, dtype):
+        ffn = data.draw(st.sampled_from(tuple(FFN_ENTRIES)), label="ffn")
+        config = _config(data, norm=norm, ffn=ffn, n_ctx=8, attn_bias=True, ffn_bias=True)
+        return config, _random(data, config, dtype), _tokens(data, config)
+
+    build.__doc__ = f"one {norm} block with every part active (every FFN variant, biases)."
+    every_ffn = set().union(*FFN_ENTRIES.values())
+    probe(f"block_{'guide' if norm == 'guide' else norm + '_ln'}",
+          TOKEN | READ_OUT | ATTENTION | every_ffn | {"layer_norm"})(build)
+
+
+for _norm in ("pre", "post", "guide"):
+    _block_probe(_norm)
+
+
+# --- properties that need nothing but logits --------------------------------------------------
+
+
+@check("probe.causality", entries=("causal_mask",), kind="property",
+       budget="twice the model's budget: each result is within it of the same exact value")
+def causality(backend, ctx):
+    """Causality through forward alone: changing the tokens from position j on changes no
+    logit at a position before j (each within twice the model's budget of the other), on
+    random models of every variant with contexts up to 1025."""
+    @ctx.given(data=st.data())
+    def _(data):
+        norm = data.draw(st.sampled_from(("pre", "post", "guide")), label="norm")
+        config = _config(data, norm=norm, n_ctx=max(2, _long_context(data)),
+                         ffn=data.draw(st.sampled_from(tuple(FFN_ENTRIES)), label="ffn"),
+                         positional_embedding=data.draw(st.booleans()))
+        params = {k: B.round_to(v, ctx.precision.dtype)
+                  for k, v in _random(data, config, ctx.precision.dtype).items()}
+        tokens = _tokens(data, config, long=True)
+        j = data.draw(st.integers(1, config.n_ctx - 1), label="first changed position")
+        changed = tokens.copy()
+        changed[:, j:] = (changed[:, j:] + 1) % config.vocab_size
+        scale = B.gpt_forward_bound(tokens, params, config, ctx.precision)[:, :j]
+        before = np.asarray(backend.forward(tokens, params, config), dtype=np.float64)[:, :j]
+        after = backend.forward(changed, params, config)
+        ctx.record(f"logits before position {j}, later tokens changed",
+                   B.compare(np.asarray(after, dtype=np.float64)[:, :j], before,
+                             2 * B.budget(scale)))
+
+
+@check("probe.positions_absent", entries=("positional_embedding", "gpt_forward"),
+       kind="property", budget="twice the model's budget")
+def positions_absent(backend, ctx):
+    """Without a positional embedding the model cannot tell positions apart: a sequence of
+    one repeated token gives the same logits at every position (each within twice the
+    model's budget of the first), contexts up to 1025."""
+    @ctx.given(data=st.data())
+    def _(data):
+        norm = data.draw(st.sampled_from(("pre", "post", "guide")), label="norm")
+        config = _config(data, norm=norm, n_ctx=_long_context(data))
+        params = {k: B.round_to(v, ctx.precision.dtype)
+                  for k, v in _random(data, config, ctx.precision.dtype).items()}
+        token = data.draw(st.integers(0, config.vocab_size - 1), label="the token")
+        tokens = np.full((1, config.n_ctx), token, dtype=np.int64)
+        logits = np.asarray(backend.forward(tokens, params, config), dtype=np.float64)
+        scale = B.gpt_forward_bound(tokens, params, config, ctx.precision)
+        first = np.broadcast_to(logits[:, :1], logits.shape)
+        ctx.record("every position against the first",
+                   B.compare(logits, first, 2 * B.budget(scale)))
+
+
+# --- localisation -----------------------------------------------------------------------------
+
+
+def localise(outcomes: Mapping[str, bool]) -> list[str]:
+    """The entries the probes point at, most suspect first: ``outcomes`` maps a probe's
+    entry to whether it passed. An entry is scored by the failing probes whose support
+    holds it against every probe that holds it (the Ochiai coefficient of spectrum-based
+    fault localisation); ties go to the entry a smaller failing probe isolates."""
+    failing = [e for e, passed in outcomes.items() if not passed and e in PROBES]
+    if not failing:
+        return []
+    scores: dict[str, float] = {}
+    for entry in set().union(*(PROBES[e].support for e in failing)):
+        holding = [e for e in outcomes if e in PROBES and entry in PROBES[e].support]
+        failed = sum(1 for e in holding if not outcomes[e])
+        scores[entry] = failed / math.sqrt(len(failing) * len(holding))
+
+    def smallest_isolating(entry: str) -> int:
+        sizes = [len(PROBES[e].support) for e in failing if entry in PROBES[e].entries]
+        return min(sizes) if sizes else 10**6
+
+    best = max(scores.values())
+    top = [e for e, s in scores.items() if s >= best - 1e-12]
+    return sorted(top, key=lambda e: (smallest_isolating(e), e))
