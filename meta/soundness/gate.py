@@ -120,7 +120,7 @@ def choose_seeds(given: list[int] | None, count: int, first: int | None) -> list
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="seed 0, default profile, float32 and bfloat16, two backends")
+                        help="1 seed, default profile, float32 and bfloat16, two backends")
     parser.add_argument("--backend", action="append", choices=sorted(BACKENDS))
     parser.add_argument("--dtype", action="append",
                         choices=("float32", "bfloat16", "float16"))
