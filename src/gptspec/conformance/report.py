@@ -97,9 +97,28 @@ def line(r: CheckResult) -> str:
 
 def summary(suite: SuiteResult) -> str:
     c = suite.counts
-    return (f"{c['pass']} passed, {c['fail'] + c['error']} failed, {c['blocked']} blocked, "
+    text = (f"{c['pass']} passed, {c['fail'] + c['error']} failed, {c['blocked']} blocked, "
             f"{c['not-implemented']} not implemented"
             + (f", {c['not-applicable']} not applicable" if c.get("not-applicable") else ""))
+    found = localisation(suite)
+    if found:
+        text += (f"\nthe probes point at: {', '.join(found['suspects'])} (smallest failing "
+                 f"probe: {found['smallest_failing_probe']})")
+    return text
+
+
+def localisation(suite: SuiteResult) -> dict[str, Any] | None:
+    """Where the forward-alone probes point when some failed: the suspected entries
+    (checks_probes.localise) and the failing probe whose logits depend on fewest entries."""
+    from gptspec.conformance.checks_probes import PROBES, localise
+
+    outcomes = {r.id.removeprefix("probe."): r.status == "pass" for r in suite.results
+                if r.id.removeprefix("probe.") in PROBES and r.status in ("pass", "fail", "error")}
+    failing = [e for e, passed in outcomes.items() if not passed]
+    if not failing:
+        return None
+    smallest = min(failing, key=lambda e: (len(PROBES[e].support), e))
+    return {"suspects": localise(outcomes), "smallest_failing_probe": f"probe.{smallest}"}
 
 
 def _git(*args: str) -> str | None:
@@ -139,7 +158,9 @@ def to_json(suites: list[SuiteResult], started: dict | None = None) -> dict:
     return {"schema": SCHEMA, "version": VERSION, "protocol": PROTOCOL_VERSION,
             "provenance": started or provenance(),
             "runs": [{"backend": s.backend, "settings": s.settings, "counts": s.counts,
-                      "checks": [r.to_dict() for r in s.results]} for s in suites]}
+                      "checks": [r.to_dict() for r in s.results],
+                      **({"localisation": found} if (found := localisation(s)) else {})}
+                     for s in suites]}
 
 
 def to_markdown(suites: list[SuiteResult]) -> str:
