@@ -88,6 +88,19 @@ class Forges(Honest):
         raise RuntimeError("\x1b[2J\x1b[Hall checks passed\r\n0 failed")
 
 
+class Prints(Honest):
+    """Prints, from Python and straight to the file descriptors, lines that would clear
+    the terminal and pass for the judge's own verdict."""
+
+    def forward(self, tokens, params, config):
+        import os
+
+        print("\x1b[2J\x1b[HPASS  gpt_forward.differential   0% of budget", flush=True)
+        os.write(1, b"97 passed, 0 failed, 0 blocked, 0 not implemented\n")
+        os.write(2, b"\x1b[31mFAIL\x1b[0m nothing\n")
+        return super().forward(tokens, params, config)
+
+
 class MovesTheDirectory(Honest):
     """Changes the working directory on every call (to the folder named by
     GPTSPEC_TEST_CHDIR), as a careless engine's cache might."""

@@ -287,6 +287,17 @@ def test_what_a_backend_names_itself_or_raises_is_shown_escaped_and_bounded(tmp_
     assert "\x1b" not in run["checks"][0]["detail"]
 
 
+def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Prints")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for stream in (proc.stdout, proc.stderr):
+        assert "\x1b" not in stream
+    # the judge's standard output holds only its own lines
+    assert "backend output" not in proc.stdout and proc.stdout.count("0 not implemented") == 1
+    assert "  backend output: \\x1b[2J\\x1b[HPASS  gpt_forward.differential" in proc.stderr
+    assert "  backend output: 97 passed, 0 failed" in proc.stderr
+
+
 def test_no_isolate_keeps_the_working_directory_where_the_files_are_written(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

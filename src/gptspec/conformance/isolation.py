@@ -18,6 +18,8 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -38,12 +40,45 @@ from gptspec.conformance.runner import (
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
 
 
+OUTPUT_LINE_LIMIT = 500  # characters of one line a backend prints, as relayed
+
+
+def _relay_output() -> None:
+    """Send whatever runs in this process prints (Python's print and C code alike, and
+    any child forked later) through a pipe to the judge's standard error, each line escaped
+    and marked as the backend's: printed text can neither drive the terminal nor pass for
+    the judge's own verdict lines on standard output."""
+    try:
+        judge_stderr = os.dup(2)
+    except OSError:  # the caller closed its standard error: the text goes nowhere
+        judge_stderr = os.open(os.devnull, os.O_WRONLY)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb") as printed:
+            for raw in printed:
+                text = shown(raw.decode("utf-8", "replace").rstrip("\n"), OUTPUT_LINE_LIMIT)
+                try:
+                    os.write(judge_stderr, f"  backend output: {text}\n".encode())
+                except OSError:  # the reader went away; keep draining the pipe
+                    pass
+
+    threading.Thread(target=pump, name="backend-output", daemon=True).start()
+
+
 def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
             seed: int, save_failures: str | None, plain: str | None) -> None:
     # first, before any backend code runs: a session (and process group) of its own, which
     # the parent kills whole, with whatever the backend started in it
     if hasattr(os, "setsid"):
         os.setsid()
+    _relay_output()
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.registry import CHECKS, all_checks
     from gptspec.conformance.runner import (
