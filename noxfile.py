@@ -1,4 +1,4 @@
-"""Sessions: tests, conformance, lint, docs, bench, mutants, wheel, soundness, ecosystem,
+"""Sessions: tests, conformance, lint, docs, bench, mutants, keyhole, wheel, soundness, ecosystem,
 experiments, judge_without_torch (not by default).
 
 Every session but judge_without_torch installs torch 2.13.0 (the CPU wheel in /opt/wheels
@@ -129,6 +129,16 @@ def mutants(session: nox.Session) -> None:
     --profile P; --json docs/mutation-results.json saves it for the site's Verification page)."""
     install(session)
     session.run("python", "-m", "meta.mutation", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def keyhole(session: nox.Session) -> None:
+    """The forward-area mutants behind a wrapper that exposes only forward: which are still
+    killed and where the probes point (options after --: names, --profile, --jobs; the
+    default saves docs/keyhole-results.json for the site's Verification page)."""
+    install(session)
+    session.run("python", "-m", "meta.keyhole", *(session.posargs or
+                                                  ["--json", "docs/keyhole-results.json"]))
 
 
 @nox.session(python=PYTHON)

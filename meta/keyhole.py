@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gptspec.conformance.report import provenance
 from meta.mutants import BY_NAME, MUTANTS
 
 # the operations inside attention the fused kernel replaces
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"schema": "gptspec-keyhole", "version": 1, "profile": args.profile,
-                       "seed": args.seed, "results": results}, f, indent=1)
+                       "seed": args.seed, "provenance": provenance(), "results": results},
+                      f, indent=1)
     return 0 if killed == len(applicable) else 1
 
 

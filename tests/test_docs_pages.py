@@ -499,3 +499,27 @@ def test_the_conformance_page_marks_a_report_of_another_suite(tmp_path: Path) ->
     assert page.count("gs-stale") == 1 and "(old.json)" in page
     assert "<code>scale.differential</code>" in page and "<code>scale.retired</code>" in page
     assert "0123456789" in page
+
+
+def test_the_keyhole_section_counts_what_the_saved_run_measured(tmp_path: Path) -> None:
+    from sitegen.verification import keyhole_section, load_keyhole_results
+
+    saved = tmp_path / "keyhole-results.json"
+    saved.write_text(json.dumps({"schema": "gptspec-keyhole", "version": 1, "profile": "quick",
+                                 "seed": 0, "provenance": {"commit": "0123456789abcdef"},
+                                 "results": [
+        {"name": "a", "breaks": ["layer_norm"], "named": ["layer_norm"], "killed": True,
+         "localised": True, "applicable": True},
+        {"name": "b", "breaks": ["softmax"], "named": ["causal_mask"], "killed": True,
+         "localised": False, "applicable": True},
+        {"name": "c", "breaks": ["softmax"], "named": [], "killed": False,
+         "localised": False, "applicable": True},
+        {"name": "d", "breaks": ["one_hot"], "named": [], "killed": False,
+         "localised": False, "applicable": False}]}))
+    text = keyhole_section(load_keyhole_results(saved), "..", {"layer_norm", "softmax"})
+    assert "**2 of 3**" in text and "**1 of 3**" in text and "1 leave the built-in" in text
+    assert "0123456789" in text and '<span class="gs-missing">no</span>' in text
+    assert "No saved run" in keyhole_section(None, "..", set())
+    saved.write_text('{"schema": "other"}')
+    with pytest.raises(ValueError, match="not a gptspec-keyhole file"):
+        load_keyhole_results(saved)

@@ -24,6 +24,7 @@ from sitegen.markup import code, esc, link, table
 from sitegen.spec_pages import lambda_links
 
 MUTATION_RESULTS = Path("docs") / "mutation-results.json"
+KEYHOLE_RESULTS = Path("docs") / "keyhole-results.json"  # python -m meta.keyhole --json
 LAMBDA = '<a class="gs-lambda" href="#budgets">λ</a>'  # to its definition, on this page
 AREA_ORDER = ("forward", "tokenizer", "training", "generation", "costs")
 
@@ -225,8 +226,64 @@ def _coverage_section(views: Sequence[Any], checks: Sequence[Any], spec_dir: str
     ])
 
 
+def load_keyhole_results(path: Path) -> dict[str, Any] | None:
+    """The saved run of the catalog through the keyhole, or None when there is none."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ok = data.get("schema") == "gptspec-keyhole" and isinstance(data.get("results"), list)
+    except (OSError, ValueError, AttributeError) as err:
+        raise MutationResultsError(f"keyhole results {path}: cannot be read: {err}") from None
+    if not ok:
+        raise MutationResultsError(f"keyhole results {path}: not a gptspec-keyhole file")
+    return data
+
+
+def keyhole_section(data: dict[str, Any] | None, spec_dir: str, entry_ids: set[str]) -> str:
+    """Every forward-area mutant behind a wrapper that exposes only ``forward``: killed or
+    not, where the probes point, counted from the saved run."""
+    parts = ["## The catalog through the keyhole\n",
+             "Each forward-area mutant behind a wrapper that exposes nothing but `forward`, "
+             "as an inference runtime or an exported model does, run through the forward "
+             "area: is it still killed, and do the probes (`probe.<entry>`) name the entry "
+             "it breaks first (or in a tie of two)?\n"]
+    if data is None:
+        parts.append("No saved run was found when this site was built: run `nox -s keyhole` "
+                      "and rebuild.\n")
+        return "\n".join(parts)
+    results = data["results"]
+    applicable = [r for r in results if r.get("applicable")]
+    killed = sum(bool(r.get("killed")) for r in applicable)
+    localised = sum(bool(r.get("localised")) for r in applicable)
+    prov = data.get("provenance") or {}
+    parts.append(
+        f"In the saved run (profile {esc(str(data.get('profile')))}, seed "
+        f"{esc(str(data.get('seed')))}, commit {esc(str(prov.get('commit') or '?')[:10])}, "
+        f"{esc(str(prov.get('date') or 'date unknown'))}), **{killed} of {len(applicable)}** "
+        f"mutants that change the model's forward are killed through it, and "
+        f"**{localised} of {len(applicable)}** are localised to their entry. "
+        f"{len(results) - len(applicable)} leave the built-in forward unchanged (their "
+        "operation is judged through its own check).\n")
+    rows = []
+    for r in results:
+        breaks = ", ".join(link(f"{spec_dir}/{e}/", e) if e in entry_ids else esc(e)
+                           for e in r.get("breaks", []))
+        if not r.get("applicable"):
+            rows.append([code(r["name"]), breaks, "n/a", "-", "n/a"])
+            continue
+        named = ", ".join(esc(e) for e in r.get("named", [])) or "-"
+        rows.append([code(r["name"]), breaks, "yes" if r.get("killed") else
+                     '<span class="gs-missing">no</span>', named,
+                     "yes" if r.get("localised") else "no"])
+    parts.append(table(["Mutant", "Breaks", "Killed", "The probes point at", "Localised"],
+                       rows, "gs-mutants"))
+    return "\n".join(parts)
+
+
 def verification_page(views: Sequence[Any], checks: Sequence[Any], mutants: Sequence[Any],
-                      run: MutationRun | None, budgets: Any, spec_dir: str = "..") -> str:
+                      run: MutationRun | None, budgets: Any, spec_dir: str = "..",
+                      keyhole: dict[str, Any] | None = None) -> str:
     """``views``: the entries (spec_pages.EntryView); ``checks``: the registry's checks;
     ``spec_dir``: the spec pages' folder relative to this page."""
     entry_ids = {v.entry.id for v in views}
@@ -252,4 +309,5 @@ def verification_page(views: Sequence[Any], checks: Sequence[Any], mutants: Sequ
         _coverage_section(views, checks, spec_dir),
         _checks_section(checks, entry_ids, spec_dir),
         _mutation_section(mutants, run, spec_dir, entry_ids),
+        keyhole_section(keyhole, spec_dir, entry_ids),
     ]) + "\n"
