@@ -50,7 +50,10 @@ def test_a_bug_behind_a_logits_only_wrapper_is_found_and_named(mutant, entry):
     suite = run_suite(backend, profile="quick", select=lambda c: c.id.startswith("probe."))
     assert suite.counts["fail"] + suite.counts["error"] > 0
     found = report.localisation(suite)
-    assert found is not None and found["suspects"][0] == entry, found
+    # named first, or in a tie of two (the activation and its FFN fail together)
+    assert found is not None, suite
+    suspects = found["suspects"]
+    assert suspects[0] == entry or (len(suspects) <= 2 and entry in suspects), found
     assert "the probes point at:" in report.summary(suite)
     assert report.to_json([suite])["runs"][0]["localisation"] == found
 

@@ -60,7 +60,7 @@ class Probe:
     entry: str  # the entry the probe isolates; its check is probe.<entry>
     entries: tuple[str, ...]  # what the check names (the entry and its equal forms)
     support: frozenset[str]  # every entry the probe's logits depend on
-    build: Callable[[st.DataObject, str], Case]
+    build: Callable[[st.DataObject, str], Case] | None  # None: evidence from a property
     doc: str
 
 
@@ -194,10 +194,13 @@ def probe(entry: str, support: set[str] | frozenset[str], entries: tuple[str, ..
 
 
 def _register_check(p: Probe) -> None:
+    build = p.build
+    assert build is not None
+
     def run(backend, ctx):
         @ctx.given(data=st.data())
         def _(data):
-            config, params, tokens = p.build(data, ctx.precision.dtype)
+            config, params, tokens = build(data, ctx.precision.dtype)
             config, params = _fit(config, params, backend, keep_tied=p.entry == "unembed_tied")
             params = {k: B.round_to(v, ctx.precision.dtype) for k, v in params.items()}
             expected = ref.gpt_forward(tokens, params, config)
@@ -324,28 +327,45 @@ def _attention_case(data, dtype, *, zero_scores: bool = False, score_scale: floa
     return config, params, _tokens(data, config, long=True)
 
 
-@probe("causal_mask", ATTENTION_SUPPORT - {"attention_scores"},
+# one head: splitting into heads and merging them back are then the identity
+ONE_HEAD = ATTENTION_SUPPORT - {"split_heads", "merge_heads"}
+
+
+@probe("causal_mask", ONE_HEAD - {"attention_scores"},
        entries=("causal_mask", "attention_weights"))
 def _causal_mask(data, dtype):
-    """W_Q = W_K = 0 and the FFN silenced: every score is 0, so row t of the attention
-    averages the values of positions 0 … t, exactly what the mask allows; contexts up to
-    1025, the whole context filled."""
-    return _attention_case(data, dtype, zero_scores=True)
+    """one head, W_Q = W_K = 0 and the FFN silenced: every score is 0, so row t of the
+    attention averages the values of positions 0 … t, exactly what the mask allows;
+    contexts up to 1025, the whole context filled."""
+    return _attention_case(data, dtype, zero_scores=True, n_heads=1)
 
 
-@probe("attention_scores", ATTENTION_SUPPORT)
+@probe("attention_scores", ONE_HEAD)
 def _attention_scores(data, dtype):
     """one head of a small or real width (up to 128) and the FFN silenced: the scores
     Q Kᵀ/√d_k, of order one, decide the weights."""
     return _attention_case(data, dtype, n_heads=1, wide=True, n_ctx=8)
 
 
-@probe("softmax", ATTENTION_SUPPORT, entries=("softmax", "softmax_shifted"))
+@probe("softmax", TOKEN | PRE_LN | READ_OUT | {"layer_norm", "softmax", "softmax_shifted",
+                                              "attention_weights", "qkv_projection",
+                                              "scaled_dot_product_attention",
+                                              "multi_head_attention",
+                                              "multi_head_attention_head_sum"},
+       entries=("softmax", "softmax_shifted"))
 def _softmax(data, dtype):
-    """scores grown by W_Q and W_K scaled up, where exp overflows without the max shift
-    (past 88 in float32, 11 in float16), and the FFN silenced."""
+    """every value vector the same constant (W_V = 0, b_V = c), so each row of attention
+    is c times the sum of its weights, which softmax makes 1 whatever the scores and the
+    mask; scores grown by W_Q and W_K scaled up to where exp overflows without the max
+    shift (past 88 in float32, 11 in float16); the FFN silenced."""
     scale = data.draw(st.sampled_from((4.0, 16.0, 64.0)), label="score scale")
-    return _attention_case(data, dtype, score_scale=scale, n_ctx=8)
+    config, params, tokens = _attention_case(data, dtype, score_scale=scale, n_ctx=8,
+                                             attn_bias=True)
+    width = config.d_attn
+    params["blocks.0.attn.w_qkv"][:, 2 * width:] = 0.0
+    params["blocks.0.attn.b_qkv"][2 * width:] = data.draw(
+        st.sampled_from((0.5, 1.25, -3.0)), label="c")
+    return config, params, tokens
 
 
 @probe("scaled_dot_product_attention", ATTENTION_SUPPORT)
@@ -452,23 +472,31 @@ def positions_absent(backend, ctx):
 # --- localisation -----------------------------------------------------------------------------
 
 
+# the causality property is evidence too: a later token that reaches an earlier logit
+# points at the mask (or at weights that ignore it)
+CAUSALITY = Probe("causality", ("causal_mask",), frozenset({"causal_mask", "attention_weights"}),
+                  None, "the causality property (probe.causality)")
+
+
 def localise(outcomes: Mapping[str, bool]) -> list[str]:
     """The entries the probes point at, most suspect first: ``outcomes`` maps a probe's
-    entry to whether it passed. The suspects are the entries the failing probes isolate;
-    each is scored by the failing probes whose support holds it against every probe that
-    holds it (the Ochiai coefficient of spectrum-based fault localisation), and ties go to
-    the entry a smaller failing probe isolates."""
-    failing = [e for e, passed in outcomes.items() if not passed and e in PROBES]
+    entry (or "causality") to whether it passed. The suspects are the entries the failing
+    probes isolate; each is scored by the failing probes whose support holds it against
+    every probe that holds it (the Ochiai coefficient of spectrum-based fault
+    localisation), and ties go to the entry a smaller failing probe isolates."""
+    evidence = {**PROBES, "causality": CAUSALITY}
+    seen = {e: passed for e, passed in outcomes.items() if e in evidence}
+    failing = [e for e, passed in seen.items() if not passed]
     if not failing:
         return []
     scores: dict[str, float] = {}
-    for entry in {name for e in failing for name in PROBES[e].entries}:
-        holding = [e for e in outcomes if e in PROBES and entry in PROBES[e].support]
-        failed = sum(1 for e in holding if not outcomes[e])
+    for entry in {name for e in failing for name in evidence[e].entries}:
+        holding = [e for e in seen if entry in evidence[e].support]
+        failed = sum(1 for e in holding if not seen[e])
         scores[entry] = failed / math.sqrt(len(failing) * len(holding))
 
     def smallest_isolating(entry: str) -> int:
-        return min(len(PROBES[e].support) for e in failing if entry in PROBES[e].entries)
+        return min(len(evidence[e].support) for e in failing if entry in evidence[e].entries)
 
     best = max(scores.values())
     top = [e for e, s in scores.items() if s >= best - 1e-12]

@@ -113,8 +113,8 @@ def localisation(suite: SuiteResult) -> dict[str, Any] | None:
     from gptspec.conformance.checks_probes import PROBES, localise
 
     outcomes = {r.id.removeprefix("probe."): r.status == "pass" for r in suite.results
-                if r.id.removeprefix("probe.") in PROBES and r.status in ("pass", "fail", "error")}
-    failing = [e for e, passed in outcomes.items() if not passed]
+                if r.id.startswith("probe.") and r.status in ("pass", "fail", "error")}
+    failing = [e for e, passed in outcomes.items() if not passed and e in PROBES]
     if not failing:
         return None
     smallest = min(failing, key=lambda e: (len(PROBES[e].support), e))
