@@ -48,7 +48,7 @@ def test_fused_kernels_on_cuda_pass(make, dtype):
     assert {k: r.status for k, r in results.items()} == dict.fromkeys(CHECKS, "pass")
 
 
-def test_with_cuda_the_default_run_covers_every_dtype_and_forced_kernel(monkeypatch):
+def test_with_cuda_the_default_run_covers_every_dtype_with_the_installed_backend_only(monkeypatch):
     import argparse
 
     from gptspec.cli import conformance as cli
@@ -60,7 +60,8 @@ def test_with_cuda_the_default_run_covers_every_dtype_and_forced_kernel(monkeypa
     assert ("torch", "cpu", "float32") in targets and ("torch", "cpu", "float64") in targets
     for dtype in ("float32", "bfloat16", "float16"):
         assert ("torch", "cuda", dtype) in targets
-        assert (cli.EFFICIENT, "cuda", dtype) in targets
-    assert {(cli.FLASH, "cuda", d) for d in ("bfloat16", "float16")} <= set(targets)
+    # the forced-kernel variants are test tooling (meta/), never installed: a default run
+    # of an installed gptspec cannot name them (benchmarks/cuda_check.sh runs them)
+    assert all(not spec.startswith("meta.") for spec, _, _ in targets)
     monkeypatch.setattr(cli, "_cuda", lambda: False)
     assert all(device == "cpu" for _, device, _ in cli._targets(parser.parse_args([])))
