@@ -76,6 +76,39 @@ class Forks(Honest):
         return super().forward(tokens, params, config)
 
 
+class EscapesItsGroup(Honest):
+    """Its forward starts a grandchild in a session of its own (fork, setsid, fork), out of
+    reach of the worker's process group, asleep for ten minutes; it writes its pid to the
+    file named by GPTSPEC_TEST_PID_FILE."""
+
+    forked = False
+
+    def forward(self, tokens, params, config):
+        if not EscapesItsGroup.forked:
+            EscapesItsGroup.forked = True
+            import os
+
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    with open(os.environ["GPTSPEC_TEST_PID_FILE"], "w") as out:
+                        out.write(str(os.getpid()))
+                    time.sleep(600)
+                os._exit(0)
+        return super().forward(tokens, params, config)
+
+
+class HangsWritingItsPid(Honest):
+    """Writes the worker's pid to GPTSPEC_TEST_PID_FILE, then hangs in forward."""
+
+    def forward(self, tokens, params, config):
+        import os
+
+        with open(os.environ["GPTSPEC_TEST_PID_FILE"], "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(600)
+
+
 class Forges(Honest):
     """A name, version and error messages that would clear the terminal and print a
     verdict of their own."""

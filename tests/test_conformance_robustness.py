@@ -271,6 +271,52 @@ def test_a_backend_that_forks_leaves_no_process_behind_nor_holds_the_pipes(tmp_p
             os.kill(int(pid_file.read_text()), 9)
 
 
+def _wait_for_pid(pid_file, seconds: float = 60) -> int:
+    deadline = time.monotonic() + seconds
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(pid_file.read_text())
+
+
+def test_a_grandchild_out_of_the_group_does_not_hold_the_callers_pipes(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    started = time.monotonic()
+    try:
+        # the grandchild escapes the group kill (a session of its own), but what it holds
+        # is the worker's output file, not the judge's pipes: the caller's read ends
+        proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:EscapesItsGroup",
+                            "--timeout", "60", GPTSPEC_TEST_PID_FILE=str(pid_file))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert time.monotonic() - started < 60
+    finally:
+        if pid_file.exists() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), 9)
+
+
+def test_a_worker_dies_with_its_judge_even_by_sigkill(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    judge = subprocess.Popen(
+        [sys.executable, "-m", "gptspec", "conformance", "--check", "gpt_forward.differential",
+         "--profile", "quick", "--adjudicate-with", "none", "--timeout", "300",
+         "--backend", "hostile_backends:HangsWritingItsPid"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": TESTS, "GPTSPEC_TEST_PID_FILE": str(pid_file)})
+    try:
+        worker = _wait_for_pid(pid_file)
+        judge.kill()
+        judge.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker), f"the worker {worker} outlived its judge"
+        # and nothing holds the judge's output pipe any more
+        assert judge.stdout.read() is not None
+    finally:
+        if pid_file.exists() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), 9)
+        judge.stdout.close()
+
+
 def test_what_a_backend_names_itself_or_raises_is_shown_escaped_and_bounded(tmp_path):
     report = tmp_path / "report.json"
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Forges", "--report", str(report))

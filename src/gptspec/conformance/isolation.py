@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -41,44 +41,62 @@ START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeo
 
 
 OUTPUT_LINE_LIMIT = 500  # characters of one line a backend prints, as relayed
+OUTPUT_LINES_SHOWN = 200  # lines relayed after one check; the rest are counted
 
 
-def _relay_output() -> None:
-    """Send whatever runs in this process prints (Python's print and C code alike, and
-    any child forked later) through a pipe to the judge's standard error, each line escaped
-    and marked as the backend's: printed text can neither drive the terminal nor pass for
-    the judge's own verdict lines on standard output."""
-    try:
-        judge_stderr = os.dup(2)
-    except OSError:  # the caller closed its standard error: the text goes nowhere
-        judge_stderr = os.open(os.devnull, os.O_WRONLY)
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 1)
-    os.dup2(write_end, 2)
-    os.close(write_end)
+def _print_into(path: str) -> None:
+    """Point this process's standard output and error (Python's and C code's alike, and
+    those of any child forked later) at the file ``path``, which the judge relays. Nothing
+    the backend starts then holds the judge's own pipes."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
     for stream in (sys.stdout, sys.stderr):
         if stream is not None and hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
 
-    def pump() -> None:
-        with os.fdopen(read_end, "rb") as printed:
-            for raw in printed:
-                text = shown(raw.decode("utf-8", "replace").rstrip("\n"), OUTPUT_LINE_LIMIT)
-                try:
-                    os.write(judge_stderr, f"  backend output: {text}\n".encode())
-                except OSError:  # the reader went away; keep draining the pipe
-                    pass
 
-    threading.Thread(target=pump, name="backend-output", daemon=True).start()
+def _let_go_of_the_judges_tracker() -> None:
+    """Close this worker's end of the judge's multiprocessing resource tracker: the tracker
+    (a process of the judge's, writing to the judge's output) lives until every end is
+    closed, so an end that a backend's escaped grandchild inherits would keep it, and the
+    caller's pipes, open. A backend that needs a tracker gets its own."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    fd = getattr(tracker, "_fd", None)
+    if tracker is not None and fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        tracker._fd = None
+        tracker._pid = None
+
+
+def _die_with_the_judge() -> None:
+    """Linux: this worker is killed when the judge dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the judge died before the request took effect
+        os._exit(1)
 
 
 def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
-            seed: int, save_failures: str | None, plain: str | None) -> None:
+            seed: int, save_failures: str | None, plain: str | None, output: str) -> None:
     # first, before any backend code runs: a session (and process group) of its own, which
     # the parent kills whole, with whatever the backend started in it
     if hasattr(os, "setsid"):
         os.setsid()
-    _relay_output()
+    _die_with_the_judge()
+    _let_go_of_the_judges_tracker()
+    _print_into(output)
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.registry import CHECKS, all_checks
     from gptspec.conformance.runner import (
@@ -145,9 +163,12 @@ class _Worker:
                  start_timeout: float | None = START_TIMEOUT, plain: str | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
+        fd, self.output_path = tempfile.mkstemp(prefix="gptspec-backend-output-")
+        self.output = os.fdopen(fd, "rb")
         self.process = context.Process(
             target=_worker,
-            args=(child, spec, device, dtype, profile, seed, save_failures, plain),
+            args=(child, spec, device, dtype, profile, seed, save_failures, plain,
+                  self.output_path),
             daemon=True)
         self.process.start()
         child.close()
@@ -194,6 +215,8 @@ class _Worker:
             answer = self.conn.recv_bytes()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             return error(_death(self.process))
+        finally:
+            self.relay()
         try:
             result = CheckResult(**json.loads(answer))
             if result.id != check.id or result.status not in STATUSES:
@@ -203,6 +226,20 @@ class _Worker:
             self.stop()
             return error("the worker sent an unreadable answer (the backend wrote into "
                          "the judge's channel)")
+
+    def relay(self) -> None:
+        """What the backend printed since the last call, to the judge's standard error:
+        each line escaped and marked as the backend's, so that it can neither drive the
+        terminal nor pass for one of the judge's verdict lines on standard output."""
+        if self.output.closed:
+            return
+        lines = self.output.read().splitlines()
+        for raw in lines[:OUTPUT_LINES_SHOWN]:
+            text = shown(raw.decode("utf-8", "replace"), OUTPUT_LINE_LIMIT)
+            print(f"  backend output: {text}", file=sys.stderr)
+        if len(lines) > OUTPUT_LINES_SHOWN:
+            print(f"  backend output: … {len(lines) - OUTPUT_LINES_SHOWN} more lines",
+                  file=sys.stderr)
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -219,6 +256,13 @@ class _Worker:
         self._kill_group()
         self.process.join(5)
         self.conn.close()
+        if not self.output.closed:
+            self.relay()
+            self.output.close()
+            try:
+                os.unlink(self.output_path)
+            except OSError:
+                pass
 
     def _kill_group(self) -> None:
         # the group's id is the worker's pid, which stays taken while any member of the
