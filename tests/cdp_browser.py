@@ -60,6 +60,11 @@ class BrowserError(RuntimeError):
     pass
 
 
+# what Chromium answers an evaluation made while the page navigates away
+NAVIGATING = ("Inspected target navigated or closed", "Cannot find context with specified id",
+              "Execution context was destroyed")
+
+
 # --- the server ---------------------------------------------------------------------------
 
 
@@ -241,7 +246,13 @@ class Browser:
     def wait_for(self, expression: str, what: str, seconds: float | None = None) -> Any:
         deadline = time.monotonic() + (seconds or self.timeout)
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except BrowserError as err:
+                # asked while a click's navigation replaces the page: ask the new one
+                if not any(m in str(err) for m in NAVIGATING):
+                    raise
+                value = None
             if value:
                 return value
             self.pump(0.2)
