@@ -166,3 +166,19 @@ class Float64InAnyDtype(ListsInAnyDtype):
 
     def forward(self, tokens, params, config):
         return Honest.forward(self, tokens, params, config)
+
+
+class ObjectsInAnyDtype(ListsInAnyDtype):
+    """The same, with the float64 results returned as a NumPy array of Python objects."""
+
+    def forward(self, tokens, params, config):
+        import numpy as np
+
+        return np.array(Honest.forward(self, tokens, params, config), dtype=object)
+
+
+class ComplexLogits(ListsInAnyDtype):
+    """Correct real parts, and an imaginary part a real comparison would drop unseen."""
+
+    def forward(self, tokens, params, config):
+        return Honest.forward(self, tokens, params, config) + 5j

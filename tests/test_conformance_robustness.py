@@ -372,6 +372,11 @@ def test_the_dtype_asked_is_the_dtype_judged(monkeypatch):
         status, detail = judged(hostile.Float64InAnyDtype(dtype), dtype)
         assert status == "error", (dtype, detail)
         assert f"float64 values that {dtype} cannot hold" in detail
+    status, detail = judged(hostile.ObjectsInAnyDtype("bfloat16"), "bfloat16")
+    assert status == "error" and "object values that bfloat16 cannot hold" in detail
+    for dtype in ("float64", "bfloat16"):
+        status, detail = judged(hostile.ComplexLogits(dtype), dtype)
+        assert status == "error" and "complex values" in detail, (dtype, detail)
     # a backend that ignores the dtype asked (it takes no dtype argument)
     status, detail = judged(hostile.Honest(), "bfloat16")
     assert status == "error"

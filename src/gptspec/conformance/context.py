@@ -48,19 +48,23 @@ def wrong_dtype(output: Any, dtype: str) -> str:
     wider dtype holding exactly ``dtype`` values (bfloat16 logits handed back as float32)
     is fine; a Python list, or values that ``dtype`` cannot hold, were computed in another
     precision, and judging them with ``dtype``'s looser budgets would pass them unearned."""
+    try:
+        x = np.asarray(output)
+        if x.dtype.kind == "O":  # Python objects: judged by the numbers they hold
+            x = x.astype(np.float64)
+    except Exception:  # noqa: BLE001 — not an array at all: the check's comparison says so
+        return ""
+    if x.dtype.kind == "c":  # the comparison would drop the imaginary part unseen
+        return f"forward returned complex values ({x.dtype}): logits are real numbers"
     if dtype == "float64":
         return ""
     declared = getattr(output, "dtype", None)
     returned = str(declared).replace("torch.", "")
     if declared is not None and returned == dtype:
         return ""
-    try:
-        x = np.asarray(output)
-        if x.dtype.kind != "f":
-            return ""  # not floating-point numbers: the check itself says what is wrong
-        x = x.astype(np.float64)
-    except Exception:  # noqa: BLE001 — not an array at all: the check's comparison says so
-        return ""
+    if x.dtype.kind != "f":
+        return ""  # not floating-point numbers: the check itself says what is wrong
+    x = x.astype(np.float64)
     if declared is None:
         return (f"forward returned a Python {type(output).__name__} (float64 values), not "
                 f"an array of {dtype} values, where {dtype} was asked")
