@@ -112,6 +112,18 @@ def test_the_lock_is_held_only_while_the_run_lasts(tmp_path, corpus, capsys):
     assert main(["train", *TINY, "--out", str(out), "--resume", "--steps", "3"]) == 0
 
 
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path, corpus, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("notes\n")
+    (out / LOCK_FILE).symlink_to(precious)
+    assert main(["train", *TINY, "--data", str(corpus), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and err.count("\n") == 1, err
+    assert precious.read_text() == "notes\n"
+
+
 # --- readers beside a writer ---------------------------------------------------------------------
 
 

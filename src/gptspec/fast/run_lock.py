@@ -26,7 +26,15 @@ class RunLock:
         import fcntl
 
         self.path = Path(out) / LOCK_FILE
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # never through a link: the pid written below would overwrite the link's target
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            self.fd = os.open(self.path, flags, 0o644)
+        except OSError as err:
+            if self.path.is_symlink():
+                raise OSError(err.errno, f"{self.path} is a symbolic link, which a run's "
+                                         "lock file never is; remove it") from None
+            raise
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
