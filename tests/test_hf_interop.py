@@ -213,6 +213,15 @@ def test_bad_directories(tmp_path):
     (out / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(InteropError, match="model_type 'bert' is not 'gpt2'"):
         load_hf_dir(out)
+    # a key given twice: transformers would take the last, a different model, silently
+    (out / "config.json").write_text('{"model_type": "gpt2", "n_head": 4, "n_head": 2}')
+    with pytest.raises(InteropError, match="n_head") as err:
+        load_hf_dir(out)
+    assert "\n" not in str(err.value)
+    (out / "config.json").write_text('{"model_type": "gpt2", "task_specific_params": '
+                                     '{"a": 1, "a": 2}}')
+    with pytest.raises(InteropError, match="config.json cannot be read"):
+        load_hf_dir(out)
 
 
 def test_convert_command_round_trip(tmp_path, capsys):

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.spec.config import ConfigError, GPTConfig
+from gptspec.spec.config import ConfigError, GPTConfig, parse_json
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
 # our ffn name ↔ transformers' activation_function
@@ -227,6 +227,11 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
     p = Path(path)
     if not (p / "config.json").is_file():
         raise InteropError(f"{p} is not a transformers model directory: no config.json")
+    try:  # transformers would take the last of a key given twice: refuse it instead
+        parse_json((p / "config.json").read_bytes())
+    except (OSError, ValueError) as err:
+        raise InteropError(f"{p}/config.json cannot be read: {str(err).splitlines()[0]}") \
+            from None
     if not any(p.glob("*.safetensors")):
         raise InteropError(f"{p} holds no .safetensors weights (pickled .bin files are refused)")
     try:
@@ -401,14 +406,13 @@ def save_hf_tokenizer(folder: str | os.PathLike[str], tokenizer: Any, n_ctx: int
 
 
 def _tokenizer_settings(folder: Path) -> dict:
-    import json
 
     file = folder / TOKENIZER_CONFIG
     if not file.is_file():
         return {}
     try:
-        settings = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        settings = parse_json(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
         raise TokenizerInteropError(f"{file} cannot be read: {str(err).splitlines()[0]}") \
             from None
     return settings if isinstance(settings, dict) else {}
