@@ -124,7 +124,9 @@ def test_standard_output_closed_by_the_caller_is_one_line():
 
 @pytest.mark.parametrize(("argv", "why"), [
     (["conformance", "--list-checks"], "the list is printed there"),
-    (["experiment", "tying", "--plan"], "--plan prints the plan there")])
+    (["experiment", "tying", "--plan"], "--plan prints the plan there"),
+    (["conformance", "--backend", "reference", "--check", "softmax.differential"],
+     "the checks' verdicts are printed there")])
 def test_a_listing_to_a_closed_standard_output_is_one_line(argv, why):
     # experiment --plan printed into the void and exited 0 (issue 29)
     done = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", *GPTSPEC, *argv],
@@ -256,3 +258,16 @@ def test_an_error_after_a_stop_signal_that_left_no_trace_is_reported_as_the_stop
     monkeypatch.setattr(cli, "_RECEIVED", [])  # with no stop received it is an error
     assert cli.main(["info", "gpt2"]) == 1
     assert "ImportError: PyCapsule_Import" in capsys.readouterr().err
+
+
+def test_training_with_both_output_streams_closed_trains_and_saves(tmp_path):
+    # the progress bar wrote to a closed standard error and crashed the run (issue 29)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "run"
+    progress = [a for a in TRAIN if a != "--no-progress"]
+    done = subprocess.run(["bash", "-c", 'exec "$@" >&- 2>&-', "bash", *GPTSPEC, *progress,
+                           "--data", str(corpus), "--out", str(out), "--steps", "2"],
+                          timeout=300)
+    assert done.returncode == 0
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 2

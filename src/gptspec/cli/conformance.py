@@ -125,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list_backends or args.list_checks:
         standard_stream("stdout", "the list is printed there")
+    else:
+        standard_stream("stdout", "the checks' verdicts are printed there")
     if args.list_backends:
         with writing_stdout():
             for name, target in sorted(registered().items()):

@@ -341,7 +341,7 @@ def _run(args: argparse.Namespace, locks: list) -> int:
     try:
         with stop_on_signals():
             try:
-                status = trainer.run(out, progress=not args.no_progress)
+                status = trainer.run(out, progress=not args.no_progress and sys.stderr is not None)
             except Interrupted as signal_during_save:  # arrived as a save ended
                 interrupted.append(signal_during_save.signum)
                 status = "interrupted"

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gptspec.fast.native import cpu_flags, put_ninja_on_path
+from gptspec.fast.native import cpu_flags, put_ninja_on_path, streams_for_the_build
 
 Tensor = torch.Tensor
 
@@ -60,8 +60,9 @@ def available() -> bool:
         from torch.utils.cpp_extension import load
 
         put_ninja_on_path()
-        load(name="gptspec_bf16_gemv", sources=[str(SOURCE)], is_python_module=False,
-             extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"])
+        with streams_for_the_build():
+            load(name="gptspec_bf16_gemv", sources=[str(SOURCE)], is_python_module=False,
+                 extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except Exception as error:  # no compiler, no ninja, …: the oneDNN product stays
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         warnings.warn(f"gptspec: the bfloat16 GEMV kernel could not be built ({first_line}); "

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from gptspec.fast.native import cpu_flags, put_ninja_on_path
+from gptspec.fast.native import cpu_flags, put_ninja_on_path, streams_for_the_build
 
 Tensor = torch.Tensor
 
@@ -70,8 +70,9 @@ def _build() -> Any:
         from torch.utils.cpp_extension import load
 
         put_ninja_on_path()
-        load(name=NAME, sources=[str(SOURCE)], is_python_module=False,
-             extra_cflags=["-O2", "-mavx2", "-mfma"])
+        with streams_for_the_build():
+            load(name=NAME, sources=[str(SOURCE)], is_python_module=False,
+                 extra_cflags=["-O2", "-mavx2", "-mfma"])
         # load() opened the library (torch.ops.load_library); ctypes finds it by its path
         path = next(p for p in torch.ops.loaded_libraries if Path(p).stem == NAME)
         function = ctypes.CDLL(path).gptspec_gelu_tanh_f32

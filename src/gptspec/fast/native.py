@@ -7,8 +7,11 @@ The helpers here are what both kernels check before a build.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -32,3 +35,18 @@ def put_ninja_on_path() -> None:
         except ImportError:
             return
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+@contextlib.contextmanager
+def streams_for_the_build() -> Iterator[None]:
+    """cpp_extension writes to and flushes sys.stdout and sys.stderr, which Python sets to
+    None when the caller closed them (``>&-``): a closed stream must not change which
+    kernel runs, so the build gets /dev/null in their place."""
+    saved = sys.stdout, sys.stderr
+    with open(os.devnull, "w") as null:
+        sys.stdout = sys.stdout or null
+        sys.stderr = sys.stderr or null
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = saved
