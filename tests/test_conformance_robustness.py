@@ -333,6 +333,17 @@ def test_what_a_backend_names_itself_or_raises_is_shown_escaped_and_bounded(tmp_
     assert "\x1b" not in run["checks"][0]["detail"]
 
 
+def test_a_backend_name_is_text_in_the_markdown_report():
+    from gptspec.conformance.report import to_markdown
+    from gptspec.conformance.runner import SuiteResult
+
+    suite = SuiteResult({"name": "<img src=x onerror=alert(1)>", "version": "1",
+                         "device": "cpu", "dtype": "float32"},
+                        {"profile": "quick", "seed": 0})
+    text = to_markdown([suite])
+    assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
+
+
 def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Prints")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -44,6 +44,7 @@ status not-applicable, its count, ``checks[].not_applicable`` and ``provenance``
 from __future__ import annotations
 
 import datetime
+import html
 import json
 import math
 import os
@@ -166,7 +167,9 @@ def to_json(suites: list[SuiteResult], started: dict | None = None) -> dict:
 def to_markdown(suites: list[SuiteResult]) -> str:
     out = []
     for s in suites:
-        out += [f"### {s.backend['name']} · {s.backend['device']} · {s.backend['dtype']}", "",
+        # what a backend names itself is text, never markup, wherever the file is rendered
+        name, device, dtype = (html.escape(s.backend[k]) for k in ("name", "device", "dtype"))
+        out += [f"### {name} · {device} · {dtype}", "",
                 f"{summary(s)} (profile {s.settings['profile']}, seed {s.settings['seed']})", "",
                 "| check | spec entries | status | worst error / budget | time (s) |",
                 "| --- | --- | --- | --- | --- |"]
