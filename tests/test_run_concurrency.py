@@ -308,3 +308,18 @@ def test_the_memory_check_honours_the_address_space_limit(monkeypatch):
     checks.fits_in_memory(2**28, "a quarter GiB")
     with pytest.raises(CLIError, match=r"ulimit -v"):
         checks.fits_in_memory(2**30, "a GiB")
+
+
+def test_a_corpus_name_read_back_from_state_json_is_printed_escaped(tmp_path, corpus, capsys):
+    import json
+
+    out = tmp_path / "out"
+    assert main(["train", *TINY, "--data", str(corpus), "--out", str(out), "--steps", "2"]) == 0
+    state_file = out / "checkpoint" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["data"]["source"] = "\x1b[2J\x1b]0;title\x07corpus"
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    assert main(["train", *TINY, "--out", str(out), "--resume", "--steps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "\\x1b[2J\\x1b]0;title\\x07corpus" in printed

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.cli import CLIError, checks, error_line, writing_stdout
+from gptspec.cli import CLIError, checks, error_line, printable, writing_stdout
 
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
@@ -304,7 +304,7 @@ def _run(args: argparse.Namespace, locks: list) -> int:
         except (CheckpointError, DataError) as err:
             raise CLIError(str(err)) from None
         data_state = state["data"]
-        source = data_state["source"]
+        source = printable(data_state["source"])
     else:
         from gptspec.fast.checkpoint import find_checkpoints
 
