@@ -64,6 +64,26 @@ def test_the_file_holds_schema_names_and_the_config(tmp_path, tiny):
         assert json.loads(f.metadata()[CONFIG_KEY]) == config.to_dict()
 
 
+def test_a_config_edited_so_that_every_shape_still_fits_is_refused(tmp_path, tiny):
+    # norm "pre" → "post" keeps every tensor's shape: without the config's own checksum
+    # the weights would load into another architecture, silently
+    from safetensors import safe_open
+
+    from gptspec.fast.checkpoint import model_header
+
+    config, params = tiny
+    file = save_model(tmp_path, params, config)
+    with safe_open(str(file), framework="numpy") as f:
+        metadata = f.metadata()
+    edited = json.loads(metadata[CONFIG_KEY])
+    edited["norm"] = "post" if edited["norm"] != "post" else "pre"
+    save_file(load_file(file), str(file), metadata={**metadata, CONFIG_KEY: json.dumps(edited)})
+    for read in (load_model, model_header):
+        with pytest.raises(CheckpointError, match="config was changed after it was saved") as err:
+            read(file)
+        one_line(err)
+
+
 def test_missing(tmp_path):
     with pytest.raises(CheckpointError, match="not found") as err:
         load_model(tmp_path / "nowhere")

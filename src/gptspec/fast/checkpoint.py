@@ -32,6 +32,9 @@ from gptspec.spec.parameters import ParameterError, check_parameters
 MODEL_FILE = "model.safetensors"
 CONFIG_KEY = "gptspec_config"
 DIGEST_KEY = "gptspec_sha256"  # over the tensors: catches flipped bytes the format cannot
+# over the config's JSON: a config edited so that every shape still fits (norm, n_heads)
+# would otherwise load as another architecture with the same weights
+CONFIG_DIGEST_KEY = "gptspec_config_sha256"
 
 
 class CheckpointError(ValueError):
@@ -54,6 +57,19 @@ def _to_numpy(name: str, value: Any) -> np.ndarray:
     if array.dtype.kind != "f":
         raise CheckpointError(f"parameter {name!r} has dtype {array.dtype}, expected floats")
     return array
+
+
+def config_digest(config_json: str) -> str:
+    return hashlib.sha256(config_json.encode("utf-8")).hexdigest()
+
+
+def check_config_digest(file: Path, metadata: Mapping[str, str]) -> None:
+    """The file's config is the one it was saved with (files saved before the digest was
+    recorded have none, and pass)."""
+    recorded = metadata.get(CONFIG_DIGEST_KEY)
+    if recorded is not None and recorded != config_digest(metadata.get(CONFIG_KEY, "")):
+        raise CheckpointError(f"{file}: its config was changed after it was saved (the "
+                              "config does not match its recorded checksum)")
 
 
 def tensors_digest(arrays: Mapping[str, np.ndarray]) -> str:
@@ -103,6 +119,7 @@ def _save_model(path: str | os.PathLike[str], params: Mapping[str, Any],
                               "or infinite values")
     target = model_file(path)
     metadata = {CONFIG_KEY: config.to_json(), DIGEST_KEY: tensors_digest(arrays)}
+    metadata[CONFIG_DIGEST_KEY] = config_digest(metadata[CONFIG_KEY])
     write_bytes(target, save(arrays, metadata=metadata), make_parents=True)
     return target, metadata[DIGEST_KEY]
 
@@ -166,12 +183,14 @@ def model_header(path: str | os.PathLike[str]
 
         try:
             with safe_open(source, framework="numpy") as f:
-                return file, f.metadata() or {}, {
-                    name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+                metadata = f.metadata() or {}
+                shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
         except (SafetensorError, OSError, ValueError) as err:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise CheckpointError(f"{file} is not a readable safetensors file ({first})"
                                   ) from None
+        check_config_digest(file, metadata)
+        return file, metadata, shapes
 
     if p.suffix == ".safetensors":  # as model_file: another file is a folder's name
         return header(p, str(p))
@@ -312,6 +331,7 @@ def _read_model(file: Path, source: str, path: str | os.PathLike[str]
                               f"{params[not_float[0]].dtype}, expected floats")
     if DIGEST_KEY in metadata and metadata[DIGEST_KEY] != tensors_digest(params):
         raise CheckpointError(f"{file} is corrupt: its tensors do not match their checksum")
+    check_config_digest(file, metadata)
     bad = non_finite(params)
     if bad:
         raise CheckpointError(f"{file}: parameter {bad!r} holds NaN or infinite values (a "
