@@ -388,6 +388,12 @@ def test_the_dtype_asked_is_the_dtype_judged(monkeypatch):
     for dtype in ("float64", "bfloat16"):
         status, detail = judged(hostile.ComplexLogits(dtype), dtype)
         assert status == "error" and "complex values" in detail, (dtype, detail)
+    # and the device asked is the device judged ("cuda" and "cuda:0" name the same)
+    (r,) = run_suite(hostile.Honest(), profile="quick", select=select, device="cuda:7").results
+    assert r.status == "error" and "declares device cpu, not the cuda:7 asked" in r.detail
+    for device in ("cpu", None):
+        (r,) = run_suite(hostile.Honest(), profile="quick", select=select, device=device).results
+        assert r.status == "pass", (device, r.detail)
     # a backend that ignores the dtype asked (it takes no dtype argument)
     status, detail = judged(hostile.Honest(), "bfloat16")
     assert status == "error"

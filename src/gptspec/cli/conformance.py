@@ -241,7 +241,7 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
             origin = {"spec": spec, "device": device or str(backend.device),
                       "dtype": dtype or str(backend.dtype),
                       "name": str(getattr(backend, "name", spec))}
-            suite = run_suite(backend, origin=origin, dtype=dtype, **common)
+            suite = run_suite(backend, origin=origin, dtype=dtype, device=device, **common)
     except BackendError as err:
         raise CLIError(str(err)) from None
     print(report.summary(suite), flush=True)

@@ -102,6 +102,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     from gptspec.conformance.runner import (
         _missing_ops,
         describe_backend,
+        device_mismatch,
         dtype_error,
         judged_precision,
     )
@@ -112,6 +113,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     try:
         backend = load_backend(spec, device=device, dtype=dtype)
         precision, mismatch = judged_precision(backend, dtype)
+        mismatch = mismatch or device_mismatch(backend, device)
         described = describe_backend(backend)
     except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
         message = (str(err) if isinstance(err, BackendError) else

@@ -95,6 +95,17 @@ def judged_precision(backend: Any, asked: str | None) -> tuple[Precision, str]:
                                  f"not the {asked} asked (does it take a dtype argument?)")
 
 
+def device_mismatch(backend: Any, asked: str | None) -> str:
+    """The error every check reports when the backend declares another device than the one
+    asked (a factory that ignores ``device``), else "". "cuda" and "cuda:N" name the same."""
+    declared = _read(backend, "device", "?")
+    if asked is None or asked == declared or declared.split(":")[0] == asked \
+            or asked.split(":")[0] == declared:
+        return ""
+    return (f"the backend declares device {shown(declared, NAME_LIMIT)}, not the "
+            f"{shown(asked, NAME_LIMIT)} asked (does it take a device argument?)")
+
+
 def dtype_error(check: Check, detail: str) -> CheckResult:
     return CheckResult(check.id, list(check.entries), check.kind, "error", None, detail,
                        0, 0, 0.0, check.budget)
@@ -273,15 +284,16 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
               stop_on_failure: bool = False, timeout: float | None = None,
               save_failures: str | None = None,
               origin: dict[str, Any] | None = None, plain: str | None = None,
-              dtype: str | None = None) -> SuiteResult:
+              dtype: str | None = None, device: str | None = None) -> SuiteResult:
     """Run every selected check against ``backend``, dependencies first. A check whose
     dependency failed is reported as blocked by the root cause, not run. ``timeout``:
     seconds per check; ``save_failures``: a directory for failing examples (``origin``
     names the backend's spec, device and dtype for the reproducing test); ``plain``: the
     backend spec (as discovery reads it) a low-precision failure is adjudicated against,
-    or None; ``dtype``: the dtype asked, which the backend must declare and compute in
-    (None: the backend's own)."""
+    or None; ``dtype``, ``device``: what was asked, which the backend must declare (and
+    compute in; None: the backend's own)."""
     precision, mismatch = judged_precision(backend, dtype)
+    mismatch = mismatch or device_mismatch(backend, device)
     suite = SuiteResult(describe_backend(backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=False))
     if header:
