@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gptspec.conformance.report import provenance
+from gptspec.conformance.report import localisation, provenance
 from meta.mutants import BY_NAME, MUTANTS
 
 # the operations inside attention the fused kernel replaces
@@ -109,7 +109,6 @@ def on_the_forward_path(mutant: Any) -> Any:
 
 
 def run_one(name: str, profile: str = "quick", seed: int = 0) -> dict:
-    from gptspec.conformance.checks_probes import localise
     from gptspec.conformance.runner import run_suite
 
     mutant = BY_NAME[name]
@@ -120,9 +119,8 @@ def run_one(name: str, profile: str = "quick", seed: int = 0) -> dict:
         return asdict(KeyholeResult(name, list(mutant.breaks), [], [], False, False, False))
     suite = run_suite(LogitsOnly(mutant.backend()), profile=profile, seed=seed, area="forward")
     failing = [r.id for r in suite.results if r.status in ("fail", "error")]
-    outcomes = {r.id.removeprefix("probe."): r.status == "pass" for r in suite.results
-                if r.id.startswith("probe.") and r.status in ("pass", "fail", "error")}
-    named = localise(outcomes)
+    found = localisation(suite)
+    named = found["suspects"] if found else []
     localised = bool(named) and (named[0] in mutant.breaks
                                  or (len(named) <= 2 and bool(set(named) & set(mutant.breaks))))
     return asdict(KeyholeResult(name, list(mutant.breaks), failing, named, bool(failing),

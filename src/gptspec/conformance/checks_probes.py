@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
+from gptspec.conformance.context import declared_support
 from gptspec.conformance.protocol import NotApplicable
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import (
@@ -146,8 +147,8 @@ def _fit(config: GPTConfig, params: Params, backend, keep_tied: bool = False
          ) -> tuple[GPTConfig, Params]:
     """The same model in a configuration ``backend`` can express (its ``supports``), or
     NotApplicable naming why none fits."""
-    supports = getattr(getattr(backend, "wrapped", backend), "supports", None)
-    if not callable(supports) or not supports(config):
+    supports = declared_support(backend)
+    if supports is None or not supports(config):
         return config, params
     width, d = config.d_attn, config.d_model
     options = [("attn_bias", {"attn.b_qkv": (3 * width,), "attn.b_o": (d,)}),

@@ -177,6 +177,15 @@ class RecordingBackend:
         return call
 
 
+def declared_support(backend: Any) -> Callable[[GPTConfig], str | None] | None:
+    """The backend's ``supports(config)`` (why it cannot express a configuration, or None),
+    seen through a RecordingBackend; None where it declares none."""
+    if isinstance(backend, RecordingBackend):
+        backend = backend.wrapped
+    supports = getattr(backend, "supports", None)
+    return supports if callable(supports) else None
+
+
 @contextlib.contextmanager
 def keeping_comparisons(ctx: CheckContext) -> Iterator[None]:
     """While a check runs, keep the arrays of its latest comparison on ``ctx``."""
@@ -212,10 +221,8 @@ class CheckContext:
     def _skip_if_not_applicable(self, drawn: dict[str, Any]) -> None:
         """Skip an example whose configuration the backend declares it cannot express
         (``supports(config)`` returns a reason), before any work is spent on it."""
-        backend = self.backend.wrapped if isinstance(self.backend, RecordingBackend) \
-            else self.backend
-        supports = getattr(backend, "supports", None)
-        if not callable(supports):
+        supports = declared_support(self.backend)
+        if supports is None:
             return
         for value in drawn.values():
             for item in value if isinstance(value, tuple) else (value,):

@@ -38,8 +38,6 @@ from gptspec.conformance.runner import (
 )
 
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
-
-
 OUTPUT_LINE_LIMIT = 500  # characters of one line a backend prints, as relayed
 OUTPUT_LINES_SHOWN = 200  # lines relayed after one check; the rest are counted
 
