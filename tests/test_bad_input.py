@@ -206,7 +206,7 @@ for name, needle in [
     ("merge-undefined", "not defined"), ("merge-negative", "not defined"),
     ("merge-bool", "merge 0"), ("base-short", "base"), ("base-repeated", "base"),
     ("version", "version"), ("special-mixed-ids", "special token"),
-    ("special-duplicate-ids", "special token"), ("special-low-id", "special token"),
+    ("special-duplicate-ids", "both have id 300"), ("special-low-id", "special token"),
     ("special-empty-text", "empty"), ("pattern-capture", "capture"),
     ("pattern-skips", "skips"), ("pattern-broken", "compile"),
     ("doubling-merges", "mib"), ("long-chain", "mib"), ("huge-special-id", "limit"),
@@ -367,6 +367,9 @@ for name, needle in [("weights-fifo", "regular file"), ("tensor-twice", "stored 
 # encoder for merges tiktoken cannot hold hung on the input)
 for name, needle in [("added-tokens-a-dict", "must be a list"),
                      ("added-token-not-an-object", "not an object"),
+                     ("added-token-twice", "'<a>' is listed twice (ids 256 and 256)"),
+                     ("added-token-twice-other-id", "'<a>' is listed twice (ids 256 and 257)"),
+                     ("added-tokens-one-id", "'<a>' and '<b>' both have id 256"),
                      ("pattern-look-ahead", "look-ahead"),
                      ("pattern-possessive", "possessive"),
                      ("pattern-backtracks-on-the-probe", "backtracks")]:
@@ -502,6 +505,15 @@ def _hostile_tokenizers(folder: Path) -> None:
                   for k in range(400)),
         "added-tokens-a-dict": _hf_tok(added_tokens={"<a>": 256}),
         "added-token-not-an-object": _hf_tok(added_tokens=["<a>"]),
+        # HF's reader keeps one copy of a repeat: the file would load as another tokenizer
+        "added-token-twice": _hf_tok(added_tokens=[{"content": "<a>", "id": 256,
+                                                    "special": True}] * 2),
+        "added-token-twice-other-id": _hf_tok(added_tokens=[
+            {"content": "<a>", "id": 256, "special": True},
+            {"content": "<a>", "id": 257, "special": True}]),
+        "added-tokens-one-id": _hf_tok(added_tokens=[
+            {"content": "<a>", "id": 256, "special": True},
+            {"content": "<b>", "id": 256, "special": True}]),
         "pattern-look-ahead": _gptspec_tok(pattern=r"\s+(?!\S)|\S+|\s"),
         "pattern-possessive": _gptspec_tok(pattern=r"\w++|\W"),
         # exponential in the `regex` module on the probe text's every run of characters

@@ -175,6 +175,12 @@ def _load_gptspec(path: Path, data: bytes) -> Tokenizer:
         if not isinstance(token, int) or isinstance(token, bool):
             raise TokenizerFileError(f"{path}: special token {text[:40]!r} has id {token!r}, "
                                      "not an integer")
+    named: dict[int, str] = {}
+    for text, token in special.items():
+        if token in named:
+            raise TokenizerFileError(f"{path}: special tokens {named[token][:40]!r} and "
+                                     f"{text[:40]!r} both have id {token}")
+        named[token] = text
     if len(merges) > MAX_VOCAB_SIZE:
         raise TokenizerFileError(f"{path}: {len(merges)} merges, more than the limit of "
                                  f"{MAX_VOCAB_SIZE}")
@@ -358,7 +364,8 @@ def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
     vocab, merges_text = model.get("vocab"), model.get("merges")
     if not isinstance(vocab, dict) or not isinstance(merges_text, list):
         raise TokenizerFileError(f"{path}: the BPE model lacks 'vocab' or 'merges'")
-    special = {}
+    special: dict[str, int] = {}
+    special_ids: dict[int, str] = {}
     added_tokens = doc.get("added_tokens") or []
     if not isinstance(added_tokens, list):  # a dict would be read as its keys, dropping ids
         raise TokenizerFileError(f"{path}: 'added_tokens' must be a list, got "
@@ -374,7 +381,16 @@ def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
         if not isinstance(content, str) or not isinstance(token, int) or isinstance(token, bool):
             raise TokenizerFileError(f"{path}: added token {str(content)[:40]!r} needs text "
                                      f"and an integer id, got id {token!r}")
+        # a repeat would be dropped (same text) or leave two texts one id; HF's own reader
+        # keeps one copy silently, so a file meant otherwise would load as something else
+        if content in special:
+            raise TokenizerFileError(f"{path}: added token {content[:40]!r} is listed twice "
+                                     f"(ids {special[content]} and {token})")
+        if token in special_ids:
+            raise TokenizerFileError(f"{path}: added tokens {special_ids[token][:40]!r} and "
+                                     f"{content[:40]!r} both have id {token}")
         special[content] = token
+        special_ids[token] = content
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     try:  # a special token may also be listed in the model's vocab; it is not BPE's
         id_bytes = {i: bytes(inverse[c] for c in s) for s, i in vocab.items()
