@@ -1,22 +1,14 @@
 """The ecosystem run: every adapter through the conformance suite in every dtype its engine
-computes in, one JSON report per engine × dtype, and every failure held against a
-committed table of adjudications (``nox -s ecosystem``; ``python -m
-gptspec.adapters.ecosystem --profile quick`` in CI).
+computes in, one JSON report per engine × dtype, every failure held against a committed
+table of adjudications (``nox -s ecosystem``; ``--profile quick`` in CI).
 
-``ENGINES`` is the one table of what is run: an engine joins the run with one line there
-(its entry-point name, its dtypes, the extra that installs it; ONNX Runtime would be
-``Engine("onnxruntime", ("float32",), "onnx", "…")``), its extra added to those that
-``nox -s ecosystem`` installs. Each run is ``gptspec conformance --backend NAME --dtype D
---profile P --report OUT/NAME-D.json`` in a process of its own, so the report carries the
-suite's provenance (commit, date, machine, CPU and cores) and the backend's version (the
-engine's own library versions).
-
-A failed or erring check must be explained before it is published: ``ADJUDICATIONS``
-(``docs/ecosystem/adjudications.toml``) holds, per engine and check (optionally per
-dtype), the verdict — ``engine`` (a bug or a limitation of the engine), ``spec-reading``
-(the engine reads one of the spec's decisions differently) or ``false-alarm`` (the
-suite's; then the suite is to be fixed) — the reason, and the smallest input that shows
-it. A failure without one makes this run exit 1 and the docs build fail.
+``ENGINES`` is the one table of what is run: an engine joins with one line (entry-point
+name, dtypes, extra). Each run is ``gptspec conformance`` in a process of its own, so the
+report carries the suite's provenance and the engine's versions. ``ADJUDICATIONS``
+(``docs/ecosystem/adjudications.toml``) explains each failed or erring check per engine
+and check: ``engine``, ``spec-reading`` or ``false-alarm`` (the suite's, to be fixed), a
+reason and the smallest input that shows it. A failure without one makes this run exit 1
+and the docs build fail.
 """
 
 from __future__ import annotations

@@ -3,20 +3,12 @@
     gptspec convert --to-hf CHECKPOINT_DIR OUT_DIR    # a save_pretrained directory
     gptspec convert --from-hf HF_DIR OUT_DIR          # OUT_DIR/model.safetensors + tokenizer.json
 
-The tokenizer travels with the weights. ``--to-hf`` writes the checkpoint's tokenizer.json
-as HF's tokenizer.json, with tokenizer_config.json and special_tokens_map.json, so that
-``AutoTokenizer.from_pretrained(OUT_DIR)`` gives the same ids as gptspec; eos and bos (in
-config.json too) are ``<|endoftext|>`` when the tokenizer has it. ``--from-hf`` reads
-HF_DIR's tokenizer.json, or GPT-2's vocab.json + merges.txt, and writes gptspec's
-tokenizer.json, so ``gptspec generate --checkpoint OUT_DIR`` works.
-
-A source without a tokenizer is converted with a warning (weights only). A tokenizer that
-cannot be carried across (not a byte-level BPE gptspec reproduces id for id, or more
-tokens than the model has) is an error naming the problem, before anything is written;
-``--no-tokenizer`` converts the weights alone.
-
-Both write safetensors only, under a temporary name renamed into place, and refuse an
-OUT_DIR that already holds what they would write rather than overwrite it.
+The tokenizer travels with the weights, so ``AutoTokenizer.from_pretrained`` and
+``gptspec generate`` give the same ids on either side. A source without one converts
+with a warning; one that cannot be carried across (not a byte-level BPE gptspec
+reproduces id for id, or more tokens than the model has) is an error before anything is
+written (``--no-tokenizer`` converts the weights alone). Both write safetensors only,
+renamed into place, and refuse an OUT_DIR that already holds what they would write.
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
 """Training checks: gradients by parameter name, AdamW trajectories, the loss, determinism
-and exact resumption. A backend exposes them through the optional operations
-``gpt_backward(tokens, targets, params, config) -> (loss, grads)``,
-``adamw_trajectory(params, grads, lrs, beta1, beta2, eps, weight_decay) -> [params, …]``
-and ``train_losses(tokens, params, config, steps, seed, resume_at=None) -> [loss, …]``.
+and exact resumption, through the optional operations ``gpt_backward``,
+``adamw_trajectory`` and ``train_losses``.
 
-Budgets (λ = budgets.LAMBDA, u the backend's unit roundoff, u_acc its accumulation's):
-
-* a gradient's error is propagated through the reference's backward pass stage by stage
-  (gradient_budgets.gpt_backward_bound, which mirrors gpt_backward): at each backward
-  equation the upstream gradient's error and the forward activations' errors are
-  carried through the equation to first order, each reduction of length n adds
-  √n·u_acc·Σ|terms| and each stored result u·|g|, independent contributions in
-  quadrature. This sees what one scale for the whole model cannot: a LayerNorm's
-  backward amplifies the errors reaching it by |γ|/s, s = √(σ² + ε), which is large
-  for a row of nearly equal features, and the amplification compounds through the
-  layers below;
-* the loss is a mean of −log p over N positions: an error e in the logits moves it by at
-  most 2 max e (|∂L/∂z| sums to at most 2 per row, divided by N; log-softmax is
-  2-Lipschitz in the largest entry, so this holds for errors of any size, p → 0
-  included), plus the rounding of its own length-N·V reductions and of the stored loss
-  (u·|L|: a 16-bit backend may return it in its dtype);
-* AdamW's update m̂/(√v̂ + ε) is computed with about 10 roundings per element per step
-  (the two moment updates, the two bias corrections, the square root, the division, the
-  decay and the subtraction); over k steps they add in quadrature. They are float32
-  roundings (u_acc) in every dtype: a 16-bit backend keeps m, v and the update in
-  float32 and stores the parameter in its dtype (the spec's decision on adamw_step), so
-  it adds one rounding u·|θ_t| per step, carried unchanged (to first order) to the end.
+Budgets: a gradient's error is propagated stage by stage through the backward pass
+(:func:`gradient_budgets.gpt_backward_bound`), which sees what one scale for the whole
+model cannot: LayerNorm's backward amplifies errors by |γ|/s, compounding through the
+layers. The loss moves by at most 2·max e for a logit error e (log-softmax is 2-Lipschitz
+in the largest entry), plus its own reductions' rounding. AdamW's update adds about 10
+float32 roundings per element per step, in quadrature over steps; a 16-bit backend adds
+one rounding u·|θ_t| per step for storing the parameter in its dtype.
 """
 
 from __future__ import annotations
@@ -167,7 +150,7 @@ def loss(backend, ctx):
 
 @check("adamw_step.trajectory", entries=("adamw_step", "lr_schedule"),
        ops=("adamw_trajectory",), area="training",
-       budget="λ·(√(10·k)·u_acc·(|θ_k| + Σ_t η_t(|update_t| + λ|θ_t|)) ⊕ u·√(Σ_t θ_t²)) "
+       budget="λ·(√(10·k)·u_acc·(|θ_k| + Σ_t η_t(|update_t| + λ_wd|θ_t|)) ⊕ u·√(Σ_t θ_t²)) "
               "after k steps (the second term in 16 bit only)")
 def adamw(backend, ctx):
     """N AdamW steps against the reference's trajectory: fed the same gradients at the

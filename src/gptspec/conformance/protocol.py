@@ -1,39 +1,14 @@
-"""What a backend provides to be validated.
+"""What a backend provides to be validated (docs/backend.md says it for authors).
 
-Required: ``protocol_version`` (the integer :data:`PROTOCOL_VERSION`: the protocol the
-backend was written against), ``name``, ``version``, ``device``, ``dtype`` (strings; the
-dtype one of float64, float32, bfloat16, float16) and
-``forward(tokens, params, config) -> logits``:
-``config`` a :class:`gptspec.spec.GPTConfig`, ``params`` a dict of float64 NumPy arrays
-named by :func:`gptspec.spec.parameter_schema`, ``tokens`` int64 (B, T); the logits
-(B, T, V) as an array of any float dtype whose values are ``dtype`` values (a list, or
-values computed in a wider dtype, is an error: the run judges the dtype asked).
-
-Every function of the protocol takes its arguments in one order: the inputs first (tokens,
-prompts, activations), then the parameters, then the configuration, then options
-(``forward(tokens, params, config)``, ``generate(prompts, params, config, max_new_tokens,
-...)``, ``train_loop(tokens, params, config, settings)``); the order the reference
-functions use. The optimizer's operations update the parameters, so the parameters are
-their input and come first (``adamw_step(theta, g, m, v, t, lr, ...)``,
-``adamw_trajectory(params, grads, lrs, ...)``).
-
-Optional: any operation under the name and signature of its reference function in
-:mod:`gptspec.reference` (NumPy float64 in, rounded by the backend to its dtype; NumPy
-out). Each lets the suite check that operation on its own, so a failure is localised;
-a missing one is reported as not implemented.
-
-Declaring what a backend cannot express (an engine with one fixed architecture): an
-optional ``supports(config) -> str | None`` returns None for a configuration the backend
-can run and a one-line reason for one it cannot; and any call may raise
-:class:`NotApplicable` with a one-line reason for an input outside what the engine
-expresses. Either way the example is skipped and counted as not applicable, not failed;
-a check none of whose examples applies is reported as not applicable.
-
-Discovery (:mod:`gptspec.conformance.discovery`): ``--backend module:attr`` or a name
-registered in the ``gptspec.backends`` entry-point group; a class or factory is called
-with the ``device`` and ``dtype`` keyword arguments it accepts. Isolation
-(:mod:`gptspec.conformance.isolation`) builds the backend again in a worker process from
-that same spec, so everything a backend needs must come from its constructor.
+Required: ``protocol_version`` (:data:`PROTOCOL_VERSION`), ``name``, ``version``,
+``device``, ``dtype`` (float64, float32, bfloat16 or float16) and
+``forward(tokens, params, config) -> logits``: params float64 NumPy arrays named by
+:func:`gptspec.spec.parameter_schema`, tokens int64 (B, T), logits (B, T, V) holding
+``dtype`` values. Optional: any operation under the name and signature of its reference
+function in :mod:`gptspec.reference`; a missing one is reported as not implemented.
+``supports(config)`` or raising :class:`NotApplicable` declares what an engine cannot
+express: such examples are skipped and counted, not failed. Isolation builds the backend
+again in a worker from its spec, so all it needs must come from its constructor.
 """
 
 from __future__ import annotations

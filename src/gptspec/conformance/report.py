@@ -1,44 +1,13 @@
-"""The report of a run: a line per check for the terminal, JSON (a documented,
-versioned schema) and a Markdown summary.
+"""The report of a run: a line per check for the terminal, JSON and a Markdown summary.
 
-JSON schema, version 4 (documented for readers in docs/conformance-report.md)::
-
-    {"schema": "gptspec-conformance", "version": 4, "protocol": 2,
-     "provenance": {"commit", "modified", "date", "machine", "cpu", "cores", "python"},
-     "runs": [{"backend": {"name", "version", "device", "dtype"},
-               "settings": {"profile", "seed", "area", "examples_per_property",
-                            "timeout_s", "isolated"},
-               "counts": {"pass": n, "fail": n, "not-implemented": n, "not-applicable": n,
-                          "blocked": n, "error": n},
-               "checks": [{"id", "entries", "kind", "status", "worst_fraction", "detail",
-                           "examples", "comparisons", "seconds", "budget",
-                           "minimal_example", "reproduce", "blocked_by",
-                           "saved", "adjudication", "not_applicable"}]}]}
-
-``status`` is one of pass, fail, not-implemented, not-applicable, blocked, error
-(not-applicable: every example was one the backend declared it cannot express;
-``not_applicable`` counts such skipped examples in any check). ``worst_fraction`` is
-the largest |actual − reference| / budget over every comparison of the check (null when it
-made none, or when it was infinite: a NaN, a wrong infinity or a wrong shape); a check
-passes only if it is ≤ 1. ``saved`` lists the files of the failing example written by
-``--save-failures`` (an ``.npz`` and, when it can be replayed alone, a pytest file).
-``adjudication`` is null, or, for a low-precision failure, ``{"plain", "note"}`` and where
-measured ``"backend_fraction", "plain_fraction", "closer"`` ("backend" or "plain"): the
-same call on a plain same-dtype implementation against the same reference and budget.
-
-``protocol`` is the conformance protocol the suite spoke
-(:data:`gptspec.conformance.protocol.PROTOCOL_VERSION`): the backends' signatures.
-``provenance`` says what produced the results: the source's git commit (null outside a
-git checkout) and whether tracked files differed from it, the UTC date the run started
-(the code that ran is the code imported then), the machine (platform), its CPU and its
-number of logical cores (``cores``, added in version 3 as an optional key); each run's
-backend names its device and dtype (its ``version`` the engine's library versions), its
-settings the profile.
-
-Version history: 1 — first version; 2 — added ``settings.timeout_s``,
-``settings.isolated``, ``checks[].saved`` and ``checks[].adjudication``; 3 — added the
-status not-applicable, its count, ``checks[].not_applicable`` and ``provenance``; 4 — added
-``protocol``.
+The JSON is a versioned schema (``"schema": "gptspec-conformance"``, version 4, with the
+conformance ``protocol`` the suite spoke); docs/conformance-report.md documents every
+field and the version history, and a change here changes it there. ``status`` is one of
+pass, fail, not-implemented, not-applicable, blocked, error; ``worst_fraction`` is the
+largest |actual − reference| / budget over the check's comparisons (null when it made
+none or one was infinite), and a check passes only if it is ≤ 1. ``provenance`` says
+what produced the results: the git commit and whether tracked files differed from it,
+the UTC start date, the machine, its CPU, cores and Python.
 """
 
 from __future__ import annotations

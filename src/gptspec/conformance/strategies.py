@@ -1,32 +1,14 @@
 """Hypothesis strategies for the suite: configurations, parameters, tokens and arrays.
 
-Arrays are drawn as a *recipe* (a flavour, a scale and a NumPy seed) rather than element
-by element: the examples stay fast to generate at realistic sizes, and a falsifying
-example shrinks to a short, readable recipe that reproduces it exactly.
-
-Flavours (the adversarial ones are what a careless kernel gets wrong):
-
-* ``normal``: N(0, scale²) entries;
-* ``large``: entries up to a large magnitude (see :func:`large_scale`);
-* ``near_ties``: a few distinct values repeated, each copy nudged by a few ulps;
-* ``tiny_variance``: a common offset plus noise 10⁻³ of it, row by row (LayerNorm's
-  hard case: the mean dominates the spread).
-
-Two more flavours reach the edges of a dtype's range, drawn only by the checks whose spec
-entry says what must happen there (:data:`EDGE_FLAVOURS`):
-
-* ``overflow_edge``: magnitudes in [½, 1] of a given edge (e.g. float16's 65504), signs
-  random;
-* ``underflow_edge``: magnitudes from 2⁻¹⁰ to 4 times a dtype's smallest normal number
-  (float16's whole subnormal range), signs random.
-
-Sizes. Real kernels change behaviour at their tile and block sizes (attention tiles of 64
-or 128 keys, head widths above 64, online softmax over blocks of 1024, vocabularies past
-2¹⁶ ids), exactly where toy shapes never reach. :func:`sized` draws, besides a small
-size, with probability :data:`BIG_SHARE` a size from a boundary set: one below, at and
-one above each block size (:data:`BOUNDARY_LENGTHS`), real and odd head widths
-(:data:`HEAD_WIDTHS`), real vocabularies (:data:`VOCAB_SIZES`). The choice shrinks to the
-small size, so a failing example still shrinks to a toy shape where one fails too.
+Arrays are drawn as a *recipe* (flavour, scale, NumPy seed), not element by element: fast
+at realistic sizes, and a falsifying example shrinks to a short recipe that reproduces it
+exactly. Flavours are what a careless kernel gets wrong: ``normal``, ``large``,
+``near_ties`` (repeated values nudged by ulps), ``tiny_variance`` (LayerNorm's hard case),
+and, only for checks whose spec entry says what happens there (:data:`EDGE_FLAVOURS`),
+``overflow_edge`` and ``underflow_edge`` (a dtype's largest and subnormal range).
+:func:`sized` draws, with probability :data:`BIG_SHARE`, a size at real kernels' tile and
+block boundaries (:data:`BOUNDARY_LENGTHS`, :data:`HEAD_WIDTHS`, :data:`VOCAB_SIZES`),
+where toy shapes never reach; the choice shrinks to a small size.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Text where pre-tokenization matters, and byte sequences that are not UTF-8.
 
-Pre-tokenization decides where BPE may merge; a backend whose pattern differs from the
-spec's only on, say, upper-case contractions or a run of ideographic spaces encodes
-every other text correctly. ``pretokenization_texts`` builds text from a grammar of the
-pieces each alternative of GPT-2's and the cl100k-style pattern treats specially: runs
-of spaces (before a word and at the end), contractions in any case, digit runs, the
-newline family (``\\n``, ``\\r\\n``, ``\\r``), tabs and Unicode white space, letters,
-numbers and punctuation of other scripts, combining marks, emoji of several code
-points, and the end-of-text token's text.
-
-A chunking difference shows in the tokens only where a merge would span the boundary
-the two chunkings disagree on; merges learned with the pattern itself never do.
-``spanning_merges`` therefore learns them (with the reference's trainer) from whole
-lines of a corpus of the same pieces: ``'S``, ``  ``, ``\\u3000\\u3000``, ``1234`` and
-the like become tokens, so that every chunk boundary is one a merge could cross.
-
-``invalid_utf8`` draws byte strings that are not UTF-8, built from the ill-formed
-sequences a UTF-8 decoder must handle: truncated characters, overlong forms,
-surrogates, code points above U+10FFFF, lone continuation bytes and the bytes C0, C1,
-F5–FF (see the spec entry ``decode``).
+A backend whose pre-tokenization pattern differs from the spec's on one rare piece
+encodes every other text correctly. ``pretokenization_texts`` builds text from a grammar
+of the pieces GPT-2's and the cl100k-style patterns treat specially (space runs,
+contractions in any case, digit runs, the newline family, Unicode white space, other
+scripts, combining marks, multi-code-point emoji, the end-of-text text). A chunking
+difference shows only where a merge spans the disputed boundary, so ``spanning_merges``
+learns merges from whole lines of such text (``'S``, ``\\u3000\\u3000`` become tokens).
+``invalid_utf8`` draws the ill-formed sequences a UTF-8 decoder must handle (truncated,
+overlong, surrogates, above U+10FFFF, lone continuations, C0, C1, F5–FF).
 """
 
 from __future__ import annotations

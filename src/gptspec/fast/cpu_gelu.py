@@ -1,25 +1,14 @@
 """tanh-GELU on the CPU in float32, forward and derivative in one pass.
 
-PyTorch's CPU kernels for tanh-GELU evaluate tanh with a slow vectorised routine and make
-two passes over the activation (the forward, then a backward that recomputes tanh): for
-the 768 × 512 FFN activation of a shakespeare-char step, 1.5 ms forward and 1.7 ms
-backward on one thread of this project's 2-core CPU, about a sixth of the whole step.
-The kernel here (``kernels/gelu_tanh.cpp``, AVX2 and FMA) computes ``y = x σ(2z)`` (the
-same function: ½(1 + tanh z) = σ(2z)) and ``dy/dx`` together in 0.5 ms, and the backward
-is one product, ``grad · dy/dx``; a training step is about 8% shorter at 1 and 2 threads.
-
-Accuracy (float32 against float64 on 4 million points of [−12, 12]): y within 0.6 units
-of roundoff at the median, like PyTorch's; dy/dx errs at most 2e-7 absolute where
-PyTorch's backward errs 1e-6. The conformance suite judges it as it judges everything
-else (the ``gelu_tanh`` check, every gradient check, the training checks).
-
-The kernel is built on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
-ninja; about 1.5 s once, cached by PyTorch afterwards) where the CPU has AVX2 and FMA,
-and called through ctypes. Anywhere else, or if the build fails (a one-line warning says
-why), ``available()`` is False and ``gptspec.fast.ops.gelu_tanh`` keeps PyTorch's kernel,
-as it does in float64, in 16-bit dtypes and on CUDA. The kernel is a PyTorch operator
-(``torch.library``), so ``torch.compile`` keeps it in its graph and a compiled model
-computes what the eager one does. ``GPTSPEC_GELU_KERNEL=0`` turns the kernel off.
+PyTorch's CPU tanh-GELU evaluates tanh slowly and passes over the activation twice (the
+backward recomputes tanh). The kernel here (``kernels/gelu_tanh.cpp``, AVX2 and FMA)
+computes ``y = x σ(2z)`` (½(1 + tanh z) = σ(2z)) and ``dy/dx`` together, so the backward
+is one product, ``grad · dy/dx``; ``benchmarks/training.py`` measures the gain. The
+conformance suite judges it like everything else (``gelu_tanh``, gradients, training).
+Built on first use with ``torch.utils.cpp_extension``, called through ctypes; where it
+cannot be (no AVX2/FMA, a failed build: a one-line warning), ``available()`` is False and
+``ops.gelu_tanh`` keeps PyTorch's kernel, as in float64, 16-bit and CUDA. A
+``torch.library`` operator, so ``torch.compile`` keeps it in its graph; GPTSPEC_GELU_KERNEL=0 turns it off.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Batched generation with a preallocated KV cache, streaming tokens as they are produced.
 
-``stream(model, prompts, max_new_tokens, ...)`` is a Python generator: each step runs one
-forward call for the whole batch and yields the new token of every sequence still going.
-``generate(...)`` drains it into lists. The meaning is the reference loop
-(``gptspec.reference.generate``: the full forward recomputed at every step); the cache
-computes the same logits from one new row per step (the spec's KV-cache identity).
-
-- Prompts of different lengths are right-padded and fed once (``lengths``), so a prompt
-  gives the same tokens alone or inside a batch.
-- Each sequence stops on its own: end-of-text or its length. A stopped sequence is no
-  longer advanced in the cache (its new-token count is 0).
-- A context that reaches n_ctx is cropped to its last n_ctx tokens (spec: crop_context);
-  positions then move, so the cache is refilled from the cropped contexts.
-- 16-bit weights on the CPU are multiplied in a layout packed once
-  (``gptspec.fast.prepacked``; at batch 1 in bfloat16, for the GEMV kernel of
-  ``gptspec.fast.bf16_gemv``): the same products, in less time (``benchmarks/generation.py``).
-- The common step (every sequence one new token, all at one length) runs through
-  ``gptspec.fast.decode.DecodeStep``: the model's operations without its module calls.
-- Sampling follows ``sampling_distribution`` (temperature → top-k → nucleus), drawn with an
-  explicitly seeded ``torch.Generator``: a fixed seed reproduces the tokens.
+``stream(model, prompts, max_new_tokens, ...)`` yields, per step (one forward call for the
+batch), the new token of every sequence still going; ``generate(...)`` drains it. Its
+meaning is the reference loop (``gptspec.reference.generate``); the cache computes the
+same logits from one new row per step. Prompts of different lengths are right-padded and
+fed once, so a prompt gives the same tokens alone or in a batch; each sequence stops on
+its own (end-of-text or length); a context reaching n_ctx is cropped and the cache
+refilled. 16-bit CPU weights are prepacked (``gptspec.fast.prepacked``), the common step
+runs through ``gptspec.fast.decode.DecodeStep``, and sampling (temperature → top-k →
+nucleus) uses a seeded ``torch.Generator``: a fixed seed reproduces the tokens.
 """
 
 from __future__ import annotations

@@ -1,39 +1,14 @@
-"""Weight matrices packed once: faster 16-bit decoding on the CPU, same products.
+"""Weight matrices packed once for 16-bit decoding on the CPU: faster, same products.
 
-Decoding one token at a time multiplies a row vector by every weight matrix, so a step
-costs about the time to read the weights once (GPT-2 small: 124 M of them). Stored in
-bfloat16 they are half the bytes of float32, yet PyTorch's 16-bit CPU matmul reorders its
-weight into oneDNN's blocked layout on every call, and that reorder costs more than the
-halved reads save. Reordering once, ahead of time, keeps the saving (the same thing
-``torch.compile`` does for CPU inference with freezing). Two layouts:
-
-- ``OneDNNWeight``: oneDNN's own (any number of rows, bfloat16 and float16);
-- ``BlockedWeight`` (``gptspec.fast.bf16_gemv``): the layout of a GEMV kernel that
-  streams the weights faster, for products of one row in bfloat16 (batch-1 decoding),
-  where the CPU has AVX-512 BF16.
-
-``benchmarks/generation.py`` measures the effect.
-
-The products are those of ``ops.linear``: both kernels take the 16-bit operands,
-accumulate in float32 and round the result once, as PyTorch's 16-bit matmul does, so the
-conformance budgets of the dtype apply unchanged (and conformance runs this path:
-``gptspec conformance --dtype bfloat16 --area generation``).
-
-Scope and safety:
-
-- Only where the caller passes the packed matrix itself: ``ops.linear(x, W, b)`` and
-  ``ops.unembed_tied(H, W_E)`` take a ``PackedMatrix`` as W (the model's forward takes
-  ``weights=``, generation passes its ``PrepackedWeights``), and nothing else selects it.
-  There is no state behind the operations: the same arguments give the same products.
-- A packed matrix computes its parameter's product in every case: with the packed kernel
-  where that applies (the parameter unchanged since packing, no gradient to record, the
-  rows that its layout takes), otherwise with the plain product of ``ops.linear``. It
-  remembers its parameter's version counter, so once the parameter is changed in place
-  (a training step, ``load_state_dict``) the stale copy is passed over, and ``for_model``
-  builds a fresh one.
-- Only CPU tensors in bfloat16 or float16, where this PyTorch build's oneDNN supports
-  them; float32 gains nothing here (its matmul is already bandwidth-bound), so it is
-  never packed.
+A decoding step reads every weight once; bfloat16 halves those bytes, but PyTorch's
+16-bit CPU matmul reorders the weight into oneDNN's layout on every call, which costs
+more than it saves. Packing ahead of time keeps the saving: ``OneDNNWeight`` (oneDNN's
+layout, bfloat16 and float16) or ``BlockedWeight`` (the AVX-512 BF16 GEMV of
+``gptspec.fast.bf16_gemv``, one-row bfloat16 products). ``benchmarks/generation.py``
+measures the effect. Both accumulate in float32 and round once, as ``ops.linear`` does,
+so the dtype's budgets apply unchanged. A ``PackedMatrix`` is used only where a caller
+passes it as W; once its parameter changes in place (version counter) or needs a gradient
+it falls back to the plain product. Float32 is never packed. See ARCHITECTURE.md.
 """
 
 from __future__ import annotations

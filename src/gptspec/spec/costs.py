@@ -1,28 +1,12 @@
 """Spec entries: costs — the size of a model and what running it takes.
 
-Every entry's meaning is a sympy expression of the configuration. Called with no
-configuration it returns the formula in the size symbols (V, n_ctx, d_model, L, h,
-d_ff) for the GPT-2 structure (pre-LN, biases, tied embeddings, final LayerNorm);
-the head width d_H is a size of its own (h·d_H = d_model in GPT-2; the Notes and GPT-3's
-Table 2.1 let it differ); called with a :class:`GPTConfig` it substitutes that configuration's sizes and
-structure and returns an exact integer.
-
-FLOP convention (stated once, used by every FLOP entry; Kaplan et al. 2020, table 1):
-
-* a multiply-add is 2 FLOPs; only matrix products are counted — biases, LayerNorm,
-  softmax, the nonlinearity and the embedding lookups (row selections) are O(d) per
-  token and left out, as in Kaplan's table;
-* N_mm, the weights a token meets in a matrix product, is every block's weight
-  matrices **plus the unembedding d_model·V** (tied or not: the tied output map is a
-  product with W_Eᵀ). Kaplan's C_forward ≈ 2N + 2·L·n_ctx·d_model uses the
-  non-embedding N and lists the de-embedding's 2·d_model·V separately; we keep it,
-  because at GPT-2's sizes it is 29% of the forward pass (GPT-2 small, n_ctx = 1024);
-* the attention term is a full causal window of n_ctx tokens: on average a token
-  attends to n_ctx/2 positions, and Q Kᵀ and A V each cost 2·d_model per position,
-  so 2·L·n_ctx·d_model per token (Kaplan's "attention: mask" row; with a free head width
-  the products are h·d_H wide, Kaplan's d_attn);
-* a training step is a forward and a backward pass, the backward costing twice the
-  forward (a product's gradient needs two products of the same size): 3× forward.
+Each entry is a sympy expression: with no configuration, the formula in the size symbols
+(V, n_ctx, d_model, L, h, d_ff, and the head width d_H, free as in GPT-3's Table 2.1);
+with a :class:`GPTConfig`, an exact integer. FLOPs follow Kaplan et al. 2020, table 1: a
+multiply-add is 2 FLOPs and only matrix products count; N_mm includes the unembedding
+d_model·V (tied or not), which Kaplan lists apart, because at GPT-2's sizes it is a large
+share of the forward pass; attention over a full causal window costs 2·L·n_ctx·d_model
+per token; a training step is 3× the forward (the backward costs two products per one).
 """
 
 from __future__ import annotations
