@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -155,6 +156,13 @@ for damage, needle in [
     ("settings-bad", "batch_size"), ("model-missing", "missing"),
     ("settings-deep", "state.json: the setting 'lr'"), ("elapsed-deep", "elapsed_seconds"),
     ("model-corrupt", "safetensors"), ("nan-weights", "nan"),
+    ("settings-unknown", "unknown setting 'learning_rate'"),
+    ("history-nan", "nan is not a json number"),
+    ("history-infinity", "-infinity is not a json number"),
+    ("history-overflowing-loss", "holds the loss inf at step 1"),
+    ("history-step-twice", "has step 2 after step 2"),
+    ("history-steps-backwards", "has step 1 after step 2"),
+    ("history-past-the-step", "has step 99, not a step of this run (0 … 2)"),
 ]:
     case(f"resume-state-{damage}", _with(RESUME, "--out", "{w}/damaged/" + damage), needle)
 
@@ -557,6 +565,22 @@ def _damage_runs(world: Path) -> None:
     damaged("no-history", state=lambda d: d.pop("history"))
     damaged("history-wrong", state=lambda d: d.update(history={"train": "x", "val": []}))
     damaged("no-settings", state=lambda d: d.pop("settings"))
+    # a setting the file names but training would not use; a history that is not a run's
+    # (NaN was read, and written back as NaN, which is not JSON)
+    damaged("settings-unknown", state=lambda d: d["settings"].update(learning_rate=1.0))
+    damaged("history-nan", state=lambda d: d["history"]["train"][0].__setitem__(1, math.nan))
+    damaged("history-infinity", state=lambda d: d["history"]["val"].append([2, -math.inf]))
+
+    def overflowing_loss(run: Path) -> None:  # 1e400 parses as inf in Python's json
+        file = run / "checkpoint" / "state.json"
+        doc = json.loads(file.read_text())
+        doc["history"]["train"][0][1] = "LOSS"
+        file.write_text(json.dumps(doc).replace('"LOSS"', "1e400"))
+    damaged("history-overflowing-loss", overflowing_loss)
+    damaged("history-step-twice",
+            state=lambda d: d["history"]["train"].append(list(d["history"]["train"][-1])))
+    damaged("history-steps-backwards", state=lambda d: d["history"]["train"].reverse())
+    damaged("history-past-the-step", state=lambda d: d["history"]["train"].append([99, 1.0]))
     damaged("no-data", state=lambda d: d.pop("data"))
     damaged("data-wrong", state=lambda d: d.update(data={"tokens": 3}))
     damaged("settings-bad", state=lambda d: d["settings"].update(batch_size=-4))

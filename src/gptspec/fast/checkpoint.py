@@ -532,7 +532,8 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
         tokenizer.save(tmp / TOKENIZER_FILE)
         crash_point("wrote the tokenizer")
         state = {"format": STATE_FORMAT, **state, OPTIMIZER_DIGEST: optimizer_digest}
-        write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1).encode())  # last: complete
+        # allow_nan=False: NaN is not JSON, and no reader (this one included) would take it
+        write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1, allow_nan=False).encode())
         crash_point("wrote the state")
         fsync_folder(tmp)
         _install(tmp, target)
@@ -582,15 +583,7 @@ def check_state(state: Any, file: Path) -> dict:
     if not (isinstance(rng.get("torch"), str) and isinstance(rng.get("python"), list)
             and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)):
         raise CheckpointError(f"{file}: 'rng' is not a saved RNG state")
-    history = state["history"]
-    for key in ("train", "val"):
-        points = history.get(key)
-        if not isinstance(points, list) or not all(
-                isinstance(p, list) and len(p) == 2 and all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
-                for p in points):
-            raise CheckpointError(f"{file}: 'history' lacks a list of [step, loss] under "
-                                  f"{key!r}")
+    _check_history(state["history"], state["step"], file)
     if "data" in state:
         data = state["data"]
         fields = {"source": str, "tokens": str, "n_tokens": int}
@@ -599,6 +592,36 @@ def check_state(state: Any, file: Path) -> dict:
                 for k, t in fields.items()):
             raise CheckpointError(f"{file}: 'data' must hold source, tokens and n_tokens")
     return state
+
+
+def _check_history(history: dict, step: int, file: Path) -> None:
+    """The loss history as training writes it: under "train" and "val", [step, loss]
+    pairs of finite losses, each list's steps increasing and none past the state's step (a
+    repeated or reordered step would draw a loss curve that folds back)."""
+    unknown = sorted(str(k)[:40] for k in history if k not in ("train", "val"))
+    if unknown:
+        raise CheckpointError(f"{file}: 'history' holds {unknown[0]!r}; only 'train' and "
+                              "'val' are known")
+    for key in ("train", "val"):
+        points = history.get(key)
+        if not isinstance(points, list) or not all(
+                isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
+                and isinstance(p[1], (int, float))
+                and not any(isinstance(v, bool) for v in p) for p in points):
+            raise CheckpointError(f"{file}: 'history' lacks a list of [step, loss] under "
+                                  f"{key!r}")
+        previous = -1
+        for at, loss in points:
+            if not 0 <= at <= step:
+                raise CheckpointError(f"{file}: 'history' {key!r} has step {at}, not a step "
+                                      f"of this run (0 … {step})")
+            if at <= previous:
+                raise CheckpointError(f"{file}: 'history' {key!r} has step {at} after step "
+                                      f"{previous} (steps must increase)")
+            if not math.isfinite(loss):
+                raise CheckpointError(f"{file}: 'history' {key!r} holds the loss {loss} at "
+                                      f"step {at}; a saved loss is finite")
+            previous = at
 
 
 def _load_training_folder(path: Path, settled: bool = False):

@@ -177,8 +177,13 @@ class TrainSettings:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainSettings:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        known = [f.name for f in fields(cls)]
+        unknown = [str(k)[:40] for k in data if k not in known]
+        if unknown:  # dropped silently, a setting the file meant would not be the one used
+            raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(map(repr, unknown[:5]))} (the settings are "
+                             f"{', '.join(known)})")
+        return cls(**data)
 
 
 def mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -442,6 +447,9 @@ class Trainer:
             losses.append(float(self.loss(x, y, model=self.model)))
         self.model.train()
         val = sum(losses) / len(losses)
+        if not math.isfinite(val):  # such a model is useless, and NaN is not JSON
+            raise TrainingDiverged(f"the validation loss became {val} at step "
+                                   f"{self.step_count}")
         self.history["val"].append([self.step_count, val])
         return val
 

@@ -35,12 +35,20 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return data
 
 
+def _no_constant(name: str) -> Any:
+    # Python's json reads (and writes) NaN and ±Infinity, which JSON has no words for: a
+    # file holding them was not written by a JSON writer, and a NaN read would pass every
+    # range check below it
+    raise ValueError(f"not valid JSON ({name} is not a JSON number)")
+
+
 def parse_json(text: str | bytes) -> Any:
     """``json.loads`` for the files gptspec reads (configs, state.json, tokenizers): a key
-    given twice and nesting deeper than Python's parser can follow are ValueErrors with
+    given twice, NaN or ±Infinity (not JSON, though Python's json accepts them) and
+    nesting deeper than Python's parser can follow are ValueErrors with
     a one-line message (the caller names the file), like any other syntax error."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except json.JSONDecodeError as err:
         raise ValueError(f"not valid JSON ({err.msg} at line {err.lineno}, column "
                          f"{err.colno})") from None
