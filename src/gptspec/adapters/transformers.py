@@ -1,21 +1,14 @@
 """transformers' ``GPT2LMHeadModel`` as a conformance backend: an engine this project did
 not write, validated as it is.
 
-Two backends, one per attention implementation: ``hf-eager`` (GPT-2's own attention in
-Python) and ``hf-sdpa`` (PyTorch's fused ``scaled_dot_product_attention``), in float32 or
-bfloat16 on the CPU. The model is built from the schema parameters by
-``gptspec.fast.hf_interop`` (the weights are handed over unchanged: GPT-2 stores them in
-the schema's layout).
-
-What it offers: ``forward`` (the model's logits), ``generate`` through the engine's own
-``generate()`` (greedy, and sampling with transformers' temperature, top-k and top-p
-processors), and ``sampling_distribution`` (the distribution those same processors define).
-It exposes no single operation: the engine has none to call on its own.
-
-What it cannot express, it declares (``supports``) and refuses with a one-line reason
-(:class:`gptspec.conformance.protocol.NotApplicable`): GPT-2 is one architecture —
-pre-LN blocks with biases, a GELU or ReLU FFN, a final LayerNorm, an output map without
-bias — and its generation cannot run past n_positions (it has no context cropping).
+Two backends, one per attention implementation: ``hf-eager`` and ``hf-sdpa`` (PyTorch's
+fused ``scaled_dot_product_attention``), in float32 or bfloat16 on the CPU, built from
+the schema parameters by ``gptspec.fast.hf_interop`` (weights handed over unchanged). It
+offers ``forward``, ``generate`` through the engine's own ``generate()`` and
+``sampling_distribution`` (what transformers' processors define), and no single
+operation: the engine has none to call alone. What GPT-2 cannot express it declares
+(``supports``) and refuses with a one-line reason (``NotApplicable``): another block,
+FFN, norm or output structure, or generation past n_positions (it cannot crop).
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
 """Error budgets derived from the dtype's unit roundoff and each reduction's length.
 
-A backend computes in a dtype with unit roundoff u (float64 2⁻⁵³, float32 2⁻²⁴,
-float16 2⁻¹¹, bfloat16 2⁻⁸). Its inputs are rounded to that dtype *before* both it and
-the float64 reference see them, so the budget covers only the rounding inside the
-computation. The model is the probabilistic rounding-error analysis of Higham & Mary
-(2019): rounding errors are independent and mean-zero, so
-
-* a sum or inner product of length n, accumulated with unit roundoff u_acc, has an
-  error of scale √n·u_acc·Σ|terms| (the worst case, n·u_acc·Σ|terms|, is reached only
-  when every rounding goes the same way);
-* every stored result adds a rounding of scale u·|y|;
-* an elementwise function (exp, tanh, erf, a division) adds a few roundings, counted per
-  function below;
-* errors in an operation's inputs propagate to first order through its derivative, and
-  independent contributions add in quadrature.
-
-The budget is λ times the propagated error scale, λ = 6: for a Gaussian error the
-chance of exceeding it is 2·10⁻⁹ per element (Higham & Mary's bound has the same form,
-λ√n·u, with probability 1 − 2n·exp(−λ²/2)).
-
-Each ``*_bound`` function mirrors the reference function of the same name, takes the
-error scales of its inputs and returns (value, error scale); values come from
-:mod:`gptspec.reference`, so this module adds only error terms. 16-bit backends must
-accumulate reductions in float32 (the usual mixed-precision contract); their budget
-uses u_acc = 2⁻²⁴ for sums and for the internals of LayerNorm, softmax and the
-activations (which 16-bit kernels compute in float32), and their own u for every stored
-result.
-
-A comparison reports the fraction of the budget used: max |actual − expected| / budget.
+Inputs are rounded to the backend's dtype before it and the float64 reference see them,
+so a budget covers only the rounding inside the computation. Roundings are taken as
+independent and mean-zero (Higham & Mary 2019): a length-n sum accumulated with unit
+roundoff u_acc errs on the scale √n·u_acc·Σ|terms|, each stored result adds u·|y|, an
+elementwise function a few roundings, and input errors propagate to first order through
+the derivative, independent contributions in quadrature. A budget is λ (:data:`LAMBDA`)
+times that scale. Each ``*_bound`` mirrors the reference function of its name and returns
+(value, error scale). 16-bit backends must accumulate in float32: u_acc = 2⁻²⁴ for sums
+and inside LayerNorm, softmax and the activations, their own u for stored results.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Error scales of the backward pass, stage by stage: ``gpt_backward_bound`` mirrors the
-reference's ``gpt_backward`` (reference/backward.py), one ``*_bound`` per backward
-function, by the rules of :mod:`gptspec.conformance.budgets` (first-order propagation,
-independent contributions in quadrature, √n·u_acc per length-n reduction, u per stored
-result).
-
-Each function takes the upstream gradient and its error scale, and the forward inputs
-with theirs (from the forward ``*_bound`` functions), and returns every gradient with
-its error scale. Two sources of error reach a gradient: the error of the upstream
-gradient, propagated through the backward equation, and the forward pass's error in the
-activations the equation multiplies by (x in ∂L/∂W = xᵀ ∂L/∂y, x̂ in LayerNorm's, the
-attention weights in the softmax's).
-
-Why stage by stage, and not one scale for the whole model: a LayerNorm's backward
-divides by s = √(σ² + ε), so its upstream gradient's error, and x̂'s forward error, reach
-its input gradient amplified by |γ|/s (s may be 0.003 over two features), and compound
-through the layers below; the exact gradient may meanwhile cancel to nothing (over two
-features x̂ = ±1 and ∂L/∂x = 0 exactly), so no gradient's size measures the error.
+reference's ``gpt_backward``, one ``*_bound`` per backward function, by the rules of
+:mod:`gptspec.conformance.budgets`. Each takes the upstream gradient and the forward
+inputs with their error scales and returns every gradient with its error scale: the
+upstream error carried through the backward equation, plus the forward error of the
+activations it multiplies by (x in ∂L/∂W = xᵀ ∂L/∂y, x̂ in LayerNorm's, the attention
+weights in the softmax's). Why not one scale for the whole model: a LayerNorm's backward
+divides by s = √(σ² + ε), so errors reaching it are amplified by |γ|/s and compound
+through the layers below, while the exact gradient may cancel to nothing (over two
+features x̂ = ±1 and ∂L/∂x = 0), so no gradient's size measures the error.
 """
 
 from __future__ import annotations

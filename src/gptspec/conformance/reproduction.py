@@ -1,20 +1,13 @@
 """A failing example as files: the exact inputs in an ``.npz`` and a pytest file that
 replays them without Hypothesis; and the adjudication of a low-precision failure.
 
-The ``.npz`` (no pickle: every entry is a numeric array or a string) holds
-
-* ``manifest``: a JSON string — the check, its spec entries, the failure message, the
-  backend (``spec``, device, dtype) and the replayed call: ``call`` (the operation's name
-  or ``forward``), ``args`` and ``kwargs`` described one by one (``{"array": key}``,
-  ``{"dict": {name: key}}``, ``{"list": [key, …]}``, ``{"config": json}``, ``{"value": v}``,
-  ``{"none": true}``) and ``output_index`` (which element of a tuple result was compared);
-* ``a.<n>…``: the argument arrays, exactly as the backend received them;
-* ``expected``, ``bound``: the reference value and the budget of the failing comparison;
-  ``actual``: what the backend returned then.
-
-Only failures of a comparison whose compared value is a result of one backend call can be
-replayed on their own; for the others (a property such as causality that needs two
-calls) the ``.npz`` holds the example's calls and no pytest file is written.
+The ``.npz`` holds no pickle, only numeric arrays and strings: a JSON ``manifest`` (the
+check, its entries, the message, the backend's spec, device and dtype, and the replayed
+call: its name, each argument described by kind, ``output_index``), the argument arrays
+``a.<n>…`` exactly as the backend received them, and ``expected``, ``bound`` and
+``actual`` of the failing comparison. Only a comparison of one backend call's result can
+be replayed on its own; for a property needing two calls (causality) the ``.npz`` holds
+the example's calls and no pytest file is written.
 """
 
 from __future__ import annotations

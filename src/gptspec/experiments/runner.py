@@ -1,20 +1,14 @@
 """Running studies: prepare the tokenizations, plan every run, run the missing ones as
 independent processes, and write each study's results and figures.
 
-Where things go, under the output folder OUT:
-
-- ``OUT/<study>.json``: the study's results (schema ``gptspec-experiment``): design, data,
-  provenance, every run's settings and result, the summary, and the SHA-256 of each figure;
-- ``OUT/<study>-*.svg``: its figures;
-- ``OUT/.runs/<study>/<arm>.seed<k>.json``: one finished run each (and ``.spec.json``,
-  ``.log`` beside it); ``OUT/.cache/``: tokenizers and token files. Both are working
-  state (not committed, not on the site: MkDocs skips names starting with a dot).
-
-Resuming: a run whose result file exists with the same settings is not run again; one
-whose file holds *other* settings (another design, corpus, tokenizer or harness version)
-is refused before anything starts, naming the file and the first setting that differs —
-delete it, or the study's folder, to recompute. A run that was killed left no file (each
-is written whole, then renamed), so rerunning the same command continues the study.
+Under the output folder OUT: ``OUT/<study>.json`` (schema ``gptspec-experiment``: design,
+data, provenance, every run, the summary, each figure's SHA-256) and ``OUT/<study>-*.svg``;
+working state, neither committed nor on the site, under ``OUT/.runs/<study>/`` (one
+``<arm>.seed<k>.json`` per finished run) and ``OUT/.cache/`` (tokenizers, token files).
+Resuming: a run whose result file has the same settings is not run again; one whose file
+holds *other* settings is refused before anything starts, naming the file and the first
+difference (delete it to recompute). Each file is written whole, then renamed, so a
+killed study continues when the same command is rerun.
 """
 
 from __future__ import annotations

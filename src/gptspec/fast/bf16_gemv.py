@@ -1,21 +1,14 @@
 """A bandwidth-bound bfloat16 matrix–vector product for batch-1 decoding on the CPU.
 
-At batch 1 a decoding step reads every weight once, so a product's speed is the speed
-at which its weights stream from memory. oneDNN's bfloat16 product (``prepacked``)
-streams them at about 21 GB/s on this project's 2-core machine, where the machine reads
-about 30 GB/s; the kernel here (``kernels/bf16_gemv.cpp``: AVX-512 BF16, weights in
-16-row blocks read front to back) reaches about 27 GB/s, which makes a GPT-2-small step
-about 2 ms shorter (``benchmarks/generation.py`` measures it).
-
-The arithmetic is PyTorch's bfloat16 contract: bfloat16 operands, float32 accumulation,
-the bias added in float32, one rounding to nearest even.
-
-The kernel is compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler
-and ninja needed; about 10 s once, cached by PyTorch afterwards) and used only where
-the CPU has AVX-512 BF16 (where /proc/cpuinfo lists no such flag, nothing is built).
-Anywhere else, or if the build fails (a one-line warning says why), ``available()`` is
-False and generation keeps oneDNN's product.
-``GPTSPEC_BF16_GEMV=0`` turns the kernel off.
+At batch 1 a decoding step reads every weight once, so a product runs at the speed its
+weights stream from memory. oneDNN's bfloat16 product (``prepacked``) streams them well
+below the memory's bandwidth; the kernel here (``kernels/bf16_gemv.cpp``: AVX-512 BF16,
+weights in 16-row blocks read front to back) comes closer. ``benchmarks/generation.py``
+measures the gain. The arithmetic is PyTorch's bfloat16 contract: bfloat16 operands,
+float32 accumulation, the bias added in float32, one rounding to nearest even. Compiled
+on first use with ``torch.utils.cpp_extension``, only where /proc/cpuinfo lists AVX-512
+BF16; anywhere else, or if the build fails (a one-line warning), ``available()`` is False
+and generation keeps oneDNN's product. ``GPTSPEC_BF16_GEMV=0`` turns the kernel off.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """Hugging Face transformers interop: GPT2LMHeadModel ↔ a configuration and schema params.
 
-GPT-2's files already use the schema's layout: its Conv1D weights are stored (in, out),
-so ``c_attn.weight`` is [W_Q | W_K | W_V] and nothing is transposed except the untied
-output map (``lm_head.weight`` is (V, d), the schema's ``w_u`` is (d, V)).
-
-transformers' GPT-2 is one structure: pre-LN blocks with biases, a final LayerNorm, a
-GELU or ReLU FFN, and an output map that is W_Eᵀ or a separate matrix without bias.
-Configurations outside it (post-LN, the Guide's block or FFN, no biases, an output bias,
-no final norm) are refused with a message naming the field. transformers is an optional
-dependency (``pip install gptspec[interop]``), imported only here and only when called.
-
-Tokenizers travel too: a directory written by :func:`save_hf_dir` with a tokenizer holds
-it as HF's tokenizer.json (plus tokenizer_config.json and special_tokens_map.json naming
-``<|endoftext|>`` as eos and bos), which ``AutoTokenizer`` loads as a
-``PreTrainedTokenizerFast`` giving the same ids; :func:`load_hf_tokenizer` reads a
-byte-level BPE back from tokenizer.json or GPT-2's vocab.json + merges.txt.
+GPT-2's Conv1D weights are stored (in, out), the schema's layout, so nothing is
+transposed but the untied output map (``lm_head.weight`` (V, d) ↔ ``w_u`` (d, V)).
+transformers' GPT-2 is one structure (pre-LN, biases, final LayerNorm, GELU or ReLU FFN,
+an output map without bias); a configuration outside it is refused naming the field.
+transformers is optional (``gptspec[interop]``), imported only here, only when called.
+:func:`save_hf_dir` writes a tokenizer as HF's tokenizer.json (with tokenizer_config and
+special_tokens_map naming ``<|endoftext|>`` eos and bos), which ``AutoTokenizer`` loads
+giving the same ids; :func:`load_hf_tokenizer` reads a byte-level BPE back from
+tokenizer.json or GPT-2's vocab.json + merges.txt.
 """
 
 from __future__ import annotations

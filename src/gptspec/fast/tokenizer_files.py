@@ -1,20 +1,14 @@
 """Tokenizer files: this project's JSON, tiktoken's ranks, HF tokenizers' tokenizer.json.
 
-- ``gptspec`` (JSON): ``{"format": "gptspec-tokenizer", "version": 1, "pattern": …,
-  "base": [256 byte values], "merges": [[a, b], …], "special_tokens": {text: id}}`` —
-  exactly the data of the spec, nothing derived.
-- ``tiktoken``: one line per BPE token, ``base64(bytes) rank``. It holds no pattern and
-  no special tokens; they are given when loading (GPT-2's by default). The merges are
-  recovered from the ranks: token r splits into the two tokens that BPE with ranks
-  below r leaves of its bytes.
-- ``hf``: HF tokenizers' tokenizer.json with a BPE model over GPT-2's printable byte
-  alphabet (spec entry ``bytes_to_unicode``), a Split pre-tokenizer with the pattern, and
-  the special tokens as added tokens; the `tokenizers` library reads it as is.
-  GPT-2's classic vocab.json + merges.txt pair is read too (:func:`load_vocab_merges`).
-
-Every file is written to a temporary name in the same folder, synced, then renamed, so
-an interrupted save leaves the old file whole. A corrupt or truncated file raises
-:class:`TokenizerFileError` with a one-line message naming the file and the problem.
+- ``gptspec`` (JSON, ``"format": "gptspec-tokenizer"``, version 1): exactly the spec's
+  data (pattern, 256 byte values, merges, special tokens), nothing derived.
+- ``tiktoken``: ``base64(bytes) rank`` lines, no pattern or special tokens (given when
+  loading, GPT-2's by default); merges are recovered from the ranks.
+- ``hf``: tokenizer.json with a BPE model over GPT-2's byte alphabet, a Split
+  pre-tokenizer and the special tokens as added tokens; GPT-2's vocab.json + merges.txt
+  is read too (:func:`load_vocab_merges`).
+Every file is written under a temporary name, synced, then renamed, so an interrupted
+save leaves the old file whole; a corrupt file raises :class:`TokenizerFileError` naming it.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The ONNX graphs under the conformance protocol: ``OnnxRuntimeBackend(device="cpu",
 dtype=...)``, run by ONNX Runtime's CPU execution provider.
 
-``forward`` runs the model's graph (:func:`gptspec.adapters.onnx.ops.gpt_forward`); every
-other function of :mod:`gptspec.adapters.onnx.ops` is exposed under its reference name,
-each as a graph of that one operation (NumPy float64 in, rounded to the backend's dtype
-on the way in; NumPy out, 16-bit results widened to float32, exactly). ``sampling_distribution`` is a graph
-too (:mod:`gptspec.adapters.onnx.sampling`); ``generate`` decodes by repeated ``forward``
-(no KV cache) and draws each token from that distribution's graph on the host.
-
-Sessions: building an ``InferenceSession`` for a small two-layer model costs about 7 ms,
-running it about 0.2 ms, and the suite calls ``forward`` with hundreds of (configuration,
-parameters) pairs. So the
-weights are graph inputs, not initializers, and every size (vocabulary, context, widths,
-sequence length, batch) is a dynamic dimension: a graph depends only on the
-configuration's structure (layers, heads, norm placement, FFN, tied output, biases,
-final norm, ε). One session is kept per structure, and per operation and fixed arguments.
+``forward`` runs the model's graph; every other function of
+:mod:`gptspec.adapters.onnx.ops` is exposed under its reference name as a graph of that
+one operation (inputs rounded to the dtype on the way in; 16-bit results widened to
+float32, exactly). ``generate`` decodes by repeated ``forward`` (no KV cache), drawing each
+token from the ``sampling_distribution`` graph on the host. Building a session costs far
+more than running one, and the suite calls ``forward`` with hundreds of parameter sets,
+so weights are graph inputs and every size a dynamic dimension: a graph depends only on
+the configuration's structure, and one session is kept per structure (and operation).
 """
 
 from __future__ import annotations
