@@ -1,18 +1,13 @@
 """The size and cost formulas against what a backend measurably has and does.
 
 A backend offers its measurements through optional operations:
-
-- ``parameter_shapes(config) -> {name: shape}``: the parameters it would hold;
-- ``count_flops(config, batch, T, backward=False) -> int``: the floating-point operations
-  of a forward (and backward) pass over (batch, T) tokens, counting each multiply-add of a
-  matrix product as 2, with attention computed densely (the masked half included);
-- ``kv_cache_nbytes(config, batch) -> int``: the bytes of a full-context KV cache;
-- ``saved_activation_bytes(config, batch, T) -> int``: the bytes of the tensors its
-  autograd saves for the backward pass of a float32 forward, attention weights
-  materialised.
-
-Counts are integers: every comparison is equality, except the activation memory, which
-the spec estimates under stated assumptions.
+``parameter_shapes(config)`` (the parameters it would hold), ``count_flops(config,
+batch, T, backward=False)`` (a multiply-add of a matrix product counted as 2, attention
+computed densely, the masked half included), ``kv_cache_nbytes(config, batch)`` (a
+full-context cache) and ``saved_activation_bytes(config, batch, T)`` (what autograd
+saves for the backward of a float32 forward, attention weights materialised). Counts
+are integers, compared for equality, except the activation memory, which the spec
+estimates under stated assumptions.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Generation: the sampling distribution, greedy decoding, the KV cache, batching, seeds.
 
-The backend operations are named and called like their reference functions:
-``sampling_distribution(z, temperature, top_k, top_p)`` and
-``generate(prompts, params, config, max_new_tokens, *, temperature, top_k, top_p,
-eot_token, rng, return_logits)``.
-
-Greedy tokens are compared exactly, with one allowance: where the reference's two best
-logits lie within the logits' budget of each other, a backend may legitimately pick the
-other one (its logits are only known to that budget); from that step on the sequences
-differ and are not compared further. A divergence anywhere else fails.
-
-A quarter of the examples of the greedy checks (GENERATION_SHARE) run a model that is big
-in one concern: a context around a kernel block (63 … 1025) whose prompts end just below
-the block and are generated across it, heads 64–128 wide, or a vocabulary of 1025 to
-128256.
+The backend's ``sampling_distribution`` and ``generate`` are named and called like their
+reference functions. Greedy tokens are compared exactly, with one allowance: where the
+reference's two best logits lie within the logits' budget of each other, a backend may
+pick the other (its logits are only known to that budget), and the sequences are not
+compared from there on; a divergence anywhere else fails. A share of the greedy examples
+(:data:`GENERATION_SHARE`) runs a model big in one concern: a context around a kernel
+block with prompts generated across it, heads 64–128 wide, or a large vocabulary.
 """
 
 from __future__ import annotations
@@ -361,27 +354,44 @@ def _sampling_precision(p: Precision) -> Precision:
     return p if p.dtype in ("float64", "float32") else Precision.of("float32")
 
 
+def _strictly_above(values: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """For each threshold, how many of ``values`` exceed it strictly."""
+    return values.size - np.searchsorted(np.sort(values), thresholds, side="right")
+
+
 def filter_certainty(y: np.ndarray, top_k: int | None, top_p: float | None,
-                     sp: Precision) -> tuple[np.ndarray, np.ndarray] | None:
+                     sp: Precision, err: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
     """Which tokens every correct implementation keeps (``certain_in``) and drops
-    (``certain_out``), given logits y = z/τ known to within their rounding. None where a
-    top-k boundary is uncertain and a nucleus follows (its masses then depend on it)."""
+    (``certain_out``), given logits y = z/τ known to within their rounding, or, where
+    ``err`` is given, to within the budget of the error scale ``err`` (y computed from
+    logits that are themselves only known to a budget). None where a top-k boundary is
+    uncertain and a nucleus follows (its masses then depend on it)."""
     V = y.size
     certain_in = np.ones(V, dtype=bool)
     certain_out = np.zeros(V, dtype=bool)
     kept = np.ones(V, dtype=bool)
     if top_k is not None:
-        kth = np.sort(y)[::-1][min(top_k, V) - 1]
-        # fl(·/τ) is monotone: a value ≥ z_(k) stays ≥; below by more than two roundings
-        # of the threshold, it stays below
-        certain_in &= y >= kth
-        certain_out |= y < kth - 2 * sp.u * abs(kth) - sp.tiny
+        if err is None:
+            kth = np.sort(y)[::-1][min(top_k, V) - 1]
+            # fl(·/τ) is monotone: a value ≥ z_(k) stays ≥; below by more than two
+            # roundings of the threshold, it stays below
+            certain_in &= y >= kth
+            certain_out |= y < kth - 2 * sp.u * abs(kth) - sp.tiny
+        else:
+            # token i is kept when fewer than k others lie strictly above it: for certain
+            # when fewer than k can (each y_j anywhere within its budget d_j, itself
+            # excluded), dropped for certain when at least k must
+            d = B.budget(err)
+            certain_in &= _strictly_above(y + d, y - d) - (d > 0) < top_k
+            certain_out |= _strictly_above(y - d, y + d) >= top_k
         if top_p is not None and not np.all(certain_in | certain_out):
             return None
         kept = certain_in.copy()
     if top_p is not None and top_p < 1:
         masked = np.where(kept, y, -np.inf)
-        P, eP = B.softmax_bound(masked, np.where(kept, sp.u * np.abs(y), 0.0), sp)
+        P, eP = B.softmax_bound(masked, np.where(kept, sp.u * np.abs(y) if err is None
+                                                 else err, 0.0), sp)
         dP = B.budget(eP)
         d_mass = B.LAMBDA * (np.sqrt(np.sum(eP**2)) + sp.sum_scale(V))
         ids = np.arange(V)
@@ -396,6 +406,40 @@ def filter_certainty(y: np.ndarray, top_k: int | None, top_p: float | None,
             if np.sum(P[surely_ahead]) >= top_p + d_mass:
                 certain_out[i] = True
     return certain_in & ~certain_out, certain_out
+
+
+def judge_distribution(ctx, q: np.ndarray, y: np.ndarray, settings: tuple, sp: Precision,
+                       err: np.ndarray | None = None, what: str = "") -> None:
+    """A distribution ``q`` drawn from with ``settings`` = (τ, top_k, top_p), τ > 0,
+    against the spec's over y = z/τ (known to within its rounding in ``sp``, or to within
+    the budget of the error scale ``err``): no negative or non-finite entry, every token
+    kept for certain has positive probability (where its probability is visible at all),
+    every token dropped for certain has none, and the probabilities are softmax(y)
+    renormalised over q's own kept set within the softmax budget."""
+    tau, top_k, top_p = settings
+    where = f"τ={tau}, top_k={top_k}, top_p={top_p}"
+    ctx.require(bool(np.all(q >= 0)) and bool(np.all(np.isfinite(q))),
+                f"{what}the distribution has negative or non-finite entries ({where}): {q}")
+    kept = q > 0
+    certainty = filter_certainty(y, top_k, top_p, sp, err)
+    if certainty is not None:
+        certain_in, certain_out = certainty
+        expected_in = ref.softmax(np.where(certain_in | kept, y, -np.inf))
+        visible = certain_in & (expected_in > B.budget(sp.store(expected_in)))
+        missing = np.flatnonzero(visible & ~kept)
+        ctx.require(missing.size == 0, f"{what}token {missing[:1]} must be kept ({where}) "
+                                       f"but has probability 0")
+        extra = np.flatnonzero(certain_out & kept)
+        ctx.require(extra.size == 0, f"{what}token {extra[:1]} must be dropped ({where}) but "
+                                     f"has probability {q[extra[:1]]}")
+    # the values over q's own set
+    support = kept | (certainty[0] if certainty is not None else False)
+    masked = np.where(support, y, -np.inf)
+    e_y = sp.u * np.abs(y) if err is None else err
+    expected, e = B.softmax_bound(masked, np.where(support, e_y, 0.0), sp)
+    # e includes the storage rounding, but its quadrature sum underflows below ~1e-154
+    bound = B.budget(np.maximum(e, sp.store(expected)))
+    ctx.record(f"{what}probabilities over the kept set", B.compare(q, expected, bound))
 
 
 # Temperatures of which z/τ is exact (powers of two) and ones of which it is not: only
@@ -454,21 +498,8 @@ def sampling_distribution(backend, ctx):
         if tau == 0:
             ctx.record("greedy one-hot", B.exact(q, ref.sampling_distribution(z, 0.0)))
             return
-        y = z / tau
-        certainty = filter_certainty(y, top_k, top_p, sp)
-        ctx.require(bool(np.all(q >= 0)) and bool(np.all(np.isfinite(q))),
-                    f"the distribution has negative or non-finite entries: {q}")
+        judge_distribution(ctx, q, z / tau, (tau, top_k, top_p), sp)
         kept = q > 0
-        if certainty is not None:
-            certain_in, certain_out = certainty
-            expected_in = ref.softmax(np.where(certain_in | kept, y, -np.inf))
-            visible = certain_in & (expected_in > B.budget(sp.store(expected_in)))
-            missing = np.flatnonzero(visible & ~kept)
-            ctx.require(missing.size == 0, f"token {missing[:1]} must be kept (τ={tau}, "
-                        f"top_k={top_k}, top_p={top_p}) but has probability 0")
-            extra = np.flatnonzero(certain_out & kept)
-            ctx.require(extra.size == 0, f"token {extra[:1]} must be dropped (τ={tau}, "
-                        f"top_k={top_k}, top_p={top_p}) but has probability {q[extra[:1]]}")
         ties = [(i, j) for i in range(V) for j in range(i + 1, V) if z[i] == z[j]]
         for i, j in ties:
             if top_p is None or top_p >= 1:  # top-k alone: a threshold on values
@@ -477,13 +508,6 @@ def sampling_distribution(backend, ctx):
             else:
                 ctx.require(kept[i] or not kept[j],
                             f"tokens {i} < {j} have equal logits; {j} is kept, {i} is not")
-        # the values over the backend's own set
-        support = kept | (certainty[0] if certainty is not None else False)
-        masked = np.where(support, y, -np.inf)
-        expected, e = B.softmax_bound(masked, np.where(support, sp.u * np.abs(y), 0.0), sp)
-        # e includes the storage rounding, but its quadrature sum underflows below ~1e-154
-        bound = B.budget(np.maximum(e, sp.store(expected)))
-        ctx.record("probabilities over the kept set", B.compare(q, expected, bound))
 
     # The cases the rules are about, every run: ties at the k-th value, the token that
     # crosses p, equal probabilities at the nucleus's edge, the lowest-id maximum.

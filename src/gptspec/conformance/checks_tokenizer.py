@@ -1,18 +1,12 @@
 """Checks that any tokenizer backend must pass, against gptspec.reference.tokenizer.
 
-The suite's backend brings its tokenizer through the optional operation
-``tokenizer()``, which returns a *tokenizer backend*: any object with
-
-- ``name`` (a string);
-- ``train(text, vocab_size, pattern) -> merges``: the merges learned (the reference's
-  ``train``, no special tokens);
-- ``build(merges, pattern, special_tokens) -> tokenizer``, where the tokenizer has
-  ``encode(text, allowed_special=()) -> list[int]`` (raising ``ValueError`` on special
-  tokens' text that is not allowed) and ``decode(ids) -> str`` (``ValueError`` on an id
-  outside the vocabulary).
-
-``gptspec.fast.tokenizer.FastTokenizerBackend`` is one, and is also a suite backend of
-its own (``gptspec conformance --backend gptspec.fast.tokenizer:FastTokenizerBackend
+The suite's backend brings its tokenizer through the optional operation ``tokenizer()``,
+returning an object with ``name``, ``train(text, vocab_size, pattern) -> merges`` (no
+special tokens) and ``build(merges, pattern, special_tokens) -> tokenizer``, whose
+tokenizer has ``encode(text, allowed_special=()) -> list[int]`` (``ValueError`` on a
+special token's text not allowed) and ``decode(ids) -> str`` (``ValueError`` on an id
+outside the vocabulary). ``gptspec.fast.tokenizer.FastTokenizerBackend`` is one, and a
+suite backend of its own (``--backend gptspec.fast.tokenizer:FastTokenizerBackend
 --area tokenizer``). Token ids are exact: every comparison here is equality.
 """
 

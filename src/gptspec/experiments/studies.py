@@ -1,18 +1,13 @@
 """The three studies as data: which models are compared, for how long, and what is held
 fixed. Nothing here trains; :mod:`gptspec.experiments.runner` runs what this describes.
 
-Every study is a set of *arms* (one model configuration and tokenizer each) trained with
-the same data split, batch, optimiser and schedule shape, evaluated on the whole
-validation split, each with the same seeds. Where an arm's cost per token differs, the
-number of steps makes the training compute equal: steps = C / (tokens per step ·
-training FLOPs per token), the FLOPs from the spec's cost formulas
-(``training_flops_per_token``, the reference's transcription of the spec entry); where
-parameter counts are matched, they come from ``param_count_total`` likewise.
-
-Two scales: ``FULL`` is what the site's answers come from (434 process-minutes for the
-committed results: about 3½ hours of two CPU cores, one thread per run); ``QUICK`` runs
-the same code on tiny models for a few steps, to prove the harness end to end, and
-answers nothing.
+A study is a set of *arms* (a model configuration and tokenizer each) trained with the
+same data split, batch, optimiser and schedule shape and the same seeds, evaluated on the
+whole validation split. Where an arm's cost per token differs, its number of steps makes
+training compute equal: steps = C / (tokens per step · training FLOPs per token), from
+the spec's ``training_flops_per_token``; matched parameter counts come from
+``param_count_total``. ``FULL`` is what the site's answers come from; ``QUICK`` runs the
+same code on tiny models for a few steps, to prove the harness, and answers nothing.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The decoding step with the module machinery taken out: one new token per sequence.
 
-Generating at batch 1, a step multiplies one row by every weight matrix, so its time is
-mostly the time to read the weights (GPT-2 small in bfloat16 on a 2-core CPU: 9 ms with
-the GEMV kernel of ``bf16_gemv``, 11 ms with oneDNN's product). What a ``GPT`` module
-call adds around those products (about 60 module calls, a weight lookup per product, the
-cache's general plan with its mask, the token checks) costs about another 1 ms per step
-(measured: 15.3 against 14.3 ms with oneDNN's products), paid at every token.
-
-``DecodeStep`` runs the same operations as ``GPT``'s cached forward for the common
-decoding step (every sequence one new token, all at the same position) in one flat
-loop over weights bound once: the same ``ops`` functions in the same order, so its
-logits equal the model's bit for bit (tests/test_decode.py), and the generation checks
-of the conformance suite run through it. Any other step (prompts, padding, sequences
-that stopped) goes through the model.
+At batch 1 a step's time is mostly reading the weights, so what a ``GPT`` module call
+adds around the products (dozens of module calls, a weight lookup per product, the
+cache's general plan with its mask, the token checks) is a visible share, paid at every
+token; ``benchmarks/generation.py`` measures it. ``DecodeStep`` runs the common step
+(every sequence one new token, all at one position) as one flat loop over weights bound
+once: the same ``ops`` in the same order, so its logits equal the model's bit for bit
+(tests/test_decode.py), and the generation checks run through it. Any other step
+(prompts, padding, stopped sequences) goes through the model.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The forward pass as functional PyTorch operations, one per reference function.
 
-Each function has the name and argument order of its float64 reference in
-``gptspec.reference`` (read it beside ``gptspec.spec.REGISTRY[name]``), but takes
-and returns torch tensors of any float dtype on any device. ``gptspec.fast.model`` is
-built from these functions, so checking an operation against the reference checks the
-model's own code.
-
-Precision: the compute dtype is the tensors' dtype. Where a 16-bit dtype (bfloat16,
-float16) would lose accuracy in a reduction, the reduction runs in float32 and the result
-is rounded back: LayerNorm (mean and variance, ``layer_norm``), softmax (the exponentials'
-sum, ``softmax``/``softmax_shifted``), and the log-softmax of ``sequence_log_probability``.
-``scaled_dot_product_attention`` relies on PyTorch's SDPA kernels, which accumulate the
-scores' softmax and the weighted sum in float32 for 16-bit inputs on CPU and CUDA. Matrix
-products accumulate in float32 for 16-bit inputs in PyTorch's CPU and CUDA kernels.
+Each has the name and argument order of its float64 reference in ``gptspec.reference``,
+but takes torch tensors of any float dtype on any device; ``gptspec.fast.model`` is built
+from them, so checking an operation checks the model's own code. The compute dtype is the
+tensors'. Where a 16-bit dtype would lose accuracy in a reduction, it runs in float32 and
+rounds back: LayerNorm's mean and variance, softmax's sum, the log-softmax of
+``sequence_log_probability``. PyTorch's SDPA kernels and matrix products accumulate in
+float32 for 16-bit inputs on CPU and CUDA.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """The byte-level BPE tokenizer people use: same maps as the reference, fast.
 
-Training keeps the pair counts up to date incrementally: a merge touches only the
-distinct chunks that contain its pair, so only their pairs are recounted, and a heap
-ordered by (−count, pair) yields the next merge with the spec's tie-break. Encoding goes
-through tiktoken's ``Encoding``, built offline from the merges' ranks (bytes → id);
-tiktoken ranks a pair by the rank of its concatenated bytes, which on BPE-learned merges
-is the same map as the spec's merge ranks (tests/test_tokenizer*.py and the conformance
-checks hold it to the reference). If two merges ever spelled the same bytes, tiktoken
-could not hold them, and encoding falls back to a cached transcription of the spec.
-
-Two ways past tiktoken's own speed, both giving the same tokens: GPT-2's pattern runs
-in a lookahead-free form on pieces cut at the only places where the forms differ (the
-lookahead forces tiktoken's regex engine onto its slow backtracking path), and a long
-text may be cut into pieces encoded on several threads (``num_threads``).
+Training updates pair counts incrementally (a merge recounts only the distinct chunks
+holding its pair; a heap on (−count, pair) gives the spec's tie-break). Encoding goes
+through tiktoken's ``Encoding``, built offline from the merges' ranks; tiktoken ranks a
+pair by its concatenated bytes, which on BPE-learned merges is the spec's map (the tests
+and conformance checks hold it to the reference). If two merges spelled the same bytes,
+encoding falls back to a cached transcription of the spec. Past tiktoken's own speed,
+same tokens: GPT-2's pattern (whose lookahead sends tiktoken's regex engine to its slow
+path) runs lookahead-free on pieces cut at the only places the two forms differ, and a
+long text may be encoded on several threads (``num_threads``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The byte-level BPE tokenizer, transcribed literally: one function per spec entry.
 
 Read each function beside its entry (``gptspec.spec.REGISTRY[name]``). Correctness and
-readability come first: training recounts every pair after every merge, and encoding
-rescans a chunk for its lowest-ranked pair after every merge. ``gptspec.fast.tokenizer``
-computes the same maps quickly.
-
-A tokenizer is described by plain data:
-
-- ``merges``: the learned merges in the order they were learned, ``merges[k] = (a, b)``
-  makes token ``256 + k`` from the adjacent tokens ``a`` then ``b``; k is its rank.
-- ``base``: the byte of each of the 256 base tokens (``base[i]`` is token i's byte);
-  the identity for tokenizers trained here, a permutation for GPT-2's vocabulary.
-- ``special_tokens``: text → id for tokens such as ``<|endoftext|>`` that never come
-  out of BPE and are only produced where the caller allows them.
+readability come first: training recounts every pair after every merge, encoding rescans
+a chunk after every merge; ``gptspec.fast.tokenizer`` computes the same maps quickly.
+A tokenizer is plain data: ``merges`` in learned order (``merges[k] = (a, b)`` makes
+token ``256 + k`` from adjacent ``a`` then ``b``; k is its rank); ``base``, the byte of
+each of the 256 base tokens (the identity for tokenizers trained here, a permutation for
+GPT-2's); ``special_tokens``, text → id for tokens such as ``<|endoftext|>`` that never
+come out of BPE and are produced only where the caller allows them.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Spec entries: the byte-level BPE tokenizer, text → tokens → text.
 
-The documents name byte pair encoding and stop there; the discussion under the Notes'
-post points out that *training* (learning merges) does not by itself define the map
-from text to tokens. These entries define both: training, then the *encode* map that
-applies the learned merges in rank order inside the chunks of a pre-tokenization regex.
-
-The meaning of each entry is its decorated function. The algorithms are discrete, so
-these are short Python definitions (sympy integers where a count is computed); they are
-written independently of ``gptspec.reference.tokenizer`` and the tests evaluate both on
-random inputs. One entry's definition uses another's as ``entry.sympy``. The one-hot
-encoding of a token sequence, which comes next in the pipeline, is the entry ``one_hot``
-of the embedding group.
-
-Notation: a chunk is a tuple of token ids w = (w_1, …, w_n); merges are
-m_0, m_1, … with m_k = (a_k, b_k) creating token 256 + k; k is the merge's rank.
+The documents name byte pair encoding and stop there, and training (learning merges)
+does not by itself define the map from text to tokens. These entries define both:
+training, then *encode*, which applies the learned merges in rank order inside the
+chunks of a pre-tokenization regex. Each entry's meaning is its decorated function:
+short Python (sympy integers where a count is computed), written independently of
+``gptspec.reference.tokenizer``; the tests evaluate both on random inputs. The one-hot
+encoding that comes next is the embedding group's ``one_hot``. Notation: a chunk is
+w = (w_1, …, w_n); merges m_k = (a_k, b_k) create token 256 + k, k the merge's rank.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The JAX model under the conformance protocol: ``JaxBackend(device="cpu", dtype=...)``.
 
 Every operation of :mod:`gptspec.adapters.jax.ops` is exposed under its reference name
-(NumPy float64 in, rounded to the backend's dtype on the way in; NumPy out, 16-bit results
-widened to float32, exactly), besides ``forward``, ``gpt_backward`` (``jax.value_and_grad``
-of the mean cross-entropy), ``adamw_trajectory``, ``clip_grad_norm``,
-``sampling_distribution`` and ``generate``.
-
-Compilation: each call is jit-compiled, its array arguments traced and everything else
-(ints, floats, None, the ``GPTConfig``) static. One jitted function is kept per operation
-and static values; JAX keeps its compiled code per shape and dtype, so a shape seen once
-is never compiled again. Generation pads every context to n_ctx, so one compilation per
-configuration and batch size serves every step.
-
-It does not import torch.
+(inputs rounded to the dtype on the way in; 16-bit results widened to float32, exactly),
+besides ``forward``, ``gpt_backward`` (``jax.value_and_grad`` of the mean cross-entropy),
+``adamw_trajectory``, ``clip_grad_norm``, ``sampling_distribution`` and ``generate``.
+Each call is jit-compiled with array arguments traced and everything else static, one
+jitted function per operation and static values, so a shape seen once is never compiled
+again; generation pads every context to n_ctx, so one compilation per configuration and
+batch size serves every step. It does not import torch.
 """
 
 from __future__ import annotations
