@@ -1,16 +1,14 @@
 """``gptspec experiment NAME``: answer one of the Notes' open questions with a controlled
 study, or all three.
 
-    gptspec experiment all                  # the full studies (about 3½ hours on 2 cores)
+    gptspec experiment all                  # the full studies (hours of CPU time)
     gptspec experiment vocab --seeds 5      # more seeds: the 3 finished ones are kept
     gptspec experiment all --quick          # tiny models, a few steps, one seed (CI)
     gptspec experiment tying --plan         # the arms, their steps, sizes and FLOPs
 
-Runs are independent processes, ``--jobs`` at a time, each on one thread. Each finished
-run is kept in OUT/.runs/, so a study that was interrupted continues where it stopped when
-the same command is run again; an earlier run made with other settings is refused (delete
-it to recompute). Each study writes OUT/<study>.json and its figures OUT/<study>-*.svg,
-which the site's "Open questions" page reads.
+Runs are independent processes, ``--jobs`` at a time, one thread each; finished runs are
+kept in OUT/.runs/, so rerunning continues an interrupted study (runs with other settings
+are refused). Each study writes OUT/<study>.json and OUT/<study>-*.svg for the site.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Differential checks of each operation against the float64 reference.
 
 Every check draws inputs (adversarial flavours included, see strategies), rounds them to
-the backend's dtype, calls the backend's operation of the same name as the reference
-function, and compares with the reference on the same rounded inputs: exactly for the
-maps that do no arithmetic, within the derived budget (budgets.py) for the rest.
-
-Sizes: besides small shapes, every check draws (a third of the time) sizes at real
-kernels' boundaries: lengths, key counts and row lengths around 64, 128, 256 and 1024,
-head widths of 64 to 128 and odd ones, vocabularies of 1025 to 65537 (strategies'
-``lengths``, ``head_widths``, ``vocab_sizes``, ``shapes``). Where the product of the
-sizes would make the reference slow, one axis at a time is big (``shapes``). The
-softmax-like operations and LayerNorm also draw magnitudes at the edges of the dtype's
-range (``EDGE_FLAVOURS``), as their spec entries ask.
+the backend's dtype, calls the backend's operation of the reference function's name, and
+compares with the reference on the same rounded inputs: exactly for maps that do no
+arithmetic, within the derived budget (budgets.py) for the rest. Besides small shapes,
+every check draws sizes at real kernels' boundaries (strategies' ``lengths``,
+``head_widths``, ``vocab_sizes``, ``shapes``), one axis big at a time where all of them
+would make the reference slow. Softmax-like operations and LayerNorm also draw magnitudes
+at the edges of the dtype's range (``EDGE_FLAVOURS``), as their spec entries ask.
 """
 
 from __future__ import annotations

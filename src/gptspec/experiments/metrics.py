@@ -1,17 +1,12 @@
 """The numbers a study reports: bits per byte, and intervals over seeds.
 
-Bits per byte is the one loss that compares models of different vocabularies: a token of
-a larger vocabulary spells more bytes, so its cross-entropy per token is larger while the
-text is predicted no worse. Over a split of ``n_tokens`` predicted tokens that spell
-``n_bytes`` bytes with a summed cross-entropy of ``nats`` (natural log),
-
-    bits per byte = nats / (n_bytes · ln 2) = (nats / n_tokens) · (n_tokens / n_bytes) / ln 2.
-
-Intervals are Student's t over seeds (the seeds are the repeated experiment: each draws
-its own initialisation and its own batches): mean ± t_{0.975, n−1} · s / √n, with s the
-sample standard deviation. A difference between two arms is judged on the seeds paired
-by index (same seed: same batches where the arms share a tokenizer), whose differences
-get the same interval; it is *inside the noise* when that interval contains 0.
+Bits per byte compares models of different vocabularies (a larger vocabulary's token
+spells more bytes, so its loss per token is larger while the text is predicted no worse):
+over ``n_tokens`` predicted tokens spelling ``n_bytes`` bytes with summed cross-entropy
+``nats``, bits per byte = nats / (n_bytes · ln 2). Intervals are Student's t over seeds
+(each seed its own initialisation and batches): mean ± t_{0.975, n−1} · s / √n. A
+difference between two arms is judged on seeds paired by index, whose differences get the
+same interval; it is *inside the noise* when that interval contains 0.
 """
 
 from __future__ import annotations

@@ -2,16 +2,13 @@
 by one fused torch kernel.
 
 The kernel is the one ``torch.optim.AdamW(fused=True)`` calls, with the same state (a
-float32 step count and the two moments per parameter) and the same arithmetic: Algorithm 2
-of Loshchilov & Hutter with the decay scaled by the learning rate, as the spec decides.
-It is called directly because constructing or stepping any ``torch.optim`` optimizer
-imports ``torch._dynamo``, and sympy with it: about 1.5 s of a training run's start-up on
-a 2-core CPU, the time of 40 steps of the shakespeare-char model.
-
-The interface is the part of ``torch.optim.Optimizer`` the trainer and the tools around it
-use: ``param_groups`` (dicts with "params", "lr" and "weight_decay"), ``state`` (per
-parameter: "step", "exp_avg", "exp_avg_sq"), ``step``, ``zero_grad`` and
-``register_step_pre_hook``; so ``torch.amp.GradScaler`` and DDP work with it unchanged.
+float32 step count and two moments per parameter) and arithmetic: Loshchilov & Hutter's
+Algorithm 2 with the decay scaled by the learning rate, as the spec decides. It is called
+directly because any ``torch.optim`` optimizer imports ``torch._dynamo`` and sympy, a
+noticeable share of a short run's start-up. The interface is the part of
+``torch.optim.Optimizer`` the trainer and its tools use (``param_groups``, ``state``,
+``step``, ``zero_grad``, ``register_step_pre_hook``), so ``torch.amp.GradScaler`` and DDP
+work with it unchanged.
 """
 
 from __future__ import annotations

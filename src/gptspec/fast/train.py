@@ -1,15 +1,12 @@
 """Training with torch autograd: AdamW, clipping, the learning-rate schedule, gradient
 accumulation, mixed precision on CUDA, validation, checkpoints and exact resumption.
 
-The optimizer, the clipping and the schedule are the spec's (``gptspec.spec.optimizer``):
-torch's fused AdamW kernel (called by ``gptspec.fast.optimizer``) is Algorithm 2 of
-Loshchilov & Hutter with the decay scaled by the learning rate, as the spec decides; the
-schedule is ``gptspec.reference.lr_schedule`` itself.
-
+The optimizer, clipping and schedule are the spec's (``gptspec.spec.optimizer``; the
+fused AdamW of ``gptspec.fast.optimizer``, the schedule ``reference.lr_schedule`` itself).
 On the CPU the run is deterministic: the same seed gives bit-identical losses, and a run
-resumed from a checkpoint continues bit-identically, on one process or several, because the
-checkpoint holds every piece of state the next step reads (parameters, AdamW moments, step,
-torch's and Python's RNG states) and the training batches are a function of (seed, rank,
+resumed from a checkpoint continues bit-identically, on one process or several, because
+the checkpoint holds every piece of state the next step reads (parameters, AdamW moments,
+step, torch's and Python's RNG states) and the batches are a function of (seed, rank,
 step) alone (:func:`batch_generator`), so no process has sampler state to lose.
 """
 

@@ -2,16 +2,13 @@
 the batches each step draws, the learning rate it uses, which parameters it decays, and
 the order of its operations.
 
-One step s = 0, 1, … of the loop: draw the step's micro-batches (:func:`training_batches`);
-for each, the forward pass, the mean cross-entropy and its gradient (``gpt_backward``);
-average the micro-batches' losses and gradients; clip the averaged gradient's global
-norm (``clip_grad_norm``, when the clipping norm is positive); take the learning rate of
-the step (:func:`scheduled_lr`, built on ``lr_schedule``); one ``adamw_step`` (t = s + 1)
-per parameter, with the weight decay on matrices only (:func:`decays`).
-
-:func:`train_step` is one step with everything it computed on the way (the conformance
-check replays it at a backend's own state and derives its budgets from it);
-:func:`train_loop` iterates it.
+Step s draws its micro-batches (:func:`training_batches`); for each, the forward pass,
+the mean cross-entropy and its gradient (``gpt_backward``); averages losses and
+gradients; clips the global norm (``clip_grad_norm``, when the norm is positive); takes
+the step's learning rate (:func:`scheduled_lr`); one ``adamw_step`` (t = s + 1) per
+parameter, decaying matrices only (:func:`decays`). :func:`train_step` is one step with
+everything it computed (the conformance check replays it at a backend's own state and
+derives its budgets from it); :func:`train_loop` iterates it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """The forward pass in JAX, one function per spec entry, written from the equations.
 
-Each function has the name and argument order of its spec entry's reference function
-(read it beside ``gptspec.spec.REGISTRY[name]``) and takes and returns ``jax.Array``s of
-the backend's dtype. They are pure functions of arrays and static values (ints, floats,
-a ``GPTConfig``), so :mod:`gptspec.adapters.jax.backend` can jit-compile any of them, and
-the model (``gpt_forward``) is built from these same functions.
-
-Precision — the mixed-precision contract of ``gptspec.conformance.budgets``: the compute
-dtype is the inputs' dtype; for a 16-bit dtype every operation widens its inputs to
-float32 (exact), computes there — sums, products, exponentials, the LayerNorm statistics —
-and rounds its result to the dtype once (``_store``). An operation is therefore one
-rounding per stored result, as a fused 16-bit kernel with float32 accumulation would be.
+Each function has the name and argument order of its entry's reference function and
+takes and returns ``jax.Array``s of the backend's dtype. They are pure functions of arrays
+and static values (ints, floats, a ``GPTConfig``), so :mod:`gptspec.adapters.jax.backend`
+can jit-compile any of them, and ``gpt_forward`` is built from these same functions.
+Precision (the contract of ``gptspec.conformance.budgets``): for a 16-bit dtype every
+operation widens its inputs to float32 (exact), computes there — sums, products,
+exponentials, LayerNorm statistics — and rounds its result once (``_store``), as a fused
+16-bit kernel with float32 accumulation would.
 """
 
 from __future__ import annotations

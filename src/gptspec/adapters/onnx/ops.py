@@ -1,14 +1,11 @@
 """The forward pass as ONNX nodes, one function per spec entry, written from the equations.
 
-Each function has the name and argument order of its spec entry's reference function
-(read it beside ``gptspec.spec.REGISTRY[name]``), with a :class:`Graph` first: array
-arguments are the names of values in that graph (``None`` for an absent bias), the rest
-(ints, floats, a ``GPTConfig``) are fixed when the graph is built. Each returns the
-name(s) of its result. The whole model (``gpt_forward``) is built from these same
-functions, so the graph of one operation is exactly the piece of the model's graph that
-computes it.
-
-Precision (the mixed-precision contract of ``gptspec.conformance.budgets``): values are
+Each function has the name and argument order of its entry's reference function, with a
+:class:`Graph` first: array arguments are names of values in that graph (``None`` for an
+absent bias), the rest (ints, floats, a ``GPTConfig``) fixed when the graph is built;
+each returns the name(s) of its result. ``gpt_forward`` is built from these same
+functions, so one operation's graph is exactly the piece of the model's graph that
+computes it. Precision (the contract of ``gptspec.conformance.budgets``): values are
 stored in the graph's dtype; an operation widens its inputs to float32, computes there
 and rounds its result once (``Graph.wide``, ``Graph.stored``), as a fused 16-bit kernel
 with float32 accumulation would.
