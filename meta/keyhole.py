@@ -5,11 +5,9 @@ entry it breaks?
 
     python -m meta.keyhole [--profile quick] [--jobs 2] [--json FILE] [names ...]
 
-Localised means localise() names the mutant's entry first, or among a tie of two. A
-mutant whose logits equal the built-in backend's bit for bit on models of every variant
-plants its bug in an operation the model's forward never calls: it is listed as n/a,
-except a bug inside attention, which is also planted on the forward path (attention
-written out of the backend's own operations instead of the fused kernel).
+Localised: localise() names the mutant's entry first, or in a tie of two. A mutant whose
+logits equal the built-in backend's bit for bit on every variant breaks an operation the
+forward never calls: n/a, except a bug inside attention, also planted on the forward path.
 """
 
 from __future__ import annotations

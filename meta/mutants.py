@@ -1,21 +1,14 @@
 """A catalog of realistic bugs planted in the fast backend, to show the suite catches them.
 
-Areas covered: the forward pass (``gptspec.fast.ops``), training (the tied gradient and
-the optimizer), the tokenizer (``gptspec.fast.tokenizer``) and generation
-(``gptspec.fast.generate``, ``kv_cache``).
-
-Each :class:`Mutant` is one bug a backend author could plausibly write, named, explained,
-and tied to the spec entries it breaks (``breaks``). A forward mutant is a
-:class:`MutantTorchBackend`: the built-in ``TorchBackend`` with some functions of
-``gptspec.fast.ops`` replaced while it runs, so the bug reaches the operation *and* every
-operation and model path built from it (the model calls ``ops.<name>`` at run time); a
-generation mutant replaces a function of ``gptspec.fast.generate`` or a method of the KV
-cache the same way. A tokenizer mutant is the built-in backend bringing a subclass of the
-fast tokenizer.
-
-The catalog lives beside the backend it mutates, not in the judge: ``gptspec.conformance``
-knows no backend. ``meta.mutation`` runs the suite against each and reports the first check
-that fails ("killed by") and whether that check names one of the entries the mutant breaks.
+Each :class:`Mutant` is one bug a backend author could plausibly write, named, explained
+and tied to the spec entries it breaks (``breaks``), in the forward pass, training, the
+tokenizer or generation. A forward mutant is a :class:`MutantTorchBackend`: the built-in
+backend with functions of ``gptspec.fast.ops`` replaced while it runs, so the bug reaches
+every path built from them; a generation mutant replaces a function of ``generate`` or a
+KV-cache method likewise; a tokenizer mutant brings a subclass of the fast tokenizer. The
+catalog lives beside the backend, not in the judge (``gptspec.conformance`` knows no
+backend); ``meta.mutation`` reports per mutant the first failing check ("killed by") and
+whether it names an entry the mutant breaks.
 """
 
 from __future__ import annotations

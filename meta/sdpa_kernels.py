@@ -1,16 +1,12 @@
 """The built-in backend with one of PyTorch's fused attention kernels forced, for checking
-it on CUDA: ``torch-flash`` (FlashAttention) and ``torch-efficient`` (memory-efficient
-attention), through ``torch.nn.attention.sdpa_kernel``.
+it on CUDA: ``torch-flash`` and ``torch-efficient``, through ``sdpa_kernel``.
 
-With a kernel forced, PyTorch raises instead of falling back when the kernel cannot take a
-call, so a check that passes has really run that kernel. The fused kernels take the causal
-mask as a flag rather than an additive mask (FlashAttention takes no mask at all), so an
-attention call whose mask is exactly the causal mask is given ``is_causal=True`` instead:
-the same function, computed by the kernel under test. Any other mask is passed on (and
-refused by FlashAttention, which the report shows as an error naming the kernel). The
-fused kernels take only 4-D (batch, heads, T, d_k) inputs, so other ranks are reshaped to
-four axes and back (a view: the arithmetic is the kernel's), and head widths are padded
-with zeros to the kernels' alignment (HEAD_ALIGNMENT).
+A forced kernel raises instead of falling back, so a check that passes really ran it. An
+attention call whose mask is exactly the causal mask is given ``is_causal=True`` (the
+same function, computed by the kernel under test); any other mask is passed on (and
+refused by FlashAttention: an error naming the kernel). Inputs of other ranks are
+reshaped to the kernels' 4-D (batch, heads, T, d_k) and back (a view), and head widths
+are zero-padded to the kernels' alignment (HEAD_ALIGNMENT).
 """
 
 from __future__ import annotations

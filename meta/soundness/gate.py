@@ -2,16 +2,13 @@
 pass every check, in every dtype, at several seeds. A failure here is a false alarm of
 the suite (a budget derived wrongly), not a bug of the backend.
 
-    python -m meta.soundness.gate          # every backend × float32, bfloat16, float16
-                                             # × 3 seeds drawn at random, thorough profile
-    python -m meta.soundness.gate --quick  # CI: 1 random seed, default profile, float32
-                                             # and bfloat16, two backends
+    python -m meta.soundness.gate          # every backend × dtype × 3 random seeds, thorough
+    python -m meta.soundness.gate --quick  # CI: 1 random seed, float32 and bfloat16, two backends
     python -m meta.soundness.gate --seed 7 # that seed only (repeatable): a reproduction
 
 Seeds are drawn afresh each run (a fixed set lets a budget fit those seeds only) and
-printed with the command that reproduces a failure. Prints backend × dtype × seed →
-passed / failed / n/i and the worst fraction of budget; exits 1 on any failure. The
-compiled backend recompiles per configuration, so it runs the quick profile.
+printed with the command reproducing a failure; exits 1 on any failure. The compiled
+backend recompiles per configuration, so it runs the quick profile.
 """
 
 from __future__ import annotations

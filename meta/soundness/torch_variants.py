@@ -1,16 +1,13 @@
 """Two correct PyTorch backends written differently from the built-in one, for the
 soundness gate (a check that fails either is a false alarm).
 
-``RoundedFloat64``: the best a backend of a dtype can do. It computes everything in
-float64 and rounds each result it hands back to its dtype (once); AdamW rounds the stored
-parameter after each step, as the spec's 16-bit decision says.
-
-``ExplicitTorch``: the model written out again, op by op, with the float32 upcasts in
-other places than the built-in's: every product upcasts both 16-bit factors to float32
-(exact products, float32 sums) and rounds once; attention is a loop over heads with an
-unfused softmax (max, exp, sum, divide) in float32 whose scores are stored in the dtype;
-LayerNorm is two explicit passes in float32. Its gradients are autograd through this
-forward pass.
+``RoundedFloat64``, the best a backend of a dtype can do: everything in float64, each
+result it hands back rounded to its dtype once (AdamW rounds the stored parameter after
+each step, as the spec's 16-bit decision says). ``ExplicitTorch``: the model written out
+op by op with float32 upcasts elsewhere than the built-in's: every product upcasts both
+16-bit factors and rounds once; attention loops over heads with an unfused float32
+softmax whose scores are stored in the dtype; LayerNorm is two explicit float32 passes;
+gradients are autograd through this forward.
 """
 
 from __future__ import annotations

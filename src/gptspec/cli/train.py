@@ -5,11 +5,10 @@
     gptspec train --out out/shakespeare --resume    # continue where it stopped
     torchrun --nproc_per_node 2 -m gptspec train …  # data-parallel (DDP)
 
-The output directory gets ``checkpoint/`` (model.safetensors, optimizer.safetensors,
-state.json, tokenizer.json; ``gptspec generate --checkpoint OUT/checkpoint``), the
-tokenized corpus ``tokens.bin`` (memory-mapped), ``loss.png``, and ``.train.lock`` (one run
-writes OUT at a time; a second is refused, naming the first's pid). On a shared CPU,
-``OMP_NUM_THREADS=1`` is often faster than oversubscribed threads (same losses).
+OUT gets ``checkpoint/`` (weights, optimizer, state.json, tokenizer.json: what
+``gptspec generate --checkpoint`` reads), ``tokens.bin`` (memory-mapped), ``loss.png``,
+and ``.train.lock``: one run writes OUT at a time; a second is refused, naming the pid.
+On a shared CPU, ``OMP_NUM_THREADS=1`` is often faster than oversubscribed threads.
 """
 
 from __future__ import annotations

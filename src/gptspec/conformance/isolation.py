@@ -1,15 +1,13 @@
 """Running a backend's checks in a worker process, so that a backend that hangs or kills
 the interpreter (a segfault in a kernel, ``os._exit``) cannot take the run down.
 
-The parent walks the checks in dependency order (blocked ones never reach the worker) and
-sends the worker one check id at a time; the worker, started with multiprocessing's
-'spawn' method, builds the backend from its spec once and answers each id with the check's
-result as JSON. When the worker does not answer within the time limit it is killed and
-the check reported as an error "timed out after N s"; when it dies the check is reported
-as an error naming the exit code or signal. Either way a fresh worker takes the next
-check, and the run ends with a report. The worker leads a session of its own, and every
-way out of it (done, timed out, crashed, Ctrl-C) kills that whole process group: nothing
-a backend forked outlives the run or keeps the caller's pipes open.
+The parent walks the checks in dependency order and sends a 'spawn'ed worker, which
+builds the backend from its spec once, one check id at a time, answered as JSON. A
+worker silent past the time limit is killed (an error "timed out after N s"); one that
+dies is an error naming the exit code or signal; a fresh worker takes the next check and
+the run ends with a report. The worker leads its own session, and every way out (done,
+timed out, crashed, Ctrl-C) kills that process group: nothing a backend forked outlives
+the run or keeps the caller's pipes open.
 """
 
 from __future__ import annotations
@@ -98,11 +96,11 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.registry import CHECKS, all_checks
     from gptspec.conformance.runner import (
-        _missing_ops,
         describe_backend,
         device_mismatch,
         dtype_error,
         judged_precision,
+        unmet,
     )
 
     # Ctrl-C reaches every process of the terminal's group: the parent handles it (and
@@ -131,9 +129,9 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
             return
         check = CHECKS[check_id]
         try:
-            missing = [] if mismatch else _missing_ops(backend, check)
+            why = "" if mismatch else unmet(backend, check)
             result = (dtype_error(check, mismatch) if mismatch else
-                      not_implemented(check, missing) if missing else
+                      not_implemented(check, [], why) if why else
                       run_check(check, backend, precision, profile, seed, None, save_failures,
                                 origin, plain))
         except BaseException as err:  # noqa: BLE001 — run_check lets KeyboardInterrupt out

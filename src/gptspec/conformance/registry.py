@@ -2,14 +2,11 @@
 
 A check is a function ``fn(backend, ctx)`` that raises on failure; ``ctx`` (a
 :class:`gptspec.conformance.context.CheckContext`) runs its Hypothesis properties and
-records every comparison's fraction of budget. A check declares
-
-* ``entries``: the spec entries it covers (an entry's checks are found from here);
-* ``ops``: the optional backend operations it calls (if the backend lacks one, the check
-  is reported as not implemented);
-* ``depends_on``: the checks of the operations it is built from; when one of those fails,
-  this one is reported as blocked by it rather than failing in cascade;
-* ``kind``: "differential" (against the reference) or "property".
+records every comparison's fraction of budget. A check declares ``entries`` (the spec
+entries it covers), ``ops`` (the optional backend operations it calls: without one, not
+implemented), ``depends_on`` (the checks of the operations it is built from: when one
+fails, this one is blocked by it rather than failing in cascade) and ``kind``
+("differential", against the reference, or "property").
 """
 
 from __future__ import annotations
@@ -17,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from gptspec.conformance.protocol import needed_capabilities
 
 CheckFn = Callable[[Any, Any], None]
 
@@ -31,6 +30,12 @@ class Check:
     fn: CheckFn
     area: str  # "forward", "tokenizer", "training", "generation": which suite it belongs to
     budget: str  # how its tolerance is derived, in words (for the report and the docs)
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The areas (protocol.CAPABILITIES) a backend must declare for this check to run:
+        those of its operations, the model's where it calls only ``forward``."""
+        return needed_capabilities(self.ops)
 
     @property
     def doc(self) -> str:

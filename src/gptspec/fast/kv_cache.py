@@ -1,15 +1,12 @@
 """A preallocated key/value cache for incremental decoding.
 
 The KV-cache identity: attention of the token at position t over the cached keys and
-values of positions 0 … t equals row t of full causal attention. So a model fed a prompt
-and then one token at a time, through a cache, gives the same logits as the full forward
-pass over the whole sequence, at the cost of one row per step instead of T.
-
-Each sequence b of the batch has its own length ``lengths[b]`` (valid cached positions);
-its next token gets position ``lengths[b]`` (its own positional embedding) and is written
-into that slot. Prompts of different lengths are fed right-padded, with ``lengths``
-saying how many of the new tokens are real, so a prompt gives the same logits alone and
-inside a batch.
+values of positions 0 … t equals row t of full causal attention, so decoding through a
+cache gives the full forward's logits at one row per step instead of T. Each sequence b
+has its own length ``lengths[b]`` (valid cached positions); its next token gets position
+``lengths[b]`` and is written into that slot. Prompts of different lengths are fed
+right-padded, ``lengths`` saying how many new tokens are real, so a prompt gives the
+same logits alone and inside a batch.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Spec entries: sampling — turning next-token logits into text, one token at a time.
 
 The Blueprint (sec. 4) fixes the loop: compute the next-token distribution, draw a token
-from it (top-k or nucleus sampling), append it, repeat until a length or an end-of-text
-token. These entries pin down what the Blueprint leaves open: the temperature, what
-"greedy" does at a tie, exactly which tokens top-k and nucleus keep when values tie, the
-order the filters compose in, how a draw is made from the seeded generator, what happens
-when the context outgrows n_ctx, and why a KV cache does not change the result.
-
-Where an entry is a selection rather than arithmetic (greedy, the filters, the draw, the
-loop) its meaning is a small exact Python definition over sympy numbers; where it is
-arithmetic (temperature, the KV-cache identity) it is a sympy expression.
+(top-k or nucleus), append it, repeat until a length or end-of-text. These entries pin
+down what it leaves open: the temperature, greedy's tie, which tokens top-k and nucleus
+keep at ties, the filters' order, the seeded draw, a context outgrowing n_ctx, and why a
+KV cache does not change the result. A selection (greedy, the filters, the draw, the
+loop) means a small exact Python definition over sympy numbers; arithmetic (temperature,
+the KV-cache identity) a sympy expression.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """A small ONNX graph builder: named values, nodes, graph inputs and outputs, and the
 two casts of the mixed-precision contract.
 
-Every value is a tensor name. The builder tracks each value's rank (not its shape: the
-sizes stay dynamic, so one graph, and one ONNX Runtime session, serves every size a
-configuration's structure allows), because splitting heads swaps two axes counted from
-the end and ONNX's Transpose needs the full permutation.
-
-Precision: a graph stores its values in one dtype (``store``: float32, float16 or
-bfloat16) and computes in float32. ``wide`` casts a stored value to float32 (exact),
-``stored`` casts a float32 result back to the stored dtype (the operation's one
-rounding); both are no-ops in float32.
+Every value is a tensor name. The builder tracks each value's rank, not its shape: sizes
+stay dynamic, so one graph (and one ONNX Runtime session) serves every size a
+configuration's structure allows, and the rank is what ONNX's Transpose needs to swap
+two axes counted from the end. A graph stores values in one dtype (``store``: float32,
+float16 or bfloat16) and computes in float32: ``wide`` casts a stored value to float32
+(exact), ``stored`` casts a result back (the operation's one rounding); both are no-ops
+in float32.
 """
 
 from __future__ import annotations
