@@ -31,6 +31,15 @@ class ExitsOnStart(Honest):
         sys.exit(0)
 
 
+def forgets_its_return(device=None, dtype=None):
+    """A factory that builds its backend and returns None: it was told it spoke protocol 1
+    (no protocol_version), which says nothing true about it."""
+    Honest()
+
+
+NOT_A_BACKEND = "hostile"  # a string: none of a backend's attributes
+
+
 class InterruptsOnStart(Honest):
     def __init__(self) -> None:
         raise KeyboardInterrupt

@@ -396,6 +396,14 @@ for name, needle in [("ExitsOnStart", "exit(0)"), ("FailsInTwoLines", "first lin
                      ("NameRaises", "'name'"), ("UnknownDtype", "int7")]:
     case(f"conformance-backend-{name}",
          CONF + ["--backend", f"hostile_backends:{name}", "--no-isolate"], needle)
+case("conformance-backend-factory-returns-None",
+     CONF + ["--backend", "hostile_backends:forgets_its_return", "--no-isolate"],
+     "backend factory 'hostile_backends:forgets_its_return' returned none, not a backend")
+case("conformance-backend-factory-returns-None-isolated",
+     CONF + ["--backend", "hostile_backends:forgets_its_return"], "returned none, not a backend")
+case("conformance-backend-not-a-backend",
+     CONF + ["--backend", "hostile_backends:NOT_A_BACKEND", "--no-isolate"],
+     "is an object of type str, not a backend")
 case("conformance-backend-module-exits-on-import",
      CONF + ["--backend", "hostile_backend_exits_on_import:X", "--no-isolate"], "exit(0)")
 case("conformance-backend-InterruptsOnStart-isolated",

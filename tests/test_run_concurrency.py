@@ -112,6 +112,26 @@ def test_the_lock_is_held_only_while_the_run_lasts(tmp_path, corpus, capsys):
     assert main(["train", *TINY, "--out", str(out), "--resume", "--steps", "3"]) == 0
 
 
+def test_a_locked_lock_file_that_names_no_pid_is_described_as_it_is(tmp_path, corpus, capsys):
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("not-a-pid\n")
+    fd = os.open(out / LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held by someone, who wrote no pid
+        assert main(["train", *TINY, "--data", str(corpus), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"a live process holds the lock on {out / LOCK_FILE}, which holds 'not-a-pid', " \
+               "not a pid" in err and err.count("\n") == 1, err
+        assert "gptspec train (" not in err  # no claim about who holds it
+    finally:
+        os.close(fd)
+    with RunLock(out):  # not held: the junk is written over, as a dead holder's pid is
+        assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+
+
 def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path, corpus, capsys):
     out = tmp_path / "out"
     out.mkdir()

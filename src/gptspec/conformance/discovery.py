@@ -10,10 +10,16 @@ import inspect
 from importlib.metadata import entry_points
 from typing import Any
 
-from gptspec.conformance.protocol import PROTOCOL_HISTORY, PROTOCOL_VERSION, shown
+from gptspec.conformance.protocol import (
+    PROTOCOL_HISTORY,
+    PROTOCOL_VERSION,
+    capability_problem,
+    shown,
+)
 
 GROUP = "gptspec.backends"
-REQUIRED = ("name", "version", "device", "dtype", "forward")  # and protocol_version
+REQUIRED = ("name", "version", "device", "dtype", "forward")  # and protocol_version;
+# forward only of a backend with a model (protocol.CAPABILITIES: declared, or none declared)
 
 
 class BackendError(Exception):
@@ -98,8 +104,20 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
         except (Exception, SystemExit) as err:  # noqa: BLE001
             raise BackendError(f"backend {spec!r} failed to start: {_what_raised(err)}"
                                ) from None
+        if obj is None:  # a factory that forgot its return: no protocol version to speak of
+            raise BackendError(f"backend factory {spec!r} returned None, not a backend")
+    try:
+        declared = getattr(obj, "capabilities", None)
+    except Exception as err:  # noqa: BLE001
+        raise BackendError(f"backend {spec!r}: reading its 'capabilities' raised "
+                           f"{_what_raised(err)}") from None
+    problem = "" if declared is None else capability_problem(declared)
+    if problem:
+        raise BackendError(f"backend {spec!r}: {problem}")
+    required = [a for a in REQUIRED
+                if a != "forward" or declared is None or "model" in declared]
     missing = []
-    for attribute in ("protocol_version", *REQUIRED):  # read once here, where a raising
+    for attribute in ("protocol_version", *required):  # read once here, where a raising
         try:                                            # property is the backend's fault
             getattr(obj, attribute)
         except AttributeError:
@@ -107,6 +125,10 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
         except Exception as err:  # noqa: BLE001
             raise BackendError(f"backend {spec!r}: reading its {attribute!r} raised "
                                f"{_what_raised(err)}") from None
+    if not (set(REQUIRED) - set(missing)):  # none of a backend's attributes: no backend,
+        kind = shown(type(obj).__name__)     # whatever the version of its protocol
+        raise BackendError(f"backend {spec!r} is an object of type {kind}, not a backend "
+                           f"(it has none of {', '.join(REQUIRED)})")
     check_protocol_version(spec, obj)
     missing = [a for a in missing if a != "protocol_version"]
     if missing:

@@ -38,11 +38,18 @@ class RunLock:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder(self.fd)
+            holder, text = _holder(self.fd)
             os.close(self.fd)
-            who = f"pid {holder}" if holder else "a process that is just starting"
-            raise RunLocked(f"{out} is being written by another gptspec train ({who}); wait "
-                            "for it to end or choose another --out") from None
+            if holder is not None:
+                raise RunLocked(f"{out} is being written by another gptspec train (pid "
+                                f"{holder}); wait for it to end or choose another --out"
+                                ) from None
+            # the flock is the authority: some live process holds it, but the file's
+            # contents (written by whoever) do not say which
+            said = f"holds {text!r}, not a pid" if text else "is empty"
+            raise RunLocked(f"{out} is locked: a live process holds the lock on {self.path}, "
+                            f"which {said}; wait for that process to end or choose another "
+                            "--out") from None
         except OSError:
             os.close(self.fd)
             raise
@@ -63,14 +70,16 @@ class RunLock:
         self.release()
 
 
-def _holder(fd: int) -> int | None:
-    """The pid the holder wrote; it may be a moment away from writing it."""
+def _holder(fd: int) -> tuple[int | None, str]:
+    """(the pid the holder wrote, or None; the file's first bytes as read). A gptspec
+    holder may be a moment away from writing its pid: asked again for 0.2 s."""
+    text = ""
     for _ in range(20):
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        if text.isdigit():
-            return int(text)
+        if text.isascii() and text.isdigit() and len(text) < 20:
+            return int(text), text
         time.sleep(0.01)
-    return None
+    return None, text[:20]
 
 
 def remove_stale_temporaries(out: Path, names: tuple[str, ...]) -> list[Path]:
