@@ -523,3 +523,26 @@ def test_the_keyhole_section_counts_what_the_saved_run_measured(tmp_path: Path) 
     saved.write_text('{"schema": "other"}')
     with pytest.raises(ValueError, match="not a gptspec-keyhole file"):
         load_keyhole_results(saved)
+
+
+def test_an_entry_page_states_one_budget_the_one_its_check_computes() -> None:
+    """The Tolerance section states the budget the entry's own check registers (and its
+    reports carry); the check's row points there instead of stating it a second time."""
+    page = spec_pages.entry_page(views(made_up_entry())[0], reports=[])
+    tolerance, checks_table = page.split("## Tolerance\n", 1)[1].split("## Conformance checks", 1)
+    budget = r"\sqrt{n}\,u of float32"
+    assert budget in tolerance and "<code>scale.differential</code>" in tolerance
+    assert "one rounding" in tolerance  # the spec's derivation beside it
+    assert r"\(\sqrt{n}\,u\)" not in tolerance  # the spec's own formula is not a second one
+    assert budget not in checks_table and spec_pages.BUDGET_ABOVE in checks_table
+
+    # an entry judged only inside larger computations: the spec's formula, said to be so
+    def others(entry_id: str) -> list[CheckInfo]:
+        return [CheckInfo("model.differential", "the model's budget", "a whole model",
+                          ops=(entry_id,))]
+
+    page = spec_pages.entry_page(views(made_up_entry(), others)[0], reports=[])
+    tolerance, checks_table = page.split("## Tolerance\n", 1)[1].split("## Conformance checks", 1)
+    assert r"\(\sqrt{n}\,u\)" in tolerance and "No check judges this entry on its own" in tolerance
+    assert "the model&#x27;s budget" in checks_table or "the model's budget" in checks_table
+    assert spec_pages.BUDGET_ABOVE not in checks_table

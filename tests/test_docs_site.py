@@ -602,12 +602,51 @@ def test_every_budget_lambda_links_to_its_definition(site: Path, entries: list) 
     for e in entries:
         page = _article(site, f"spec/{e.id}")
         checks = page.split('class="gs-checks"', 1)[1].split("</table>", 1)[0]
-        linked += checks.count('href="../verification/#budgets">λ</a>')
-        if checks.replace('href="../verification/#budgets">λ</a>', "").count("λ"):
-            unlinked.append(e.id)
-        if "\\lambda" in (e.tolerance.formula if e.tolerance else "") and \
-                'href="../verification/#budgets">λ</a>' not in page.split('id="tolerance"')[1]:
-            unlinked.append(f"{e.id} (tolerance)")
+        tolerance = page.split('id="tolerance"', 1)[1].split('class="gs-checks"', 1)[0]
+        for section in (checks, tolerance):
+            linked += section.count('href="../verification/#budgets">λ</a>')
+            # λ_wd (AdamW's weight decay) is another symbol, never the multiplier
+            if re.search("λ(?!_)", section.replace('href="../verification/#budgets">λ</a>', "")):
+                unlinked.append(e.id)
     assert linked and unlinked == []
     budgets = re.findall(r"<p><small>Budget: (.*?)</small></p>", verification)
-    assert budgets and not [b for b in budgets if b.replace('href="#budgets">λ</a>', "").count("λ")]
+    assert budgets and not [b for b in budgets
+                            if re.search("λ(?!_)", b.replace('href="#budgets">λ</a>', ""))]
+
+
+def test_each_entry_states_one_budget_the_one_its_check_computes(site: Path,
+                                                                 entries: list) -> None:
+    """One normative budget per entry page: the text its own check registers (what the
+    check computes and its reports carry), stated once in the Tolerance section; the
+    check's row points to it. An entry no check judges on its own shows the spec's
+    formula and says so. No budget uses λ for anything but the multiplier."""
+    import html
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    from sitegen.checks import load_checks_for
+    from sitegen.spec_pages import BUDGET_ABOVE, entry_budget, lambda_links
+
+    checks_for, problem = load_checks_for()
+    assert not problem
+    wrong, judged = [], 0
+    for e in entries:
+        page = _article(site, f"spec/{e.id}")
+        tolerance = page.split('id="tolerance"', 1)[1].split('id="conformance-checks"', 1)[0]
+        rows = page.split('class="gs-checks"', 1)[1].split("</table>", 1)[0] \
+            if 'class="gs-checks"' in page else ""
+        if tolerance.count('class="gs-budget"') > 1:
+            wrong.append(f"{e.id}: more than one budget")
+        normative = entry_budget(e.id, checks_for(e.id))
+        if normative is None:
+            continue
+        judged += 1
+        stated = lambda_links(html.escape(normative.budget, quote=True))
+        if stated not in tolerance or f"<code>{normative.id}</code>" not in tolerance:
+            wrong.append(f"{e.id}: the Tolerance section does not state {normative.id}'s budget")
+        if stated in rows or BUDGET_ABOVE not in rows:
+            wrong.append(f"{e.id}: the checks table states the entry's budget again")
+    assert judged > 30 and wrong == []
+    from gptspec.conformance.registry import all_checks
+
+    # λ as the multiplier and as something else in one formula (AdamW's weight decay was)
+    assert not [c.id for c in all_checks() if re.search(r"[+(·]\s*λ\s*\|", c.budget)]

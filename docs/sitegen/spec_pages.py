@@ -57,7 +57,9 @@ LAMBDA_LINK = '<a class="gs-lambda" href="../verification/#budgets">λ</a>'
 
 
 def lambda_links(budget_html: str, link: str = LAMBDA_LINK) -> str:
-    return budget_html.replace("λ", link)
+    """Every λ of a budget linked to the multiplier's definition; λ_wd (AdamW's weight
+    decay) is another symbol and stays as it is."""
+    return re.sub("λ(?!_)", link, budget_html)
 
 
 class TraceabilityError(RuntimeError):
@@ -340,25 +342,70 @@ def entry_page(view: EntryView, reports: Sequence[BackendReport],
         rows = [[code(n), code(s)] for n, s in e.sympy_inputs]
         parts.append(table(["Argument", "Shape"], rows))
     parts.append("## Tolerance\n")
-    if e.tolerance is not None:
-        t = e.tolerance
-        parts.append(f"<p>A backend's result may differ from the float64 reference by "
-                     f"{inline_math(t.formula)}, with the reduction length "
-                     f"{code(t.reduction)}.</p>\n" + (f"\n{t.note}\n" if t.note else ""))
-        if "\\lambda" in t.formula:
-            parts.append(f'<p><small>{LAMBDA_LINK} is the suite\'s budget multiplier '
-                         "(defined on the Verification page).</small></p>\n")
-    else:
-        parts.append("No tolerance: the result is compared exactly.\n")
+    parts.append(_budget_section(e, view.checks))
     parts.append("## Conformance checks\n")
     if view.checks:
+        normative = entry_budget(e.id, view.checks)
         parts.append(table(["Check", "Budget", "What it checks"],
-                           [[code(c.id), lambda_links(esc(c.budget)) or "—", esc(c.description)]
+                           [[code(c.id), _check_budget(c, normative), esc(c.description)]
                             for c in view.checks], "gs-checks"))
     else:
         parts.append('<p class="gs-missing">No conformance check covers this entry.</p>\n')
     parts.append(_results(view, reports))
     return "\n".join(parts) + "\n"
+
+
+def own_checks(entry_id: str, checks: Sequence[CheckInfo]) -> list[CheckInfo]:
+    """The checks that judge an entry on its own (their id begins ``<entry>.``) and state
+    a budget."""
+    return [c for c in checks if c.id.split(".")[0] == entry_id and c.budget]
+
+
+def entry_budget(entry_id: str, checks: Sequence[CheckInfo]) -> CheckInfo | None:
+    """The check whose budget is the entry's normative one: its first own check. The
+    budget is the text the check registers beside the code that computes the numbers (and
+    that every report carries), so the page cannot state a second budget for the entry."""
+    own = own_checks(entry_id, checks)
+    return own[0] if own else None
+
+
+BUDGET_ABOVE = '<a href="#tolerance">the entry\'s budget</a>'
+
+
+def _check_budget(check: CheckInfo, normative: CheckInfo | None) -> str:
+    """A check's budget cell: the entry's own budget is stated once, in its Tolerance
+    section, and a check that uses it points there."""
+    if normative is not None and check.budget == normative.budget:
+        return BUDGET_ABOVE
+    return lambda_links(esc(check.budget)) or "—"
+
+
+def _budget_section(e: Any, checks: Sequence[CheckInfo]) -> str:
+    """One budget per entry: the one its own check computes, with the derivation; for an
+    entry judged only inside larger computations, the spec's first-order model of it."""
+    normative = entry_budget(e.id, checks)
+    t = e.tolerance
+    derivation = (f"<p><strong>Derivation.</strong> {lambda_links(esc(t.note))}</p>\n"
+                  if t and t.note else "")
+    if normative is not None:
+        out = (f'<p class="gs-budget">A backend\'s result may differ from the float64 '
+               f"reference by <strong>{lambda_links(esc(normative.budget))}</strong> "
+               f"<small>(computed by {code(normative.id)})</small>.</p>\n" + derivation)
+        text = normative.budget
+    elif t is not None:
+        out = (f'<p class="gs-budget">A backend\'s result may differ from the float64 '
+               f"reference by {inline_math(t.formula)}, the reduction length being "
+               f"{code(t.reduction)}.</p>\n" + derivation
+               + "<p><small>No check judges this entry on its own: the checks below judge "
+               "it inside larger computations, each against its own budget.</small></p>\n")
+        text = t.formula
+    else:
+        return "No tolerance: the result is compared exactly.\n"
+    if "λ" in text or "\\lambda" in text:
+        out += (f"<p><small>{LAMBDA_LINK} is the suite's budget multiplier (defined on the "
+                "Verification page); u is the unit roundoff of the dtype, ⊕ adds two "
+                "independent errors in quadrature.</small></p>\n")
+    return out
 
 
 # --- index and results pages -------------------------------------------------------------

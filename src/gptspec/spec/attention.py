@@ -251,10 +251,12 @@ SOFTMAX_RANGE = Decision(
     sources=(Source(BLUEPRINT, "eqs 3, 9"), Source(GUIDE, "sec. 3, sec. 6"),
              Source(NOTES, "sec. 3.1"), Source(VASWANI_2017, "sec. 3.2.1")),
     reference="softmax",
-    tolerance=Tolerance(r"\left(\lambda\sqrt{n} + 2\max_j |z_j|\right) u\,"
-                        r"\operatorname{softmax}(z)_i", reduction="n",
-                        note="relative per entry: the sum of n exponentials, plus the rounding "
-                             "of the argument z_i − max z amplified by exp"),
+    tolerance=Tolerance(r"\lambda\,\operatorname{softmax}(z)_i\left((4 + \sqrt{n})\,u \oplus "
+                        r"u\,|z_i - \max_j z_j|\right)", reduction="n",
+                        note="relative per entry: the sum of n exponentials (√n·u), the exponential, the "
+                             "subtraction and the division (4u), and the rounding of the argument "
+                             "z_i − max z, which exp turns into a relative error u|z_i − max z|; "
+                             "independent errors add in quadrature (⊕)"),
     notes=r"Entries equal to $-\infty$ contribute $e^{-\infty} = 0$; a row needs one finite entry.",
     decisions=(SOFTMAX_RANGE,),
     sympy_inputs=(("z", "(m, n)"),),
@@ -276,8 +278,9 @@ def softmax(z: sp.Matrix) -> sp.Matrix:
     ),
     sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1")),
     reference="softmax_shifted",
-    tolerance=Tolerance(r"\left(\lambda\sqrt{n} + 2\max_j |z_j - c|\right) u\,"
-                        r"\operatorname{softmax}(z)_i", reduction="n"),
+    tolerance=Tolerance(r"\lambda\,\operatorname{softmax}(z)_i\left((4 + \sqrt{n})\,u \oplus "
+                        r"u\,|z_i - c|\right)", reduction="n",
+                        note="softmax's budget with z − c in place of z − max z"),
     notes="The identity holds because e^{−c} cancels between numerator and denominator; with "
           "c = max z every exponent is ≤ 0 and nothing overflows. The sympy form is the left "
           "side; the tests compare it with softmax symbolically too.",

@@ -21,18 +21,26 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
           r"v_t = \beta_2 v_{t-1} + (1 - \beta_2) g_t^2, \\ "
           r"\hat m_t &= \frac{m_t}{1 - \beta_1^t}, \quad \hat v_t = \frac{v_t}{1 - \beta_2^t}, \\ "
           r"\theta_t &= \theta_{t-1} - \eta_t \left( \frac{\hat m_t}{\sqrt{\hat v_t} + \epsilon} "
-          r"+ \lambda\, \theta_{t-1} \right) \end{aligned}",
+          r"+ \lambda_{\mathrm{wd}}\, \theta_{t-1} \right) \end{aligned}",
     symbols=(
         Symbol(r"\theta", "(n,)", "a parameter"), Symbol("g", "(n,)", "its gradient at step t"),
         Symbol("m", "(n,)", "first-moment estimate"), Symbol("v", "(n,)", "second-moment estimate"),
         Symbol("t", "()", "step number, from 1"), Symbol(r"\eta_t", "()", "learning rate at step t"),
         Symbol(r"\beta_1, \beta_2", "()", "moment decay rates"),
-        Symbol(r"\epsilon", "()", "denominator floor"), Symbol(r"\lambda", "()", "weight decay"),
+        Symbol(r"\epsilon", "()", "denominator floor"), Symbol(r"\lambda_{\mathrm{wd}}", "()", "weight decay"),
     ),
     sources=(Source(BLUEPRINT, "sec. 3.2"), Source(LOSHCHILOV_2019, "Algorithm 2"),
              Source(KINGMA_2015, "Algorithm 1")),
     reference="adamw_step",
-    tolerance=Tolerance(r"\lambda u", reduction="1", note="elementwise"),
+    tolerance=Tolerance(
+        r"\lambda\left(\sqrt{10k}\,u_{\mathrm{acc}}\big(|\theta_k| + \textstyle\sum_t \eta_t"
+        r"(|\Delta_t| + \lambda_{\mathrm{wd}}|\theta_t|)\big) \oplus u\sqrt{\textstyle\sum_t "
+        r"\theta_t^2}\right)", reduction="1",
+        note="after k steps, Δ_t the step's update m̂/(√v̂ + ε): about 10 roundings per element "
+             "per step (the two moment updates, the two bias corrections, the square root, the "
+             "division, the decay and the subtraction), float32 roundings (u_acc) in every "
+             "dtype, adding in quadrature over the steps; a 16-bit backend also stores θ in its "
+             "dtype, one rounding u|θ_t| per step (the second term, 16 bit only)"),
     decisions=(
         Decision(
             question="How is the weight decay scaled?",
@@ -45,8 +53,9 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
                         "AdamW, decoupling weight decay from the gradient update; no formula"),
             ),
             decision=r"The learning rate $\eta_t$ (schedule included) multiplies both terms: "
-                     r"the paper's $\alpha$ is folded into $\eta_t$ and its $\lambda$ is ours "
-                     r"times $\alpha$.",
+                     r"the paper's $\alpha$ is folded into $\eta_t$ and its $\lambda$ is our "
+                     r"$\lambda_{\mathrm{wd}}$ times $\alpha$ (the suite keeps $\lambda$ for its "
+                     r"budget multiplier).",
             why="This is the parametrisation of PyTorch's AdamW (and of GPT-2/3 training "
                 "recipes), so one weight-decay number means the same thing in the reference "
                 "and in the fast backend; the decay stays decoupled (it never enters m or v).",
@@ -55,7 +64,7 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
             question="Which parameters are decayed?",
             readings=(Reading(Source(LOSHCHILOV_2019, "Algorithm 2"), "every weight"),),
             decision="The trainer decays matrices (embeddings and linear maps) and not biases "
-                     "or LayerNorm gains; adamw_step itself takes λ per parameter.",
+                     "or LayerNorm gains; adamw_step itself takes λ_wd per parameter.",
             why="Decaying a LayerNorm gain towards 0 or a bias towards 0 is not a prior "
                 "anyone wants; GPT-2/3 recipes exclude them.",
         ),
@@ -158,7 +167,7 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
           r"\hat g_s &= g_s \cdot \min\!\left(1, \frac{c}{\|g_s\| + \epsilon_c}\right), \\ "
           r"\eta_s &= \eta\!\left(s;\ W' = \min(W, S'),\ S'' = \max(S', W + 1)\right), \\ "
           r"\theta_{s+1, p} &= \operatorname{AdamW}\!\big(\theta_{s,p}, \hat g_{s,p};\ "
-          r"t = s + 1,\ \eta_s, \\ &\qquad \lambda\,[\theta_p \text{ is a matrix}]\big) "
+          r"t = s + 1,\ \eta_s, \\ &\qquad \lambda_{\mathrm{wd}}\,[\theta_p \text{ is a matrix}]\big) "
           r"\end{aligned}",
     symbols=(
         Symbol("s", "()", "the step, counted from 0"),
@@ -178,7 +187,7 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
         Symbol(r"\epsilon_c", "()", "10⁻⁶ (clip_grad_norm)"),
         Symbol("S'", "()", "the decay horizon: decay_steps, or the number of steps when 0"),
         Symbol("W", "()", "warm-up steps"),
-        Symbol(r"\lambda", "()", "weight decay, applied to matrices only"),
+        Symbol(r"\lambda_{\mathrm{wd}}", "()", "weight decay, applied to matrices only"),
     ),
     sources=(Source(BLUEPRINT, "sec. 3.2"), Source(LOSHCHILOV_2019, "Algorithm 2"),
              Source(KINGMA_2015, "Algorithm 1")),
@@ -232,7 +241,7 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
             readings=(Reading(Source(LOSHCHILOV_2019, "Algorithm 2"), "every weight"),
                       Reading(Source(BLUEPRINT, "sec. 3.2"), "AdamW; which weights not said")),
             decision="Those with two or more axes: wte, wpe, w_qkv, w_o, w_1, w_2, w_u. "
-                     "Biases and LayerNorm gains and shifts (one axis) get λ = 0.",
+                     "Biases and LayerNorm gains and shifts (one axis) get λ_wd = 0.",
             why="As on adamw_step: decaying a gain or a bias towards 0 is no prior anyone "
                 "wants; the rule by shape needs no list of names that could fall out of step "
                 "with the schema.",

@@ -176,8 +176,9 @@ def unembed_untied(H: sp.Matrix, W_U: sp.Matrix, b_U: sp.Matrix | None = None) -
     sources=(Source(BLUEPRINT, "eq 9"), Source(GUIDE, "sec. 6"), Source(NOTES, "sec. 1.2"),
              Source(RADFORD_2019, "sec. 2")),
     reference="next_token_distribution",
-    tolerance=Tolerance(r"\left(\lambda\sqrt{V} + 2\max_v |Z_{t v}|\right) u\,P_{t v}",
-                        reduction="V"),
+    tolerance=Tolerance(r"\lambda\,P_{t v}\left((4 + \sqrt{V})\,u \oplus "
+                        r"u\,|Z_{t v} - \max_{v'} Z_{t v'}|\right)", reduction="V",
+                        note="softmax's budget over a row of V logits"),
     decisions=(
         GUIDE_OUTPUT,
         SOFTMAX_RANGE,
