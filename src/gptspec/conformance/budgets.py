@@ -5,7 +5,7 @@ so a budget covers only the rounding inside the computation. Roundings are taken
 independent and mean-zero (Higham & Mary 2019): a length-n sum accumulated with unit
 roundoff u_acc errs on the scale √n·u_acc·Σ|terms|, each stored result adds u·|y|, an
 elementwise function a few roundings, and input errors propagate to first order through
-the derivative, independent contributions in quadrature. A budget is λ (:data:`LAMBDA`)
+the derivative, independent contributions in quadrature. A budget is λ (``LAMBDA``)
 times that scale. Each ``*_bound`` mirrors the reference function of its name and returns
 (value, error scale). 16-bit backends must accumulate in float32: u_acc = 2⁻²⁴ for sums
 and inside LayerNorm, softmax and the activations, their own u for stored results.
