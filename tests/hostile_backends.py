@@ -191,3 +191,10 @@ class ComplexLogits(ListsInAnyDtype):
 
     def forward(self, tokens, params, config):
         return Honest.forward(self, tokens, params, config) + 5j
+
+
+class HangsOnStart(Honest):
+    """Its constructor never returns: with --no-isolate the suite's own process waits."""
+
+    def __init__(self) -> None:
+        time.sleep(3600)

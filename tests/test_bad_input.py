@@ -404,6 +404,9 @@ case("conformance-backend-factory-returns-None-isolated",
 case("conformance-backend-not-a-backend",
      CONF + ["--backend", "hostile_backends:NOT_A_BACKEND", "--no-isolate"],
      "is an object of type str, not a backend")
+case("conformance-backend-HangsOnStart-no-isolate",  # the suite's own process waited forever
+     CONF + ["--backend", "hostile_backends:HangsOnStart", "--no-isolate", "--timeout", "1"],
+     "did not start within 1 s (--timeout)")
 case("conformance-backend-module-exits-on-import",
      CONF + ["--backend", "hostile_backend_exits_on_import:X", "--no-isolate"], "exit(0)")
 case("conformance-backend-InterruptsOnStart-isolated",

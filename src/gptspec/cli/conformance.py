@@ -53,8 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the checks in a worker process that a hang or crash cannot "
                              "take down (default: on for --backend, off for the built-in)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                        help=f"time limit per check (default 300, at most {MAX_TIMEOUT:g}: "
-                             "a day; 0 for none)")
+                        help=f"time limit per check and for starting the backend (default "
+                             f"300, at most {MAX_TIMEOUT:g}: a day; 0 for none); with "
+                             "--no-isolate it interrupts Python code only, not a call into "
+                             "compiled code that does not return")
     parser.add_argument("--adjudicate-with", default="torch", metavar="SPEC",
                         help="the plain backend a low-precision failure is compared with, "
                              "on the CPU in the same dtype (default: the built-in torch; "
@@ -219,7 +221,7 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
     from gptspec.conformance.context import keeping_cwd
     from gptspec.conformance.discovery import BackendError, load_backend
     from gptspec.conformance.isolation import run_isolated
-    from gptspec.conformance.runner import run_suite
+    from gptspec.conformance.runner import CheckTimeout, _time_limit, run_suite
 
     repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
              "--area", args.area]
@@ -236,8 +238,15 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
         if isolate:
             suite = run_isolated(spec, device=device, dtype=dtype, **common)
         else:
-            with keeping_cwd():  # its constructor may move it too
-                backend = load_backend(spec, device=device, dtype=dtype)
+            # its constructor may move the working directory too, or hang: importing and
+            # building it is bounded like a check (the timer interrupts Python code; the
+            # worker process bounds the rest, --isolate)
+            try:
+                with keeping_cwd(), _time_limit(timeout):
+                    backend = load_backend(spec, device=device, dtype=dtype)
+            except CheckTimeout:
+                raise CLIError(f"backend {spec!r} did not start within {timeout:g} s "
+                               "(--timeout)") from None
             origin = {"spec": spec, "device": device or str(backend.device),
                       "dtype": dtype or str(backend.dtype),
                       "name": str(getattr(backend, "name", spec))}
