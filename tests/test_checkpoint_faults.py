@@ -195,6 +195,29 @@ def test_a_run_with_nan_weights_is_not_saved_as_good(tmp_path):
     assert load_training_checkpoint(tmp_path / "checkpoint")[3]["step"] == 1
 
 
+def test_a_non_finite_validation_loss_stops_the_run_and_is_never_written(tmp_path,
+                                                                           monkeypatch):
+    import torch
+
+    from gptspec.fast.data import TokenData
+    from gptspec.fast.train import Trainer, TrainingDiverged, TrainSettings
+
+    data = TokenData.split(np.arange(200) % 256, CONFIG.n_ctx, val_fraction=0.25)
+    trainer = Trainer(CONFIG, TrainSettings(batch_size=2, max_steps=4, eval_interval=2,
+                                            eval_batches=1), data, TOKENIZER)
+    trainer.run(tmp_path, progress=False, log=lambda text: None)
+    saved = (tmp_path / "checkpoint" / "state.json").read_bytes()
+    trainer.settings = TrainSettings(batch_size=2, max_steps=6, eval_interval=2, eval_batches=1)
+    real = trainer.loss  # the training loss stays finite; the model's loss on val is inf
+    monkeypatch.setattr(trainer, "loss", lambda x, y, model=None: real(x, y, model) * (
+        float("inf") if model is not None else 1.0))
+    with pytest.raises(TrainingDiverged, match="validation loss became inf at step 6"):
+        trainer.run(tmp_path, progress=False, log=lambda text: None)
+    assert all(torch.isfinite(torch.tensor(v)) for _, v in trainer.history["val"])
+    assert (tmp_path / "checkpoint" / "state.json").read_bytes() == saved  # never rewritten
+    assert load_training_checkpoint(tmp_path / "checkpoint")[3]["step"] == 4
+
+
 def test_a_signal_during_a_save_waits_for_its_end(tmp_path, monkeypatch):
     from gptspec.fast import train
     from gptspec.fast.data import TokenData
