@@ -650,3 +650,61 @@ def test_each_entry_states_one_budget_the_one_its_check_computes(site: Path,
 
     # λ as the multiplier and as something else in one formula (AdamW's weight decay was)
     assert not [c.id for c in all_checks() if re.search(r"[+(·]\s*λ\s*\|", c.budget)]
+
+
+MATH = re.compile(r'class="arithmatex">(.*?)</(?:span|div)>', re.DOTALL)
+# One glyph per symbol in the site's mathematics (docs/notation.md): ε is \varepsilon, the
+# head width d_k (the Notes' d_H and GPT-3's d_head appear only in the crosswalk), a sum
+# over the vocabulary runs over the ids 0…V−1, and positions are 1-based inclusive ranges.
+OTHER_GLYPHS = {
+    "ϵ (\\epsilon) for ε": re.compile(r"(?<!var)\\epsilon|ϵ"),
+    "d_H or d_head for d_k": re.compile(r"d_\{?H\}?(?![a-z])|d_\{\\(?:text|mathrm)\{head\}\}"),
+    "a vocabulary sum from 1": re.compile(r"\\sum_\{[a-z]\s*=\s*1\}\^\{?V\}?"),
+    "a Python slice of positions": re.compile(r"\[0\s*\{?:\}?"),
+}
+
+
+def notation_problems(site: Path) -> list[str]:
+    """Each math span of the site's pages in another glyph than Notation's, the notation
+    page's crosswalk of the documents' own conventions excepted; and each head-sliced
+    parameter (W_Q^{(i)}) in an entry's equation that its symbols table does not define."""
+    found = []
+    for path in sorted(site.rglob("index.html")):
+        page = path.read_text(encoding="utf-8")
+        if "<article" not in page:
+            continue
+        article = page.split("<article", 1)[1].split("</article>", 1)[0]
+        if path.parent.name == "notation":
+            article = re.sub(r'<h2 id="how-each-documents.*?(?=<h2 )', "", article, flags=re.S)
+        for m in MATH.finditer(article):
+            found += [f"{path.parent.relative_to(site)}: {what}: {m.group(1)[:80]}"
+                      for what, pattern in OTHER_GLYPHS.items() if pattern.search(m.group(1))]
+        if 'class="gs-equation"' in article:
+            equation = article.split('class="gs-equation"', 1)[1].split("</div>\n</div>", 1)[0]
+            symbols = article.split("<strong>Symbols</strong>", 1)[1].split("</table>", 1)[0]
+            for m in re.finditer(r"\b[Wb]_\{?[A-Za-z]+\}?\^\{\([a-z]\)\}", equation):
+                if m.group(0) not in symbols:
+                    found.append(f"{path.parent.relative_to(site)}: {m.group(0)} undefined")
+    return found
+
+
+def test_the_site_writes_one_notation(site: Path, tmp_path: Path) -> None:
+    assert notation_problems(site) == []
+    # the scan finds each thing it looks for
+    page = tmp_path / "spec" / "made_up" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text(
+        '<article><div class="gs-equation">\n<div class="arithmatex">\\[y = H W_Q^{(i)}'
+        '\\]</div>\n</div><p><strong>Symbols</strong></p><table><tr><td>H</td></tr></table>'
+        '<span class="arithmatex">\\(\\sqrt{\\sigma^2 + \\epsilon}\\)</span>'
+        '<span class="arithmatex">\\(h\\,d_H\\)</span>'
+        '<span class="arithmatex">\\(\\sum_{j=1}^{V} e^{z_j}\\)</span>'
+        '<span class="arithmatex">\\(W_P[0{:}T]\\)</span></article>')
+    assert len(notation_problems(tmp_path)) == 5
+
+
+def test_the_generation_guide_writes_temperature_as_tau(site: Path) -> None:
+    """T is the sequence length everywhere; the temperature is τ (as in the spec)."""
+    guide = _article(site, "generation")
+    row = guide.split("<code>--temperature", 1)[1].split("</tr>", 1)[0]
+    assert "\\tau" in row and "\\(T\\)" not in row

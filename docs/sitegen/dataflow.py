@@ -34,7 +34,7 @@ FLOW: tuple[tuple[Step, ...], ...] = (
     (Step("one-hot", "X[t, v] = 1 if x_t = v", "X: (T, V)", ("one_hot",)),),
     (Step("token embedding", "E = X W_E (row selection)", "E: (T, d)",
           ("token_embedding", "token_embedding_one_hot")),
-     Step("positional embedding", "P = rows 0…T−1 of W_P", "P: (T, d)",
+     Step("positional embedding", "P = rows 1…T of W_P", "P: (T, d)",
           ("positional_embedding",))),
     (Step("input representation", "H⁽⁰⁾ = E + P", "H: (T, d)", ("input_representation",)),),
 )

@@ -231,7 +231,7 @@ def answer_head_width(data: Mapping[str, Any]) -> str:
         a = _arm(data, c["a"])
         if a["group"] != "h·d_H ≠ d_model":
             continue
-        text.append(f"With the head width free of d_model, {a['label']} (h·d_H = "
+        text.append(f"With the head width free of d_model, {a['label']} (h·d_k = "
                     f"{a['config']['n_heads'] * a['x']:.0f}, {a['steps']} steps for the same "
                     f"compute) against {_label(data, base)}: {signed(c['difference'])} bits per "
                     f"byte, {verdict(c)}.")
@@ -258,7 +258,7 @@ def _arms_table(data: Mapping[str, Any]) -> str:
                      f"{r['val_tokens_per_byte']:.3f}",
                      f"{r['inference_flops_per_byte'] / 1e3:.0f}",
                      f"{r['train_seconds']:.0f}"])
-    return table(["arm", "V", "d_model", "h × d_H", "output", "parameters", "non-embedding",
+    return table(["arm", "V", "d_model", "h × d_k", "output", "parameters", "non-embedding",
                   "steps", "training TFLOP", "bits per byte, mean [95%]", "tokens per byte",
                   "kFLOP per byte (inference)", "training s"], rows, "gs-experiments")
 
@@ -302,7 +302,7 @@ def _planned_table(study: Any) -> str:
                      "tied" if c.tied_embeddings else "untied",
                      f"{param_count_total(c):,}", f"{non_embedding_params(c):,}", f"{a.steps:,}",
                      f"{a.steps * study.scale.tokens_per_step * training_flops_per_token(c) / 1e12:.2f}"])
-    return table(["arm", "V", "d_model", "h × d_H", "output", "parameters", "non-embedding",
+    return table(["arm", "V", "d_model", "h × d_k", "output", "parameters", "non-embedding",
                   "steps", "training TFLOP"], rows, "gs-experiments")
 
 
@@ -392,7 +392,8 @@ def page(results: Mapping[str, Mapping[str, Any]], studies: Mapping[str, Any]) -
         "The *Notes on the Mathematical Structure of GPT LLM Architectures* (Becker-Kahn) "
         "name three questions their mathematics leaves open, and the evidence that would "
         "settle each: how the vocabulary size affects efficiency and prediction, what tying "
-        "the embedding and unembedding does, and how the head width d_H affects what the "
+        "the embedding and unembedding does, and how the head width (their d_H, here d_k) "
+        "affects what the "
         "model can capture. The model this site specifies can be varied along each of them "
         "exactly, so each question gets a controlled experiment here: arms that differ in "
         "one design choice, with everything else held fixed — the text and its split, the "

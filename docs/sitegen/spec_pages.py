@@ -469,7 +469,7 @@ def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]
         kinds = [what for what, on in (("Q/K/V, O", c.attn_bias), ("FFN", c.ffn_bias)) if on]
         return esc(" + ".join(kinds) if kinds else "none")
 
-    def head_width(c: Any) -> str:  # a free width is marked: h·d_H ≠ d
+    def head_width(c: Any) -> str:  # a free width is marked: h·d_k ≠ d
         return str(c.d_head) if c.head_width_is_derived else f"<b>{c.d_head}</b> (free)"
 
     rows = [[code(name), str(c.vocab_size), str(c.n_ctx), str(c.d_model), str(c.n_layers),
@@ -479,7 +479,7 @@ def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]
              f"{parameter_count(c):,}"]
             for name, c in presets.items()]
     header = ["preset", inline_math("V"), inline_math(r"n_{\text{ctx}}"), inline_math("d"),
-              inline_math("L"), inline_math("h"), inline_math("d_H"), inline_math(r"d_{\text{ff}}"),
+              inline_math("L"), inline_math("h"), inline_math("d_k"), inline_math(r"d_{\text{ff}}"),
               "block", "FFN", "biases", "positions", "output", "parameters"]
     return table(header, rows)
 

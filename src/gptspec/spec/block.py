@@ -30,20 +30,20 @@ from gptspec.spec.sources import (
 DEFAULT_EPS = sp.Rational(1, 10**5)  # GPT-2's, and GPTConfig.ln_eps's default
 
 LAYER_NORM_FORM = Decision(
-    question=r"Which variance, and where does $\epsilon$ go?",
+    question=r"Which variance, and where does $\varepsilon$ go?",
     readings=(
         Reading(Source(BA_2016, "sec. 3"),
                 r"$\mu = \frac{1}{H}\sum_i a_i$, $\sigma = \sqrt{\frac{1}{H}\sum_i (a_i - \mu)^2}$"
-                r" (biased, divide by H), then gain and bias; no $\epsilon$ written"),
+                r" (biased, divide by H), then gain and bias; no $\varepsilon$ written"),
         Reading(Source(RADFORD_2019, "sec. 2.3 (released code)"),
-                r"$(x - \mu)/\sqrt{\sigma^2 + \epsilon}$ with $\epsilon = 10^{-5}$, biased "
+                r"$(x - \mu)/\sqrt{\sigma^2 + \varepsilon}$ with $\varepsilon = 10^{-5}$, biased "
                 r"variance"),
         Reading(Source(BLUEPRINT, "eqs 7–8"), "LayerNorm, not defined further"),
         Reading(Source(GUIDE, "sec. 5"), "LayerNorm, not defined further"),
     ),
-    decision=r"Biased variance (divide by $d_{\mathrm{model}}$) and $\epsilon$ inside the root: "
-             r"$\gamma \odot (x - \mu)/\sqrt{\sigma^2 + \epsilon} + \beta$, "
-             r"$\epsilon$ = config.ln_eps (default $10^{-5}$).",
+    decision=r"Biased variance (divide by $d_{\mathrm{model}}$) and $\varepsilon$ inside the root: "
+             r"$\gamma \odot (x - \mu)/\sqrt{\sigma^2 + \varepsilon} + \beta$, "
+             r"$\varepsilon$ = config.ln_eps (default $10^{-5}$).",
     why="Ba et al.'s definition with GPT-2's ε placement: GPT-2's checkpoints were trained "
         "with exactly this, and it is torch.nn.LayerNorm's definition. ε inside the root "
         "keeps a constant row finite (output β).",
@@ -54,14 +54,14 @@ LAYER_NORM_FORM = Decision(
     id="layer_norm",
     title="Layer normalisation",
     group="block",
-    latex=r"\operatorname{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta,"
+    latex=r"\operatorname{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \varepsilon}} + \beta,"
           r"\quad \mu = \frac{1}{d}\sum_{i=1}^{d} x_i,\quad "
           r"\sigma^2 = \frac{1}{d}\sum_{i=1}^{d} (x_i - \mu)^2",
     symbols=(
         Symbol("x", "(T, d_model)", "rows to normalise, each on its own"),
         Symbol(r"\gamma", "(d_model,)", "gain (ln.weight)"),
         Symbol(r"\beta", "(d_model,)", "bias (ln.bias)"),
-        Symbol(r"\epsilon", "()", "config.ln_eps > 0"),
+        Symbol(r"\varepsilon", "()", "config.ln_eps > 0"),
         Symbol(r"\operatorname{LN}(x)", "(T, d_model)", "normalised rows"),
         Symbol(r"\mu", "(T,)", "each row's mean"),
         Symbol(r"\sigma^2", "(T,)", "each row's (biased) variance"),
@@ -71,7 +71,7 @@ LAYER_NORM_FORM = Decision(
              Source(RADFORD_2019, "sec. 2.3")),
     reference="layer_norm",
     tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,"
-                        r"\frac{\max_i |x_i|}{\sqrt{\sigma^2 + \epsilon}}\,|\gamma| + u\,|\beta|",
+                        r"\frac{\max_i |x_i|}{\sqrt{\sigma^2 + \varepsilon}}\,|\gamma| + u\,|\beta|",
                         reduction="d_model",
                         note="the mean and variance are sums of d terms; the error of x − μ is "
                              "relative to max|x|, then divided by the standard deviation"),

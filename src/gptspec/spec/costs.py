@@ -1,7 +1,7 @@
 """Spec entries: costs — the size of a model and what running it takes.
 
 Each entry is a sympy expression: with no configuration, the formula in the size symbols
-(V, n_ctx, d_model, L, h, d_ff, and the head width d_H, free as in GPT-3's Table 2.1);
+(V, n_ctx, d_model, L, h, d_ff, and the head width d_k, free as in GPT-3's Table 2.1);
 with a :class:`GPTConfig`, an exact integer. FLOPs follow Kaplan et al. 2020, table 1: a
 multiply-add is 2 FLOPs and only matrix products count; N_mm includes the unembedding
 d_model·V (tied or not), which Kaplan lists apart, because at GPT-2's sizes it is a large
@@ -22,7 +22,8 @@ from gptspec.spec.sources import BLUEPRINT, GUIDE, KAPLAN_2020, RADFORD_2019, So
 V, n_ctx, d_model, L, h, d_ff = sp.symbols("V n_ctx d_model L h d_ff", positive=True,
                                            integer=True)
 B, T, s = sp.symbols("B T s", positive=True, integer=True)
-d_H = sp.Symbol("d_H", positive=True, integer=True)
+d_k = sp.Symbol("d_k", positive=True, integer=True)
+d_H = d_k  # the Notes' name for the head width; the pages write d_k (docs/notation.md)
 
 SIZE_SYMBOLS = (
     Symbol("V", "()", "vocabulary size"),
@@ -36,7 +37,7 @@ _SIZE_ROWS = {s.name: s for s in SIZE_SYMBOLS} | {
     "T": Symbol("T", "()", "sequence length"),
     "s": Symbol("s", "()", "bytes per element (2 for bf16, 4 for float32)"),
     "h": Symbol("h", "()", "number of heads"),
-    "d_H": Symbol("d_H", "()", "width of each head (d_model / h unless the head width is free)"),
+    "d_k": Symbol("d_k", "()", "width of each head (d_model / h unless the head width is free)"),
 }
 
 
@@ -72,7 +73,7 @@ class Sizes:
     L: sp.Expr
     h: sp.Expr
     d_ff: sp.Expr
-    d_attn: sp.Expr  # h·d_H: the width of Q, K, V and of W_O's input
+    d_attn: sp.Expr  # h·d_k: the width of Q, K, V and of W_O's input
     attn_bias: int
     ffn_bias: int
     positional: int  # 1 with a learned W_P, 0 without (the Guide)
@@ -85,7 +86,7 @@ class Sizes:
 
 def sizes(config: GPTConfig | None) -> Sizes:
     if config is None:
-        return Sizes(V, n_ctx, d_model, L, h, d_ff, d_attn=h * d_H, attn_bias=1, ffn_bias=1,
+        return Sizes(V, n_ctx, d_model, L, h, d_ff, d_attn=h * d_k, attn_bias=1, ffn_bias=1,
                      positional=1, norms_per_block=2, ffn_second_in=d_ff, final_norm=1,
                      tied=1, output_bias=0)
     c = config
@@ -142,15 +143,15 @@ def param_count_positional_embedding(config: GPTConfig | None = None):
     id="param_count_attention",
     title="Parameters: one block's multi-head attention",
     group="costs",
-    latex=r"N_{attn} = 4\, d_{model}\, h d_H + 3 h d_H + d_{model} \quad "
+    latex=r"N_{attn} = 4\, d_{model}\, h d_k + 3 h d_k + d_{model} \quad "
           r"\text{(} W_{QKV}, W_O \text{ and their biases; } 4 d_{model}^2 + 4 d_{model} "
-          r"\text{ when } h d_H = d_{model} \text{)}",
-    symbols=size_rows("d_{model}", "h", "d_H", result=N_ATTN, parts=(
-        Symbol("W_{QKV}", "(d_model, 3 h d_H)", "[W_Q | W_K | W_V]"),
-        Symbol("W_O", "(h d_H, d_model)", "the output map"))),
+          r"\text{ when } h d_k = d_{model} \text{)}",
+    symbols=size_rows("d_{model}", "h", "d_k", result=N_ATTN, parts=(
+        Symbol("W_{QKV}", "(d_model, 3 h d_k)", "[W_Q | W_K | W_V]"),
+        Symbol("W_O", "(h d_k, d_model)", "the output map"))),
     sources=(Source(BLUEPRINT, "eqs 2, 5"),) + COUNT_SOURCES,
     reference="param_count_attention",
-    notes="With the default head width (d_H = d_model / h) the number of heads does not "
+    notes="With the default head width (d_k = d_model / h) the number of heads does not "
           "change the count. The biases b_Q, b_K, b_V, b_O count only where the "
           "configuration has attention biases (not the Blueprint's eqs 2 and 4).",
 )
@@ -194,8 +195,8 @@ def param_count_block_norms(config: GPTConfig | None = None):
     title="Parameters: one block",
     group="costs",
     latex=r"N_{block} = N_{attn} + N_{ffn} + N_{LN} = 12 d_{model}^2 + 13 d_{model} "
-          r"\quad (d_{ff} = 4 d_{model},\ h d_H = d_{model})",
-    symbols=size_rows("d_{model}", "d_{ff}", "h", "d_H", result=N_BLOCK,
+          r"\quad (d_{ff} = 4 d_{model},\ h d_k = d_{model})",
+    symbols=size_rows("d_{model}", "d_{ff}", "h", "d_k", result=N_BLOCK,
                       parts=(N_ATTN, N_FFN, N_LN)),
     sources=COUNT_SOURCES,
     reference="param_count_block",
@@ -275,8 +276,8 @@ FLOP_SOURCES = (Source(KAPLAN_2020, "sec. 2.1, table 1"),)
     id="matmul_weights_per_token",
     title="Weights a token meets in matrix products",
     group="costs",
-    latex=r"N_{mm} = L\,(4 d_{model}\, h d_H + 2 d_{model} d_{ff}) + d_{model} V",
-    symbols=size_rows("L", "d_{model}", "h", "d_H", "d_{ff}", "V", result=N_MM),
+    latex=r"N_{mm} = L\,(4 d_{model}\, h d_k + 2 d_{model} d_{ff}) + d_{model} V",
+    symbols=size_rows("L", "d_{model}", "h", "d_k", "d_{ff}", "V", result=N_MM),
     sources=FLOP_SOURCES,
     reference="matmul_weights_per_token",
     notes="Every block's weight matrices and the unembedding (even when tied); no "
@@ -292,8 +293,8 @@ def matmul_weights_per_token(config: GPTConfig | None = None):
     id="forward_flops_per_token",
     title="Forward FLOPs per token",
     group="costs",
-    latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{ctx}\, h d_H",
-    symbols=size_rows("L", "n_{ctx}", "h", "d_H", result=C_FWD, parts=(N_MM,)),
+    latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{ctx}\, h d_k",
+    symbols=size_rows("L", "n_{ctx}", "h", "d_k", result=C_FWD, parts=(N_MM,)),
     sources=FLOP_SOURCES,
     reference="forward_flops_per_token",
     notes="Multiply-add = 2 FLOPs; matrix products only; the attention term is a full "
@@ -318,8 +319,8 @@ def forward_flops_per_token(config: GPTConfig | None = None):
     id="training_flops_per_token",
     title="Training FLOPs per token",
     group="costs",
-    latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{ctx}\, h d_H",
-    symbols=size_rows("L", "n_{ctx}", "h", "d_H",
+    latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{ctx}\, h d_k",
+    symbols=size_rows("L", "n_{ctx}", "h", "d_k",
                       result=_count("C_{train}", "training FLOPs per token"),
                       parts=(C_FWD, N_MM)),
     sources=FLOP_SOURCES,
@@ -338,8 +339,8 @@ def training_flops_per_token(config: GPTConfig | None = None):
     id="kv_cache_bytes",
     title="KV-cache size",
     group="costs",
-    latex=r"M_{KV} = 2 \, B \, L \, n_{ctx} \, h d_H \, s",
-    symbols=size_rows("B", "L", "n_{ctx}", "h", "d_H", "s",
+    latex=r"M_{KV} = 2 \, B \, L \, n_{ctx} \, h d_k \, s",
+    symbols=size_rows("B", "L", "n_{ctx}", "h", "d_k", "s",
                       result=_count("M_{KV}", "bytes of the KV cache")),
     sources=(Source(BLUEPRINT, "eq 3"),),
     reference="kv_cache_bytes",
@@ -356,11 +357,11 @@ def kv_cache_bytes(config: GPTConfig | None = None, batch: int | None = None,
     id="activation_memory_bytes",
     title="Activation memory of a training step",
     group="costs",
-    latex=r"M_{act} = B\,s\,\Big(L\,\big((2 + n_{LN})\,T d_{model} + 4 T h d_H + 2 T d_{ff} "
+    latex=r"M_{act} = B\,s\,\Big(L\,\big((2 + n_{LN})\,T d_{model} + 4 T h d_k + 2 T d_{ff} "
           r"+ h T^2\big) "
           r"+ 2 T d_{model} + T V\Big)",
     symbols=size_rows(
-        "B", "s", "L", "T", "d_{model}", "d_H", "d_{ff}", "h", "V",
+        "B", "s", "L", "T", "d_{model}", "d_k", "d_{ff}", "h", "V",
         result=_count("M_{act}", "bytes of activations kept for the backward pass"),
         parts=(Symbol("n_{LN}", "()", "LayerNorms per block: 2, or 1 in the Guide's block"),)),
     sources=(Source(BLUEPRINT, "eqs 3-8"),),

@@ -93,7 +93,7 @@ EMBEDDING_DIMENSIONS = Decision(
     id="token_embedding_one_hot",
     title="Token embedding as a one-hot product",
     group="embedding",
-    latex=r"E = X\,W_E, \qquad e_t = \sum_{v=1}^{V} X_{t v}\,(W_E)_{v,:}",
+    latex=r"E = X\,W_E, \qquad e_t = \sum_{v=0}^{V-1} X_{t v}\,(W_E)_{v,:}",
     symbols=(
         Symbol("X", "(T, V)", "one-hot rows of the tokens"),
         Symbol("W_E", "(V, d_model)", "token embedding matrix (wte)"),

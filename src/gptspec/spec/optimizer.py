@@ -20,14 +20,15 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
     latex=r"\begin{aligned} m_t &= \beta_1 m_{t-1} + (1 - \beta_1) g_t, \quad "
           r"v_t = \beta_2 v_{t-1} + (1 - \beta_2) g_t^2, \\ "
           r"\hat m_t &= \frac{m_t}{1 - \beta_1^t}, \quad \hat v_t = \frac{v_t}{1 - \beta_2^t}, \\ "
-          r"\theta_t &= \theta_{t-1} - \eta_t \left( \frac{\hat m_t}{\sqrt{\hat v_t} + \epsilon} "
+          r"\theta_t &= \theta_{t-1} - \eta_t \left( \frac{\hat m_t}{\sqrt{\hat v_t} + \varepsilon} "
           r"+ \lambda_{\mathrm{wd}}\, \theta_{t-1} \right) \end{aligned}",
     symbols=(
         Symbol(r"\theta", "(n,)", "a parameter"), Symbol("g", "(n,)", "its gradient at step t"),
         Symbol("m", "(n,)", "first-moment estimate"), Symbol("v", "(n,)", "second-moment estimate"),
         Symbol("t", "()", "step number, from 1"), Symbol(r"\eta_t", "()", "learning rate at step t"),
         Symbol(r"\beta_1, \beta_2", "()", "moment decay rates"),
-        Symbol(r"\epsilon", "()", "denominator floor"), Symbol(r"\lambda_{\mathrm{wd}}", "()", "weight decay"),
+        Symbol(r"\varepsilon", "()", "denominator floor"),
+        Symbol(r"\lambda_{\mathrm{wd}}", "()", "weight decay"),
     ),
     sources=(Source(BLUEPRINT, "sec. 3.2"), Source(LOSHCHILOV_2019, "Algorithm 2"),
              Source(KINGMA_2015, "Algorithm 1")),
@@ -47,7 +48,7 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
             readings=(
                 Reading(Source(LOSHCHILOV_2019, "Algorithm 2, line 12"),
                         r"$\theta_t = \theta_{t-1} - \eta_t(\alpha \hat m_t/"
-                        r"(\sqrt{\hat v_t}+\epsilon) + \lambda\theta_{t-1})$ "
+                        r"(\sqrt{\hat v_t}+\varepsilon) + \lambda\theta_{t-1})$ "
                         r"with $\eta_t$ a schedule multiplier and $\alpha$ the step size"),
                 Reading(Source(BLUEPRINT, "sec. 3.2"),
                         "AdamW, decoupling weight decay from the gradient update; no formula"),
@@ -72,7 +73,7 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
             question="In what precision does a 16-bit (float16, bfloat16) backend take a step?",
             readings=(
                 Reading(Source(KINGMA_2015, "Algorithm 1"),
-                        r"real arithmetic, with $\epsilon = 10^{-8}$"),
+                        r"real arithmetic, with $\varepsilon = 10^{-8}$"),
                 Reading(Source(MICIKEVICIUS_2018, "sec. 3.1"),
                         "the optimizer updates a float32 master copy of the weights; a "
                         "16-bit copy of it is used by the forward and backward passes"),
@@ -83,7 +84,7 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
                      r"update's float32 roundings plus one rounding of the stored "
                      r"parameter per step (no master copy: the parameter the backend "
                      r"holds is the 16-bit one).",
-            why=r"In 16 bit the step is not computable as written: $\epsilon = 10^{-8}$ "
+            why=r"In 16 bit the step is not computable as written: $\varepsilon = 10^{-8}$ "
                 r"is 0 in float16, $g^2$ underflows (float16) or keeps 8 bits (bfloat16), "
                 r"and $\hat m/\sqrt{\hat v}$ divides two such numbers, so the update may be "
                 r"off by its own size, or infinite where $v$ underflows. Float32 state is "
@@ -107,10 +108,10 @@ def adamw_step(theta, g, m, v, t=1, lr=LR, beta1=BETA1, beta2=BETA2, eps=EPS, we
     title="Gradient-norm clipping",
     group="optimizer",
     latex=r"\|g\| = \sqrt{\textstyle\sum_p \sum_i g_{p,i}^2}, \quad "
-          r"g \leftarrow g \cdot \min\!\left(1, \frac{c}{\|g\| + \epsilon}\right)",
+          r"g \leftarrow g \cdot \min\!\left(1, \frac{c}{\|g\| + \varepsilon}\right)",
     symbols=(Symbol("g", "all parameters", "every gradient, taken together as one vector"),
              Symbol("c", "()", "the largest norm allowed"),
-             Symbol(r"\epsilon", "()", "10⁻⁶, keeps the ratio finite")),
+             Symbol(r"\varepsilon", "()", "10⁻⁶, keeps the ratio finite")),
     sources=(Source(BLUEPRINT, "sec. 3.2"),),
     reference="clip_grad_norm",
     tolerance=Tolerance(r"\lambda \sqrt{n}\,u", reduction="n"),
@@ -164,7 +165,7 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
           r"\text{rank}, s)_j, \quad j = 1, \dots, k, \\ "
           r"\bar L_s &= \frac1k \sum_{j=1}^{k} \bar L(x^{(j)}, y^{(j)}; \theta_s), \\ "
           r"g_s &= \nabla_\theta \bar L_s, \\ "
-          r"\hat g_s &= g_s \cdot \min\!\left(1, \frac{c}{\|g_s\| + \epsilon_c}\right), \\ "
+          r"\hat g_s &= g_s \cdot \min\!\left(1, \frac{c}{\|g_s\| + \varepsilon_c}\right), \\ "
           r"\eta_s &= \eta\!\left(s;\ W' = \min(W, S'),\ S'' = \max(S', W + 1)\right), \\ "
           r"\theta_{s+1, p} &= \operatorname{AdamW}\!\big(\theta_{s,p}, \hat g_{s,p};\ "
           r"t = s + 1,\ \eta_s, \\ &\qquad \lambda_{\mathrm{wd}}\,[\theta_p \text{ is a matrix}]\big) "
@@ -184,7 +185,7 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
         Symbol(r"x^{(j)}, y^{(j)}", "(B, T)", "micro-batch j's sequences and targets"),
         Symbol(r"\bar L", "()", "the mean cross-entropy per token (cross_entropy_mean)"),
         Symbol("c", "()", "the clipping norm; 0 turns clipping off"),
-        Symbol(r"\epsilon_c", "()", "10⁻⁶ (clip_grad_norm)"),
+        Symbol(r"\varepsilon_c", "()", "10⁻⁶ (clip_grad_norm)"),
         Symbol("S'", "()", "the decay horizon: decay_steps, or the number of steps when 0"),
         Symbol("W", "()", "warm-up steps"),
         Symbol(r"\lambda_{\mathrm{wd}}", "()", "weight decay, applied to matrices only"),
@@ -193,7 +194,7 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
              Source(KINGMA_2015, "Algorithm 1")),
     reference="train_loop",
     tolerance=Tolerance(r"\eta_s \cdot \max_{\text{box}} \left|\frac{\hat m'}{\sqrt{\hat v'} "
-                        r"+ \epsilon} - \frac{\hat m}{\sqrt{\hat v} + \epsilon}\right| "
+                        r"+ \varepsilon} - \frac{\hat m}{\sqrt{\hat v} + \varepsilon}\right| "
                         r"+ \lambda \sqrt{10}\, u\, |\theta|", reduction="1",
                         note="per step, at the backend's own state; the box is the moments' "
                              "error propagated from the gradient budget"),

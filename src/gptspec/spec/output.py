@@ -53,12 +53,12 @@ FINAL_NORM = Decision(
     title="Final LayerNorm",
     group="output",
     latex=r"H_f = \operatorname{LN}_f(H^{(L)}) = \gamma_f \odot \frac{H^{(L)} - \mu}"
-          r"{\sqrt{\sigma^2 + \epsilon}} + \beta_f",
+          r"{\sqrt{\sigma^2 + \varepsilon}} + \beta_f",
     symbols=(
         Symbol("H^{(L)}", "(T, d_model)", "the residual stream after the last block"),
         Symbol(r"\gamma_f", "(d_model,)", "ln_f.weight"),
         Symbol(r"\beta_f", "(d_model,)", "ln_f.bias"),
-        Symbol(r"\epsilon", "()", "config.ln_eps"),
+        Symbol(r"\varepsilon", "()", "config.ln_eps"),
         Symbol("H_f", "(T, d_model)", "normalised final rows"),
         Symbol(r"\operatorname{LN}_f", "(T, d_model) → (T, d_model)", "the final LayerNorm (ln_f)"),
         Symbol(r"\mu, \sigma^2", "(T,)", "each row's mean and (biased) variance"),
@@ -67,7 +67,7 @@ FINAL_NORM = Decision(
              Source(NOTES, "sec. 4.1")),
     reference="final_layer_norm",
     tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,"
-                        r"\frac{\max_i |x_i|}{\sqrt{\sigma^2 + \epsilon}}\,|\gamma_f| + "
+                        r"\frac{\max_i |x_i|}{\sqrt{\sigma^2 + \varepsilon}}\,|\gamma_f| + "
                         r"u\,|\beta_f|",
                         reduction="d_model"),
     decisions=(FINAL_NORM,),

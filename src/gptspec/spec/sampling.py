@@ -43,7 +43,7 @@ def _descending_order(values: Sequence) -> list[int]:
     id="temperature_softmax",
     title="Temperature",
     group="sampling",
-    latex=r"q_i = \frac{e^{z_i/\tau}}{\sum_{j=1}^{V} e^{z_j/\tau}}, \qquad \tau > 0",
+    latex=r"q_i = \frac{e^{z_i/\tau}}{\sum_{j=0}^{V-1} e^{z_j/\tau}}, \qquad \tau > 0",
     symbols=(
         Symbol("z", "(V,)", "next-token logits (the last row of the model's output)"),
         Symbol(r"\tau", "()", "temperature; τ < 1 sharpens, τ > 1 flattens, τ = 1 is the model"),
