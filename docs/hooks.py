@@ -43,6 +43,7 @@ from sitegen import (  # noqa: E402
     example_run,
     figures,
     katex,
+    markup,
     open_questions,
     search_text,
     spec_pages,
@@ -189,6 +190,15 @@ def on_post_build(config: MkDocsConfig) -> None:
     index = Path(config.site_dir) / "search" / "search_index.json"
     if index.exists():
         search_text.rewrite_index(index)
+    # Saved data published as is (the experiments' results) names the machine that made
+    # it: a study's text source is "the standard library (/root/.pyenv/…)". Its paths are
+    # cut as on the pages, so no file of the site names a machine.
+    for path in Path(config.site_dir).rglob("*"):
+        if path.suffix in (".json", ".svg", ".txt", ".xml") and path.is_file():
+            text = path.read_text(encoding="utf-8")
+            public = markup.public_text(text)
+            if public != text:
+                path.write_text(public, encoding="utf-8")
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:

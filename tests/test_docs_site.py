@@ -394,7 +394,7 @@ def machine_paths(site: Path) -> list[str]:
     """Every machine path in the site's pages, its search index and its sitemap."""
     found = []
     for path in sorted(site.rglob("*")):
-        if path.suffix in (".html", ".xml", ".txt") or path.name == "search_index.json":
+        if path.suffix in (".html", ".xml", ".txt", ".json", ".svg"):
             text = path.read_text(encoding="utf-8", errors="replace")
             found += [f"{path.relative_to(site)}: {m.group(0)[:80]}"
                       for m in MACHINE_PATH.finditer(text)]
@@ -407,7 +407,8 @@ def test_no_page_shows_a_machine_path(site: Path, tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text(
         "<p>Data: the .py files (/root/.pyenv/versions/3.11.7/lib/python3.11), and "
         "/home/someone/gptspec/x.py; not https://example.invalid/home/a</p>")
-    assert len(machine_paths(tmp_path)) == 2
+    (tmp_path / "study.json").write_text('{"data": "the .py files (/root/.pyenv/lib)"}')
+    assert len(machine_paths(tmp_path)) == 3
 
 
 def _article(site: Path, page: str) -> str:
