@@ -558,7 +558,11 @@ def test_generation_checks_pass_honest_backends(backend):
 
     ids = [c.id for c in all_checks("generation")]
     assert len(ids) >= 6
-    assert set(run_checks(backend, *ids).values()) == {"pass"}
+    statuses = run_checks(backend, *ids)
+    # its own generate and sampling_distribution are judged, not the judge's loop over its logits
+    through_forward = {i for i in ids if i.endswith(".through_forward")}
+    assert {statuses[i] for i in through_forward} == {"not-applicable"}
+    assert {s for i, s in statuses.items() if i not in through_forward} == {"pass"}
 
 
 def test_fast_greedy_equals_transformers_generate_on_the_same_weights():

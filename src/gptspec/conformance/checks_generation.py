@@ -143,12 +143,19 @@ def _generate(ctx, prompts, params, config, max_new, **options):
 # --- greedy decoding, the KV cache, batches ----------------------------------------------------
 
 
-def _greedy_matches_reference(ctx, case, label) -> None:
+def _greedy_matches_reference(ctx, case, label, through_forward: bool = False) -> None:
     """Greedy generation of ``case`` by the backend and by the reference, compared
-    sequence by sequence (``_compare_greedy``); ``label(b, prompts)`` names sequence b."""
+    sequence by sequence (``_compare_greedy``); ``label(b, prompts)`` names sequence b.
+    ``through_forward``: the backend's tokens are the reference's loop driven by its
+    ``forward`` (an engine that returns logits and nothing else)."""
     config, params, prompts, max_new, eot = case
-    got, got_logits = _generate(ctx, prompts, params, config, max_new, temperature=0.0,
-                                eot_token=eot, return_logits=True)
+    if through_forward:
+        got, got_logits = ref.generate(prompts, params, config, max_new, temperature=0.0,
+                                       eot_token=eot, return_logits=True,
+                                       forward=_last_rows_of(ctx))
+    else:
+        got, got_logits = _generate(ctx, prompts, params, config, max_new, temperature=0.0,
+                                    eot_token=eot, return_logits=True)
     want, want_logits = ref.generate(prompts, params, config, max_new, temperature=0.0,
                                      eot_token=eot, return_logits=True)
     for b, prompt in enumerate(prompts):
@@ -168,6 +175,51 @@ def greedy_reference(backend, ctx):
     @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
         _greedy_matches_reference(ctx, case, lambda b, prompts: f"sequence {b}")
+
+
+# --- an engine that returns logits and nothing else: generation through its forward ---------
+
+
+def judged_by_its_own(backend, op: str, check_id: str) -> None:
+    """NotApplicable where the backend brings ``op`` itself: its own is judged (by
+    ``check_id``), not the judge's loop over its logits."""
+    if callable(getattr(backend, op, None)):
+        raise NotApplicable(f"the backend has its own {op}, judged by {check_id}")
+
+
+def _last_rows_of(ctx):
+    """``forward`` for the reference's generation loop: a context (T,) to the backend's
+    logits (T, V), its forward called on a batch of one."""
+    def forward(tokens: np.ndarray, params, config) -> np.ndarray:
+        out = np.asarray(ctx.backend.forward(np.asarray(tokens)[None], params, config),
+                         dtype=np.float64)
+        shape = (1, len(tokens), config.vocab_size)
+        ctx.require(out.shape == shape, f"forward returned logits of shape {out.shape} for "
+                                        f"tokens of shape {shape[:2]}, expected {shape}")
+        return out[0]
+
+    return forward
+
+
+@check("greedy_token.through_forward", entries=("greedy_token", "generate", "crop_context",
+                                                "stop_condition"),
+       depends_on=DEPENDS, area=AREA, budget=MODEL)
+def greedy_through_forward(backend, ctx):
+    """Greedy decoding of an engine that returns logits and nothing else: the judge runs
+    the spec's generation loop (the reference's ``generate``) over the backend's
+    ``forward``, the last row's arg-max at every step, and the tokens equal the
+    reference's token for token up to a near tie (the two best reference logits within
+    the step's logits budget of each other), each step's logits within the model's
+    budget of the reference's. The same cases as generate.greedy_reference: prompts
+    longer than n_ctx, generation past n_ctx (cropping), contexts across kernel blocks,
+    an end-of-text id. Not applicable to a backend with its own ``generate`` (judged by
+    generate.greedy_reference)."""
+    judged_by_its_own(backend, "generate", "generate.greedy_reference")
+
+    @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
+    def _(case):
+        _greedy_matches_reference(ctx, case, lambda b, prompts: f"sequence {b}",
+                                  through_forward=True)
 
 
 @check("kv_cache_attention.cache_vs_no_cache", entries=("kv_cache_attention", "generate"),
@@ -522,6 +574,46 @@ def sampling_distribution(backend, ctx):
         z = B.round_to(data.draw(st.one_of(arrays((V,), p.dtype), tied), label="logits"),
                        p.dtype)
         one(z, *data.draw(sampling_settings(V)))
+
+
+@check("sampling_distribution.through_forward",
+       entries=("sampling_distribution", "temperature_softmax", "top_k_filter",
+                "nucleus_filter"),
+       depends_on=DEPENDS, area=AREA,
+       budget="the model's logits budget at the context, divided by τ, carried through the "
+              "filters (certain in/out) and the softmax")
+def sampling_through_forward(backend, ctx):
+    """The next-token distribution of an engine that returns logits and nothing else:
+    the judge computes the spec's distribution (τ > 0, top-k, nucleus) from the last row
+    of the backend's logits at the end of each prompt (cropped to n_ctx) and judges it
+    against the reference logits', which the backend's are known to within the model's
+    budget (budgets.gpt_forward_bound): every token kept for certain under that
+    uncertainty is kept, every token dropped for certain is dropped, and the
+    probabilities are the reference's softmax renormalised over the kept set within the
+    softmax budget of logits off by up to that budget / τ. A shift of every logit by one
+    constant leaves the distribution, and so this check, unchanged. Small models (V ≤
+    16: certainty under a nucleus costs O(V²)). Not applicable to a backend with its
+    own ``sampling_distribution`` (judged by sampling_distribution.differential)."""
+    judged_by_its_own(backend, "sampling_distribution", "sampling_distribution.differential")
+    p = ctx.precision
+    wide = Precision.of("float64")  # the judge computes the distribution in float64
+    forward = _last_rows_of(ctx)
+
+    @ctx.given(case=generation_cases(p.dtype), data=st.data())
+    def _(case, data):
+        config, params, prompts, _, _ = case
+        for b, prompt in enumerate(prompts):
+            context = ref.crop_context(prompt, config.n_ctx)
+            tau, top_k, top_p = data.draw(sampling_settings(config.vocab_size)
+                                          .filter(lambda s: s[0] > 0), label=f"settings {b}")
+            z = forward(np.asarray(context), params, config)[-1]
+            want = ref.gpt_forward(np.asarray(context), params, config)[-1]
+            e_z = B.gpt_forward_bound(np.asarray([context]), params, config, p)[0, -1]
+            y = want / tau
+            q = ref.sampling_distribution(z, tau, top_k, top_p)
+            judge_distribution(ctx, q, y, (tau, top_k, top_p), wide,
+                               err=np.hypot(e_z / tau, wide.u * np.abs(y)),
+                               what=f"prompt {b} (length {len(prompt)}): ")
 
 
 # --- drawing --------------------------------------------------------------------------------

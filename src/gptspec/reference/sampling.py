@@ -9,6 +9,8 @@ generation that faster implementations are checked against.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -152,11 +154,15 @@ def stop_condition(token: int, n: int, max_new_tokens: int, eot_token: int | Non
 def generate(prompts, params: dict, config: GPTConfig, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              eot_token: int | None = None, rng: np.random.Generator | None = None,
-             return_logits: bool = False):
+             return_logits: bool = False, forward: Callable[..., Any] = gpt_forward):
     """Generate up to ``max_new_tokens`` tokens after each prompt of ``prompts`` (a list
     of token lists), recomputing the full forward pass on the cropped context at every
     step. Each prompt is generated on its own, one after the other (a batch is just its
     sequences; the uniforms of ``rng`` are drawn in that order).
+
+    ``forward(tokens, params, config)`` maps a context (T,) to its logits (T, V): the
+    reference's ``gpt_forward`` unless another model's is given (generation driven
+    through an engine that returns logits and nothing else).
 
     Returns, per prompt, the new tokens (the end-of-text token included when it stopped
     the loop) and, with ``return_logits``, the (n, V) logits each token was drawn from."""
@@ -174,7 +180,7 @@ def generate(prompts, params: dict, config: GPTConfig, max_new_tokens: int, *,
         step_logits: list[Array] = []
         for n in range(1, max_new_tokens + 1):
             context = crop_context(tokens, config.n_ctx)
-            z = gpt_forward(np.asarray(context), params, config)[-1]
+            z = np.asarray(forward(np.asarray(context), params, config), dtype=np.float64)[-1]
             if temperature == 0:
                 token = greedy_token(z)
             else:
