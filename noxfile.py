@@ -41,7 +41,7 @@ def install(session: nox.Session, extras: str = "", torch: bool = True) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The project's own tests: spec ↔ reference, traceability, every component."""
-    install(session, "interop,docs,jax,onnx")
+    install(session, "interop,docs,jax,onnx,independent")
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -56,7 +56,7 @@ def conformance(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over the package (with the adapters' engines installed, so
     their types are checked rather than read as Any)."""
-    install(session, "dev,jax,interop")
+    install(session, "dev,jax,interop,independent")
     session.run("ruff", "check", ".")
     session.run("mypy", "src/gptspec")
 
@@ -178,7 +178,7 @@ def ecosystem(session: nox.Session) -> None:
     in docs/ecosystem/ (the Compatibility page's data); fails on a failure that
     docs/ecosystem/adjudications.toml does not explain. Options after --: --profile P
     (default: default), --out DIR, --engine NAME, --check PATTERN, --seed N."""
-    install(session, "interop,jax,onnx")
+    install(session, "interop,jax,onnx,independent")
     session.run("python", "-m", "gptspec.adapters.ecosystem", *session.posargs)
 
 

@@ -166,6 +166,44 @@ def _dtype_rank(engines: Sequence[Any], run: EngineRun) -> int:
     return dtypes.index(run.dtype) if run.dtype in dtypes else len(dtypes)
 
 
+def _groups(runs: Sequence[EngineRun], independent: Sequence[Any],
+            rewritten: Sequence[Any]) -> str:
+    """The summary: one table of the independent implementations (engines nobody here
+    wrote: their agreement is evidence about the spec), one of the spec's equations
+    re-written here in other frameworks (evidence about the frameworks only), and any
+    report of an engine the table does not list."""
+    parts = []
+    listed = {e.backend for e in [*independent, *rewritten]}
+    areas = sorted({a for e in independent for a in getattr(e, "areas", ())})
+    groups = [
+        ("Independent implementations", independent,
+         f"{len(independent)} implementations nobody here wrote, across "
+         f"{len(areas)} areas ({', '.join(areas)}): each computes the spec its own way, so "
+         "where it agrees the spec and the engine agree, and where it differs the "
+         "adjudication says which reads what."),
+        ("The spec re-written in other frameworks", rewritten,
+         "The spec's equations written here again in JAX and in ONNX graphs: they test the "
+         "frameworks and the suite's dtype budgets, not the spec's reading, since the same "
+         "people wrote both sides."),
+    ]
+    unlisted = sorted({r.engine for r in runs} - listed)
+    for title, members, lead in groups:
+        names = {e.backend for e in members}
+        mine = [r for r in runs if r.engine in names]
+        parts.append(f"**{title}.** {esc(lead)}\n")
+        if mine:
+            parts.append(table(["engine, dtype", *HEADER],
+                               [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
+                                for r in mine], "gs-compat"))
+    if unlisted:
+        mine = [r for r in runs if r.engine in unlisted]
+        parts.append("**Engines outside the ecosystem's table.**\n")
+        parts.append(table(["engine, dtype", *HEADER],
+                           [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
+                            for r in mine], "gs-compat"))
+    return "\n".join(parts)
+
+
 def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
                        adjudications: Sequence[Any], verdicts: Mapping[str, str],
                        area_of: Mapping[str, str], head: str = "", root: Path | None = None
@@ -181,12 +219,16 @@ def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
         "report per engine and dtype to `docs/ecosystem/`). *Not applicable*: every example "
         "of the check was a configuration the engine declares it cannot express (GPT-2 has "
         "no post-LN block, for one); *not implemented*: the engine exposes no such "
-        "operation; *blocked*: a check this one depends on failed. Every failure below is "
+        "operation, or does not implement the check's area at all (a tokenizer has no "
+        "model); *blocked*: a check this one depends on failed. Every failure below is "
         "adjudicated — the engine's behaviour, a decision of the spec the engine reads "
         "differently, or a false alarm of the suite — from the committed table "
         "`docs/ecosystem/adjudications.toml`; the site does not build with a failure it "
         "cannot explain.\n",
     ]
+    independent = [e for e in engines if getattr(e, "independent", True)]
+    rewritten = [e for e in engines if not getattr(e, "independent", True)]
+    engines = [*independent, *rewritten]  # the page lists them in these two groups
     rank = {e.backend: i for i, e in enumerate(engines)}
     runs = sorted(runs, key=lambda r: (rank.get(r.engine, len(rank)), r.engine,
                                        _dtype_rank(engines, r)))
@@ -196,10 +238,7 @@ def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
                      f"Stale evidence</p>\n<p>{len(stale)} of these {len(runs)} reports ran "
                      f"another set of checks than the suite's {len(area_of)}: each one's "
                      "section below names the difference.</p>\n</div>\n")
-    if runs:
-        parts.append(table(["engine, dtype", *HEADER],
-                           [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
-                            for r in runs], "gs-compat"))
+    parts.append(_groups(runs, independent, rewritten))
     listed = {e.backend for e in engines}
     # a report of an engine the table does not list is shown, not dropped
     unlisted = [SimpleNamespace(backend=name, what="An engine outside the ecosystem's table",
@@ -208,7 +247,12 @@ def compatibility_page(runs: Sequence[EngineRun], engines: Sequence[Any],
     for engine in [*engines, *unlisted]:
         mine = [r for r in runs if r.engine == engine.backend]
         parts.append(f"## {engine.backend}\n")
-        parts.append(f"{esc(engine.what)}. Dtypes: {', '.join(engine.dtypes)}.\n")
+        kind = ("An independent implementation" if getattr(engine, "independent", True)
+                else "The spec re-written here in another framework")
+        areas = getattr(engine, "areas", ())
+        judged = f" Areas judged: {', '.join(areas)}." if areas else ""
+        parts.append(f"*{kind}.* {esc(engine.what)}. Dtypes: {', '.join(engine.dtypes)}."
+                     f"{esc(judged)}\n")
         missing = [d for d in engine.dtypes if d not in {r.dtype for r in mine}]
         if missing:
             parts.append(f'<p class="gs-not-run">Not yet run in {", ".join(missing)}: '

@@ -43,18 +43,43 @@ class Engine:
     dtypes: tuple[str, ...]  # every dtype the engine computes in
     extra: str  # the optional dependency that installs the engine
     what: str  # one line for the Compatibility page
+    # an implementation nobody here wrote (True), or the spec's equations re-written here in
+    # another framework (False: the JAX and ONNX adapters), which the page shows apart
+    independent: bool = True
+    areas: tuple[str, ...] = ("model",)  # the areas judged (protocol.CAPABILITIES' names)
 
 
+MODEL_AREAS = ("model", "gradients", "optimizer", "sampling")
 ENGINES: tuple[Engine, ...] = (
-    Engine("jax", ("float32", "bfloat16"), "jax",
-           "The spec's equations in JAX, jit-compiled by XLA on the CPU; every operation exposed"),
     Engine("hf-eager", ("float32", "bfloat16"), "interop",
-           "GPT2LMHeadModel of transformers, GPT-2's own attention; logits and generate()"),
+           "GPT2LMHeadModel of transformers, GPT-2's own attention; logits and generate()",
+           areas=("model", "sampling")),
     Engine("hf-sdpa", ("float32", "bfloat16"), "interop",
-           "GPT2LMHeadModel of transformers, PyTorch's fused SDPA attention; logits and generate()"),
+           "GPT2LMHeadModel of transformers, PyTorch's fused SDPA attention; logits and "
+           "generate()", areas=("model", "sampling")),
+    Engine("tiktoken", ("float64",), "",
+           "tiktoken's Encoding built from the spec's merges as byte ranks; encodes and decodes "
+           "(it has no trainer)", areas=("tokenizer",)),
+    Engine("hf-tokenizers", ("float64",), "",
+           "Hugging Face tokenizers: a byte-level BPE model built from the spec's merges, and "
+           "its own BpeTrainer", areas=("tokenizer",)),
+    Engine("torch-adamw-foreach", ("float32", "bfloat16"), "independent",
+           "torch.optim.AdamW(foreach=True) on parameters of the dtype", areas=("optimizer",)),
+    Engine("torch-adamw-fused", ("float32", "bfloat16"), "independent",
+           "torch.optim.AdamW(fused=True) on parameters of the dtype", areas=("optimizer",)),
+    Engine("optax-adamw", ("float32", "bfloat16"), "independent",
+           "optax.adamw (JAX) on parameters of the dtype", areas=("optimizer",)),
+    Engine("torch-lr-scheduler", ("float32",), "independent",
+           "torch.optim.lr_scheduler's LinearLR, CosineAnnealingLR and ConstantLR chained by "
+           "SequentialLR", areas=("schedule",)),
+    Engine("hf-cosine-schedule", ("float32",), "independent",
+           "transformers' get_cosine_with_min_lr_schedule_with_warmup", areas=("schedule",)),
+    Engine("jax", ("float32", "bfloat16"), "jax",
+           "The spec's equations in JAX, jit-compiled by XLA on the CPU; every operation exposed",
+           independent=False, areas=MODEL_AREAS),
     Engine("onnxruntime", ("float32", "float16", "bfloat16"), "onnx",
            "ONNX graphs written from the spec's equations, run by ONNX Runtime's CPU provider; "
-           "every operation exposed"),
+           "every operation exposed", independent=False, areas=("model", "sampling")),
 )
 
 
@@ -188,7 +213,9 @@ def main(argv: list[str] | None = None, engines: Iterable[Engine] = ENGINES) -> 
             path = args.out / report_name(engine.backend, dtype)
             if status not in (0, 1) or not path.exists():
                 problems.append(f"{engine.backend} {dtype}: the suite could not run it "
-                                f"(exit {status}; is the '{engine.extra}' extra installed?)")
+                                f"(exit {status}; is the "
+                                + (f"'{engine.extra}' extra" if engine.extra else "engine")
+                                + " installed?)")
                 continue
             reports.append(json.loads(path.read_text(encoding="utf-8")))
     problems += unexplained(reports, table)

@@ -187,6 +187,28 @@ def adamw(backend, ctx):
             ctx.record(f"θ after step {t + 1}", B.compare(got[t]["w"], th, B.budget(scale)))
 
 
+@check("lr_schedule.differential", entries=("lr_schedule",), ops=("lr_schedule",),
+       area="training", budget="λ·√8·u·η_max (the schedule's roundings)")
+def lr_schedule_differential(backend, ctx):
+    """The backend's schedule on its own: ``lr_schedule(step, max_lr, min_lr, warmup_steps,
+    decay_steps)`` equals the reference's η(s) — the linear warm-up η_max (s + 1)/W for
+    s < W, the cosine from η_max to η_min until S, η_min from S on — for steps 0 … 50
+    around both edges, W of 0 … 8 (none, one step, several), S before, at and after W, and
+    rates that are not exact in binary. Budget: the eight roundings of the formula in the
+    dtype (as lr_schedule.in_the_loop)."""
+    p = ctx.precision
+
+    @ctx.given(max_lr=st.floats(1e-5, 1.0), floor=st.sampled_from([0.0, 0.1, 0.37]),
+               warmup=st.integers(0, 8), decay=st.integers(0, 40), step=st.integers(0, 50))
+    def _(max_lr, floor, warmup, decay, step):
+        min_lr = floor * max_lr
+        expected = ref.lr_schedule(step, max_lr, min_lr, warmup, decay)
+        got = ctx.op("lr_schedule")(step, max_lr, min_lr, warmup, decay)
+        scale = math.sqrt(LR_ROUNDINGS) * p.u * max_lr + p.tiny
+        ctx.record(f"η at step {step} (W = {warmup}, S = {decay})",
+                   B.compare(np.float64(got), expected, B.budget(scale)))
+
+
 @check("training.determinism", entries=("adamw_step", "cross_entropy_mean"),
        ops=("train_losses",), kind="property", area="training",
        budget="exact: bit-identical losses")

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from gptspec.conformance import budgets
 from gptspec.conformance.budgets import Comparison, Precision
-from gptspec.conformance.protocol import NotApplicable
+from gptspec.conformance.protocol import NotApplicable, capability_problem
 from gptspec.spec.config import GPTConfig
 
 PROFILES = {"quick": 12, "default": 30, "thorough": 200}
@@ -184,6 +184,22 @@ def declared_support(backend: Any) -> Callable[[GPTConfig], str | None] | None:
         backend = backend.wrapped
     supports = getattr(backend, "supports", None)
     return supports if callable(supports) else None
+
+
+def declared_capabilities(backend: Any) -> frozenset[str] | None:
+    """The areas the backend declares in ``capabilities`` (protocol.CAPABILITIES), seen
+    through a RecordingBackend; None where it declares none (every area its operations
+    reach, and a model). Discovery has refused a declaration that is not a set of
+    known areas."""
+    if isinstance(backend, RecordingBackend):
+        backend = backend.wrapped
+    try:
+        declared = getattr(backend, "capabilities", None)
+    except Exception:  # noqa: BLE001 — a raising property declares nothing readable
+        return None
+    if declared is None or capability_problem(declared):
+        return None
+    return frozenset(declared)
 
 
 @contextlib.contextmanager

@@ -118,8 +118,11 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
         return
     origin = {**described, "spec": spec, "device": device or described["device"],
               "dtype": dtype or described["dtype"]}
-    conn.send_bytes(json.dumps({"backend": described}).encode())
-    all_checks()  # load every check module
+    # the checks it does not implement at all, so that a failure elsewhere does not count
+    # them as blocked (runner.walk)
+    unmet_by_id = {} if mismatch else {c.id: why for c in all_checks()
+                                       if (why := unmet(backend, c))}
+    conn.send_bytes(json.dumps({"backend": described, "unmet": unmet_by_id}).encode())
     while True:
         try:
             check_id = conn.recv_bytes().decode()
@@ -187,6 +190,8 @@ class _Worker:
                 raise BackendError(shown(hello["load_error"]))
             self.backend = {k: shown(hello["backend"][k], NAME_LIMIT)
                             for k in ("name", "version", "device", "dtype")}
+            self.unmet: dict[str, str] = {str(k): shown(v) for k, v in
+                                          dict(hello.get("unmet") or {}).items()}
         except EOFError:
             death = _death(self.process)
             self.stop()
@@ -291,6 +296,7 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
     assert worker is not None
     suite = SuiteResult(dict(worker.backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=True))
+    unmet_by_id = dict(worker.unmet)
     if header:
         header(suite)
 
@@ -312,7 +318,8 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
         return result
 
     try:
-        for result in walk(all_checks(area), select, evaluate, reproduce, seed):
+        for result in walk(all_checks(area), select, evaluate, reproduce, seed,
+                           lambda check: unmet_by_id.get(check.id, "")):
             suite.results.append(result)
             if on_result:
                 on_result(result)

@@ -1,14 +1,14 @@
 """What a backend provides to be validated (docs/backend.md says it for authors).
 
 Required: ``protocol_version`` (:data:`PROTOCOL_VERSION`), ``name``, ``version``,
-``device``, ``dtype`` (float64, float32, bfloat16 or float16) and
-``forward(tokens, params, config) -> logits``: params float64 NumPy arrays named by
-:func:`gptspec.spec.parameter_schema`, tokens int64 (B, T), logits (B, T, V) holding
-``dtype`` values. Optional: any operation under the name and signature of its reference
-function in :mod:`gptspec.reference`; a missing one is reported as not implemented.
-``supports(config)`` or raising :class:`NotApplicable` declares what an engine cannot
-express: such examples are skipped and counted, not failed. Isolation builds the backend
-again in a worker from its spec, so all it needs must come from its constructor.
+``device``, ``dtype`` (float64, float32, bfloat16 or float16) and ``forward(tokens,
+params, config) -> logits``: params float64 NumPy arrays named by the parameter schema,
+tokens int64 (B, T), logits (B, T, V) holding ``dtype`` values. Optional: any operation
+under its reference function's name and signature; a missing one is not implemented.
+``capabilities`` (names of :data:`CAPABILITIES`) declares the areas a backend implements
+(``forward`` required only with "model"). ``supports(config)`` or raising
+:class:`NotApplicable` declares what an engine cannot express: skipped, counted, not
+failed. Isolation rebuilds the backend from its spec, so it needs only its constructor.
 """
 
 from __future__ import annotations
@@ -47,6 +47,57 @@ def shown(text: object, limit: int = SHOWN_LIMIT, *, lines: bool = False) -> str
     visible = "".join(c if c.isprintable() or (lines and c == "\n") else repr(c)[1:-1]
                       for c in text[:limit])
     return f"{visible}… ({rest} more characters)" if rest > 0 else visible
+
+
+CAPABILITIES = {
+    "model": "forward(tokens, params, config), the forward pass's operations and the costs",
+    "tokenizer": "tokenizer(): a tokenizer backend that trains, encodes and decodes",
+    "gradients": "the loss and its gradients: gpt_backward",
+    "optimizer": "AdamW and gradient-norm clipping: adamw_trajectory, clip_grad_norm",
+    "schedule": "the learning-rate schedule: lr_schedule",
+    "sampling": "the next-token distribution (sampling_distribution); with a model, generate",
+}
+"""The areas a backend may declare in ``capabilities``, each with what it provides. A
+backend that declares none is read as the protocol before capabilities read every
+backend: it has a model (``forward`` is required), and its other areas go as far as its
+operations."""
+
+# the areas an operation belongs to; every operation not listed (and forward) is the model's
+OPERATION_CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "tokenizer": ("tokenizer",),
+    "gpt_backward": ("gradients",),
+    "adamw_trajectory": ("optimizer",),
+    "clip_grad_norm": ("optimizer",),
+    "lr_schedule": ("schedule",),
+    "sampling_distribution": ("sampling",),
+    "generate": ("model", "sampling"),
+    "train_losses": ("model", "gradients", "optimizer", "schedule"),
+    "train_loop": ("model", "gradients", "optimizer", "schedule"),
+}
+
+
+def needed_capabilities(ops: tuple[str, ...]) -> tuple[str, ...]:
+    """The areas a backend must implement for a check that calls ``ops`` (a check that
+    calls no optional operation calls ``forward``: the model's)."""
+    needs: list[str] = []
+    for op in ops or ("forward",):
+        needs += [c for c in OPERATION_CAPABILITIES.get(op, ("model",)) if c not in needs]
+    return tuple(needs)
+
+
+def capability_problem(declared: object) -> str:
+    """Why a backend's ``capabilities`` cannot be read as a set of areas, or ""."""
+    if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
+        return ("capabilities must be a collection of area names, not "
+                f"{shown(repr(declared), 200)}")
+    names = list(declared)  # type: ignore[call-overload]
+    unknown = [n for n in names if n not in CAPABILITIES]
+    if unknown:
+        return (f"capabilities names unknown areas {shown(', '.join(map(repr, unknown)), 200)}"
+                f"; known: {', '.join(CAPABILITIES)}")
+    if not names:
+        return f"capabilities declares no area; known: {', '.join(CAPABILITIES)}"
+    return ""
 
 
 class NotApplicable(Exception):

@@ -27,11 +27,12 @@ from gptspec.conformance.context import (
     NotImplementedOp,
     RecordingBackend,
     WrongDtype,
+    declared_capabilities,
     keeping_comparisons,
     keeping_cwd,
     suite_settings,
 )
-from gptspec.conformance.protocol import SHOWN_LIMIT, NotApplicable, shown
+from gptspec.conformance.protocol import SHOWN_LIMIT, NotApplicable, capability_problem, shown
 from gptspec.conformance.registry import Check, all_checks
 
 STATUSES = ("pass", "fail", "not-implemented", "not-applicable", "blocked", "error")
@@ -128,6 +129,31 @@ def _missing_ops(backend: Any, check: Check) -> list[str]:
             return False
 
     return [op for op in check.ops if not usable(op)]
+
+
+def capability_mismatch(backend: Any) -> str:
+    """The error every check reports when the backend's ``capabilities`` is not a set of
+    known areas (discovery refuses such a backend; a backend object handed to run_suite
+    is read here), else ""."""
+    try:
+        declared = getattr(backend, "capabilities", None)
+    except Exception as err:  # noqa: BLE001 — a raising property
+        return f"reading the backend's capabilities raised {_one_line(err)}"
+    return "" if declared is None else capability_problem(declared)
+
+
+def unmet(backend: Any, check: Check) -> str:
+    """Why ``check`` is not implemented by ``backend``, or "" (it runs): an area the backend
+    does not declare among its capabilities, or an operation it lacks."""
+    declared = declared_capabilities(backend)
+    if declared is not None:
+        absent = [c for c in check.needs if c not in declared]
+        if absent:
+            return (f"backend does not implement the {' and '.join(absent)} area"
+                    f"{'s' if len(absent) > 1 else ''} (it declares "
+                    f"{', '.join(sorted(declared))})")
+    missing = _missing_ops(backend, check)
+    return f"backend has no operation {', '.join(missing)}" if missing else ""
 
 
 def _first(err: BaseException) -> BaseException:
@@ -293,7 +319,7 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
     or None; ``dtype``, ``device``: what was asked, which the backend must declare (and
     compute in; None: the backend's own)."""
     precision, mismatch = judged_precision(backend, dtype)
-    mismatch = mismatch or device_mismatch(backend, device)
+    mismatch = mismatch or device_mismatch(backend, device) or capability_mismatch(backend)
     suite = SuiteResult(describe_backend(backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=False))
     if header:
@@ -302,13 +328,16 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
     def evaluate(check: Check) -> CheckResult:
         if mismatch:
             return dtype_error(check, mismatch)
-        missing = _missing_ops(backend, check)
-        if missing:
-            return not_implemented(check, missing)
+        why = unmet(backend, check)
+        if why:
+            return not_implemented(check, [], why)
         return run_check(check, backend, precision, profile, seed, timeout, save_failures,
                          origin, plain)
 
-    for result in walk(all_checks(area), select, evaluate, reproduce, seed):
+    def unimplemented(check: Check) -> str:
+        return "" if mismatch else unmet(backend, check)
+
+    for result in walk(all_checks(area), select, evaluate, reproduce, seed, unimplemented):
         suite.results.append(result)
         if on_result:
             on_result(result)
@@ -324,22 +353,29 @@ def suite_settings_dict(profile: str, seed: int, area: str | None, timeout: floa
             "timeout_s": timeout, "isolated": isolated}
 
 
-def not_implemented(check: Check, missing: list[str]) -> CheckResult:
+def not_implemented(check: Check, missing: list[str], why: str = "") -> CheckResult:
+    """``why``: the reason (unmet's), else the operations ``missing``."""
     return CheckResult(check.id, list(check.entries), check.kind, "not-implemented", None,
-                       f"backend has no operation {', '.join(missing)}", 0, 0, 0.0, check.budget)
+                       why or f"backend has no operation {', '.join(missing)}", 0, 0, 0.0,
+                       check.budget)
 
 
 def walk(checks: list[Check], select: Callable[[Check], bool] | None,
-         evaluate: Callable[[Check], CheckResult], reproduce: str, seed: int
-         ) -> Any:
+         evaluate: Callable[[Check], CheckResult], reproduce: str, seed: int,
+         unimplemented: Callable[[Check], str] | None = None) -> Any:
     """Yield each selected check's result in order: blocked by a failed dependency's root
-    cause, or ``evaluate(check)``."""
+    cause, or ``evaluate(check)``. A check the backend does not implement at all
+    (``unimplemented`` gives why) is reported so even when a dependency failed: blocked
+    counts only checks that a failure kept from running."""
     by_id: dict[str, CheckResult] = {}
     for check in checks:
         if select is not None and not select(check):
             continue
         root = _root_cause(check, by_id)
-        if root:
+        why = unimplemented(check) if root and unimplemented is not None else ""
+        if why:
+            result = not_implemented(check, [], why)
+        elif root:
             result = CheckResult(check.id, list(check.entries), check.kind, "blocked", None,
                                  f"blocked by {root}, which failed", 0, 0, 0.0, check.budget,
                                  blocked_by=root)

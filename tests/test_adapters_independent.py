@@ -1,0 +1,228 @@
+"""Capabilities (a backend declares the areas it implements) and the independent
+implementations of gptspec.adapters.tokenizer_engines and optimizer_engines: each passes
+the checks of its area that its engine computes as the spec does, and each difference
+adjudicated in docs/ecosystem/adjudications.toml is pinned here at its smallest input, so
+an adjudication that stops being true fails a test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gptspec.conformance import protocol
+from gptspec.conformance.discovery import BackendError, load_backend
+from gptspec.conformance.registry import CHECKS, all_checks
+from gptspec.conformance.runner import run_suite
+from gptspec.reference import tokenizer as ref
+
+
+def _statuses(backend, ids, profile="quick", dtype=None):
+    all_checks()
+    suite = run_suite(backend, profile=profile, area=None, select=lambda c: c.id in ids,
+                      dtype=dtype)
+    return {r.id: r for r in suite.results}
+
+
+# --- capabilities --------------------------------------------------------------------------
+
+
+def test_each_check_needs_the_areas_of_its_operations():
+    all_checks()
+    assert CHECKS["gpt_forward.differential"].needs == ("model",)
+    assert CHECKS["softmax.differential"].needs == ("model",)
+    assert CHECKS["decode.round_trip"].needs == ("tokenizer",)
+    assert CHECKS["adamw_step.trajectory"].needs == ("optimizer",)
+    assert CHECKS["lr_schedule.differential"].needs == ("schedule",)
+    assert CHECKS["sampling_distribution.differential"].needs == ("sampling",)
+    assert CHECKS["generate.greedy_reference"].needs == ("model", "sampling")
+    assert set(CHECKS["train_loop.matches_reference"].needs) == {
+        "model", "gradients", "optimizer", "schedule"}
+    assert {a for c in CHECKS.values() for a in c.needs} == set(protocol.CAPABILITIES)
+
+
+class _TokenizerOnly:
+    """A tokenizer backend with no forward (tiktoken's, declared as such)."""
+
+    protocol_version = protocol.PROTOCOL_VERSION
+    name, version, device, dtype = "tok-only", "0", "cpu", "float64"
+    capabilities = ("tokenizer",)
+
+    def tokenizer(self):
+        from gptspec.adapters.tokenizer_engines import TiktokenBackend
+
+        return TiktokenBackend()
+
+
+class _NoForward(_TokenizerOnly):
+    capabilities = ("tokenizer", "model")
+
+
+class _Unknown(_TokenizerOnly):
+    capabilities = ("tokenizer", "modle")
+
+
+class _Legacy:
+    """A backend written before capabilities: forward plus a softmax."""
+
+    protocol_version = protocol.PROTOCOL_VERSION
+    name, version, device, dtype = "legacy", "0", "cpu", "float64"
+
+    def forward(self, tokens, params, config):
+        from gptspec.reference import gpt_forward
+
+        return gpt_forward(tokens, params, config)
+
+    def softmax(self, z, axis=-1):
+        from gptspec.reference import softmax
+
+        return softmax(z, axis=axis)
+
+
+def test_a_tokenizer_only_backend_needs_no_forward_and_its_other_areas_are_not_implemented():
+    backend = load_backend(f"{__name__}:_TokenizerOnly")
+    status = _statuses(backend, {"gpt_forward.differential", "decode.round_trip",
+                                 "adamw_step.trajectory", "train.matches_reference"})
+    assert status["decode.round_trip"].status == "pass"
+    assert status["train.matches_reference"].status == "not-applicable"  # tiktoken: no trainer
+    for check in ("gpt_forward.differential", "adamw_step.trajectory"):
+        assert status[check].status == "not-implemented"
+        assert "does not implement the" in status[check].detail
+        assert "(it declares tokenizer)" in status[check].detail
+
+
+def test_a_declared_model_needs_forward_and_unknown_areas_are_refused():
+    with pytest.raises(BackendError, match="lacks forward"):
+        load_backend(f"{__name__}:_NoForward")
+    with pytest.raises(BackendError, match="unknown areas 'modle'"):
+        load_backend(f"{__name__}:_Unknown")
+    # handed to run_suite directly, every check says so (never a silent pass)
+    status = _statuses(_Unknown(), {"decode.round_trip"})
+    assert status["decode.round_trip"].status == "error"
+    assert "unknown areas" in status["decode.round_trip"].detail
+
+
+def test_a_backend_declaring_no_capabilities_reads_as_before():
+    backend = load_backend(f"{__name__}:_Legacy")
+    status = _statuses(backend, {"softmax.differential", "layer_norm.differential",
+                                 "decode.round_trip"})
+    assert status["softmax.differential"].status == "pass"
+    assert status["layer_norm.differential"].detail == "backend has no operation layer_norm"
+    assert status["decode.round_trip"].detail == "backend has no operation tokenizer"
+
+
+# --- tokenizers ----------------------------------------------------------------------------
+
+TOKENIZER_CHECKS = {"decode.round_trip", "encode.matches_reference", "bpe_chunk.rank_order",
+                    "split_special.allowed_and_disallowed", "decode.out_of_range",
+                    "decode.invalid_utf8", "token_bytes.concatenation"}
+
+
+def test_tiktoken_passes_every_tokenizer_check_it_can_run():
+    from gptspec.adapters.tokenizer_engines import TiktokenBackend
+
+    status = _statuses(TiktokenBackend(), TOKENIZER_CHECKS | {"train.matches_reference"})
+    assert {k: v.status for k, v in status.items() if k in TOKENIZER_CHECKS} == {
+        k: "pass" for k in TOKENIZER_CHECKS}
+    assert status["train.matches_reference"].status == "not-applicable"
+
+
+def test_hf_tokenizers_passes_where_it_computes_the_spec():
+    from gptspec.adapters.tokenizer_engines import HFTokenizersBackend
+
+    same = TOKENIZER_CHECKS - {"encode.matches_reference", "decode.out_of_range"}
+    status = _statuses(HFTokenizersBackend(), same)
+    assert {k: v.status for k, v in status.items()} == {k: "pass" for k in same}
+
+
+def test_hf_tokenizers_differences_at_their_smallest_inputs():
+    """The three adjudicated differences (docs/ecosystem/adjudications.toml)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from gptspec.adapters.tokenizer_engines import HFTokenizersBackend
+
+    hf = HFTokenizersBackend()
+    # ties in training: the spec takes the smallest pair of byte ids, HF its own order
+    assert ref.train(" aa", 257) == [(32, 97)]
+    assert hf.train(" aa", 257, ref.GPT2_PATTERN) == [(97, 97)]
+    # an id past the vocabulary decodes to nothing instead of an error
+    assert hf.build([], ref.GPT2_PATTERN, {}).decode([65, 256]) == "A"
+    # Oniguruma reads the cl100k pattern's possessive {1,3}+ as a repetition
+    split = pre_tokenizers.Split(Regex(ref.CL100K_PATTERN), behavior="isolated")
+    assert [s for s, _ in split.pre_tokenize_str("0002")] == ["0002"]
+    assert ref.pretokenize("0002", ref.CL100K_PATTERN) == ["000", "2"]
+    assert hf.build([(48, 50)], ref.CL100K_PATTERN, {}).encode("0002") == [48, 48, 256]
+    assert ref.encode("0002", [(48, 50)], ref.CL100K_PATTERN) == [48, 48, 48, 50]
+
+
+# --- optimizers and schedules --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["TorchAdamWForeach", "TorchAdamWFused", "OptaxAdamW"])
+def test_adamw_of_torch_and_optax_passes_the_trajectory_check(name):
+    from gptspec.adapters import optimizer_engines
+
+    backend = getattr(optimizer_engines, name)(dtype="float32")
+    status = _statuses(backend, {"adamw_step.trajectory", "gpt_forward.differential"},
+                       dtype="float32")
+    assert status["adamw_step.trajectory"].status == "pass"
+    assert status["gpt_forward.differential"].status == "not-implemented"
+
+
+def test_a_wrong_adamw_fails_the_trajectory_check():
+    """The check sees the engine's arithmetic: torch's AdamW with its decay coupled into the
+    gradient (torch.optim.Adam's weight_decay, L2 not AdamW) fails it."""
+    import torch
+
+    from gptspec.adapters import optimizer_engines
+
+    class CoupledDecay(optimizer_engines.TorchAdamWForeach):
+        def adamw_trajectory(self, params, grads, lrs, beta1, beta2, eps, weight_decay):
+            original = torch.optim.AdamW
+            torch.optim.AdamW = torch.optim.Adam  # type: ignore[misc]
+            try:
+                return super().adamw_trajectory(params, grads, lrs, beta1, beta2, eps,
+                                                weight_decay)
+            finally:
+                torch.optim.AdamW = original  # type: ignore[misc]
+
+    status = _statuses(CoupledDecay(dtype="float32"), {"adamw_step.trajectory"},
+                       dtype="float32")
+    assert status["adamw_step.trajectory"].status == "fail"
+
+
+def test_optax_clipping_has_no_epsilon():
+    """Adjudicated: optax.clip_by_global_norm scales by c/‖g‖, the spec by c/(‖g‖ + 10⁻⁶)."""
+    from gptspec.adapters.optimizer_engines import OptaxAdamW
+    from gptspec.reference import clip_grad_norm
+
+    got, _ = OptaxAdamW(dtype="float32").clip_grad_norm({"p0": np.array([[0.1]])}, 0.05)
+    expected, _ = clip_grad_norm({"p0": np.array([[0.1]])}, 0.05)
+    assert got["p0"][0, 0] == np.float32(0.05)
+    assert expected["p0"][0, 0] == pytest.approx(0.1 * 0.05 / (0.1 + 1e-6), rel=1e-12)
+
+
+def test_torch_schedulers_chained_pass_the_schedule_check():
+    from gptspec.adapters.optimizer_engines import TorchLRScheduler
+
+    status = _statuses(TorchLRScheduler(), {"lr_schedule.differential"}, dtype="float32")
+    assert status["lr_schedule.differential"].status == "pass"
+
+
+def test_transformers_warm_up_starts_at_zero():
+    """Adjudicated: transformers' warm-up is η_max·s/W (0 at step 0), the spec's
+    η_max·(s + 1)/W."""
+    from gptspec.adapters.optimizer_engines import TransformersSchedule
+    from gptspec.reference import lr_schedule
+
+    hf = TransformersSchedule()
+    assert hf.lr_schedule(0, 1.0, 0.0, 1, 2) == 0.0
+    assert lr_schedule(0, 1.0, 0.0, 1, 2) == 1.0
+
+
+def test_the_ecosystem_lists_six_independent_implementations_across_four_areas():
+    from gptspec.adapters import ecosystem
+
+    independent = [e for e in ecosystem.ENGINES if e.independent]
+    assert len(independent) >= 6
+    assert len({a for e in independent for a in e.areas}) >= 4
+    assert {e.backend for e in ecosystem.ENGINES if not e.independent} == {"jax", "onnxruntime"}
