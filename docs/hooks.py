@@ -249,7 +249,7 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
         s = _state["figure_stats"]
         note = (f"The model below was trained with {s['model']} for {s['steps']} steps "
                 f"({s['train_seconds']:.0f} s on the machine that built this site); its final "
-                f"validation loss was {s['final_val']:.2f} nats per byte.")
+                f"validation loss was {s['final_val_bits']:.2f} bits per byte.")
         markdown = markdown.replace(FIGURE_NOTE_MARKER, note)
     if DIAGRAM_MARKER not in markdown:
         return markdown

@@ -709,3 +709,22 @@ def test_the_generation_guide_writes_temperature_as_tau(site: Path) -> None:
     guide = _article(site, "generation")
     row = guide.split("<code>--temperature", 1)[1].split("</tr>", 1)[0]
     assert "\\tau" in row and "\\(T\\)" not in row
+
+
+def test_losses_are_in_one_unit_and_each_answer_reads_one_evaluation(site: Path) -> None:
+    """Figures and Open questions give losses in bits per byte; the head-width answer leads
+    with the like-for-like arms (h·d_k = d_model, same width and steps); each learning-curve
+    figure says what the curves measure beside the whole split the answer reads, and names
+    any pair of arms the two rank differently."""
+    figures, questions = _article(site, "figures"), _article(site, "open-questions")
+    for page in (figures, questions):
+        assert "bits per byte" in page and "nats" not in page
+    head_width = questions.split('id="head-width"', 1)[1]
+    answer = head_width.split("<strong>Answer.</strong>", 1)[1].split("</p>", 1)[0]
+    assert answer.strip().startswith("Like for like")
+    assert answer.index("Like for like") < answer.index("free of d_model")
+    for study in ("vocab", "tying", "head-width"):
+        after = questions.split(f"experiments/{study}-curves.svg", 1)[1]
+        caption = after.split('class="gs-caption"', 1)[1].split("</p>", 1)[0]
+        assert "whole split" in caption and "windows" in caption
+        assert ("rank" in caption and "differently" in caption) or "as the whole split" in caption

@@ -158,12 +158,16 @@ def attention_patterns(tokens: np.ndarray, params: dict[str, np.ndarray], config
 def plot_loss(history: dict[str, list[float]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
+    # bits per byte, the unit of the Open questions page (a byte per token: nats / ln 2)
+    bits = 1 / np.log(2)
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
-    ax.plot(history["step"], history["train"], lw=0.8, alpha=0.6, label="training batch")
-    ax.plot(history["val_step"], history["val"], "o-", ms=3, label="validation")
-    ax.axhline(np.log(256), color="grey", ls=":", lw=1, label="uniform over 256 bytes")
+    ax.plot(history["step"], np.multiply(history["train"], bits), lw=0.8, alpha=0.6,
+            label="training batch")
+    ax.plot(history["val_step"], np.multiply(history["val"], bits), "o-", ms=3,
+            label="validation")
+    ax.axhline(8, color="grey", ls=":", lw=1, label="uniform over 256 bytes")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.set_ylabel("cross-entropy (bits per byte)")
     ax.set_title("Training a 2-layer model on textwrap.py")
     ax.legend(frameon=False)
     fig.tight_layout()
@@ -216,7 +220,8 @@ def make_figures(out_dir: Path, cache_root: Path) -> dict[str, float]:
         tmp.mkdir(parents=True)
         plot_loss(history, tmp / "loss-curve.png")
         plot_attention(attention_patterns(tokens, params, config), PROMPT, tmp / "attention.png")
-        stats = {"train_seconds": seconds, "steps": STEPS, "final_val": history["val"][-1],
+        stats = {"train_seconds": seconds, "steps": STEPS,
+                 "final_val_bits": history["val"][-1] / np.log(2),
                  "model": model_class()[1]}
         (tmp / "stats.json").write_text(json.dumps(stats))
         for old in cache_root.iterdir():  # results of other code or settings

@@ -138,7 +138,13 @@ def verdict(diff: Mapping[str, Any]) -> str:
 
 
 def _label(data: Mapping[str, Any], arm: str) -> str:
-    return next(a["label"] for a in data["design"]["arms"] if a["name"] == arm)
+    return shown(next(a["label"] for a in data["design"]["arms"] if a["name"] == arm))
+
+
+def shown(label: str) -> str:
+    """A label of the results as the site writes it: the studies name the head width by
+    the Notes' d_H, the site by d_k (docs/notation.md)."""
+    return label.replace("d_H", "d_k")
 
 
 def _arm(data: Mapping[str, Any], arm: str) -> Mapping[str, Any]:
@@ -220,21 +226,43 @@ def answer_tying(data: Mapping[str, Any]) -> str:
     return " ".join(text)
 
 
+def _like_for_like(arm: Mapping[str, Any]) -> bool:
+    """An arm with h·d_k = d_model: the same attention width and step count as the
+    baseline, only the split into heads differs (the studies' group label, as written)."""
+    return "≠" not in arm["group"]
+
+
 def answer_head_width(data: Mapping[str, Any]) -> str:
+    """Leads with the like-for-like comparison (h·d_k = d_model: only the number of heads
+    changes); the free-width arms, which change the attention width and so, at equal
+    compute, the step count too, come after it."""
     s = data["summary"]
     design = data["design"]
     base = design["baseline"]
-    text = [f"At equal training compute and d_model = {design['common']['d_model']}, the "
-            f"lowest validation loss came from {_label(data, s['best'])}: "
-            f"{bpb(s['arms'][s['best']]['bits_per_byte'])} bits per byte.", _noise_sentence(data)]
-    for c in s["comparisons"]:
-        a = _arm(data, c["a"])
-        if a["group"] != "h·d_H ≠ d_model":
-            continue
-        text.append(f"With the head width free of d_model, {a['label']} (h·d_k = "
-                    f"{a['config']['n_heads'] * a['x']:.0f}, {a['steps']} steps for the same "
-                    f"compute) against {_label(data, base)}: {signed(c['difference'])} bits per "
-                    f"byte, {verdict(c)}.")
+    d_model = design["common"]["d_model"]
+    like = [a for a in design["arms"] if _like_for_like(a)]
+    best_like = min(like, key=lambda a: s["arms"][a["name"]]["bits_per_byte"]["mean"])
+    text = [f"Like for like — h·d_k = d_model = {d_model}, so every arm has the same attention "
+            f"width and trains for the same {best_like['steps']:,} steps at equal compute, and "
+            f"only the split into heads differs — the lowest validation loss came from "
+            f"{_label(data, best_like['name'])}: "
+            f"{bpb(s['arms'][best_like['name']]['bits_per_byte'])} bits per byte."]
+    against = [f"{_label(data, c['a'])} {signed(c['difference'])} ({verdict(c)})"
+               for c in s["comparisons"] if _like_for_like(_arm(data, c["a"]))]
+    if against:
+        text.append(f"Each arm minus {_label(data, base)}, in bits per byte: "
+                    + "; ".join(against) + ".")
+    free = [f"{_label(data, c['a'])} (h·d_k = "
+            f"{_arm(data, c['a'])['config']['n_heads'] * _arm(data, c['a'])['x']:.0f}, "
+            f"{_arm(data, c['a'])['steps']:,} steps) {signed(c['difference'])} ({verdict(c)})"
+            for c in s["comparisons"] if not _like_for_like(_arm(data, c["a"]))]
+    if free:
+        text.append("With the head width free of d_model, which changes the attention width "
+                    "and so, at equal compute, the step count as well, each arm minus "
+                    f"{_label(data, base)}: " + "; ".join(free) + ".")
+    text += [f"Over all {len(design['arms'])} arms the lowest loss came from "
+             f"{_label(data, s['best'])} ({bpb(s['arms'][s['best']]['bits_per_byte'])}).",
+             _noise_sentence(data)]
     return " ".join(t for t in text if t)
 
 
@@ -250,7 +278,7 @@ def _arms_table(data: Mapping[str, Any]) -> str:
     for a in data["design"]["arms"]:
         r = arms[a["name"]]
         c = a["config"]
-        rows.append([esc(a["label"]), str(c["vocab_size"]), str(c["d_model"]),
+        rows.append([esc(shown(a["label"])), str(c["vocab_size"]), str(c["d_model"]),
                      f"{c['n_heads']} × {a['config']['d_head'] or c['d_model'] // c['n_heads']}",
                      "tied" if c["tied_embeddings"] else "untied", f"{a['params']:,}",
                      f"{a['non_embedding_params']:,}", f"{a['steps']:,}",
@@ -306,6 +334,48 @@ def _planned_table(study: Any) -> str:
                   "steps", "training TFLOP"], rows, "gs-experiments")
 
 
+def curves_caption(data: Mapping[str, Any]) -> str:
+    """What the learning curves measure, and where their last point ranks the arms
+    otherwise than the whole split does (the final figure, the tables and the answer)."""
+    last: dict[str, list[float]] = {}
+    windows = set()
+    for run in data["runs"]:
+        curve = run["result"]["curve"]
+        if curve:
+            last.setdefault(run["arm"], []).append(curve[-1][1])
+        if "eval" in run["settings"]:  # recorded by every run of the harness
+            windows.add(run["settings"]["eval"]["curve_windows"])
+    if not last:
+        return ""
+    n_ctx = data["design"]["common"]["n_ctx"]
+    arms = data["summary"]["arms"]
+    on_curve = sorted(last, key=lambda a: sum(last[a]) / len(last[a]))
+    on_split = sorted(last, key=lambda a: arms[a]["bits_per_byte"]["mean"])
+    swapped = [(a, b) for i, a in enumerate(on_split) for b in on_split[i + 1:]
+               if on_curve.index(b) < on_curve.index(a)]
+    sample = (f", {' or '.join(map(str, sorted(windows)))} windows of {n_ctx + 1} tokens"
+              if windows else "")
+    text = (f"The curves are measured during training on a fixed sample of the validation "
+            f"split{sample}, in bits per byte; the final figure, the tables and the answer on "
+            f"the whole split ({data['data']['val_bytes']:,} bytes), after the last step.")
+    def gap(a: str, b: str, split: bool) -> float:
+        if split:
+            return arms[b]["bits_per_byte"]["mean"] - arms[a]["bits_per_byte"]["mean"]
+        return sum(last[a]) / len(last[a]) - sum(last[b]) / len(last[b])
+
+    if swapped:
+        pairs = "; ".join(f"{_label(data, a)} below {_label(data, b)} by {gap(a, b, True):.3f} "
+                          f"on the whole split, above it by {gap(a, b, False):.3f} on the sample"
+                          for a, b in swapped)
+        text += (f" The two rank {len(swapped)} pair{'s' if len(swapped) > 1 else ''} of arms "
+                 f"differently ({pairs}); the answer reads the whole split, the larger "
+                 "measurement, and its paired intervals say whether such a gap is more than "
+                 "the seeds' noise.")
+    else:
+        text += " At the last step the sample ranks the arms as the whole split does."
+    return f'<p class="gs-caption"><small>{esc(text)}</small></p>\n'
+
+
 def _section(name: str, study: Any, data: Mapping[str, Any] | None) -> str:
     parts = [f"## {esc(study.title)} {{ #{ANCHORS[name]} }}\n",
              f"*The question.* {esc(study.question)}\n"]
@@ -327,6 +397,7 @@ def _section(name: str, study: Any, data: Mapping[str, Any] | None) -> str:
         f"*What it cannot say.* {esc(limits(name, data))}\n",
         f"![{esc(study.title)}: final validation loss](experiments/{name}-final.svg)\n",
         f"![{esc(study.title)}: learning curves](experiments/{name}-curves.svg)\n",
+        curves_caption(data),
         _arms_table(data),
         _comparisons_table(data),
         _provenance(data),
