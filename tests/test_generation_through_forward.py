@@ -64,3 +64,4 @@ def test_a_window_off_by_one_fails_greedy_decoding():
 def test_a_logit_scale_fails_the_distribution():
     suite = _run(ScaledLogits(TorchBackend()), "float32", THROUGH_FORWARD[1:])
     assert suite.results[0].status == "fail", suite.results[0]
+

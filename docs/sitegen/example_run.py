@@ -31,12 +31,16 @@ class ExampleRunError(ValueError):
 
 def counts_text(checks: Iterable[dict]) -> str:
     """The CLI's summary line, computed from the report's checks."""
+    checks = list(checks)
     n: dict[str, int] = {}
     for c in checks:
         n[str(c.get("status"))] = n.get(str(c.get("status")), 0) + 1
     text = (f"{n.get('pass', 0)} passed, {n.get('fail', 0) + n.get('error', 0)} failed, "
             f"{n.get('blocked', 0)} blocked, {n.get('not-implemented', 0)} not implemented")
-    return text + (f", {n['not-applicable']} not applicable" if n.get("not-applicable") else "")
+    skipped = sum(int(c.get("not_applicable") or 0) for c in checks
+                  if c.get("status") != "not-applicable")
+    return (text + (f", {n['not-applicable']} not applicable" if n.get("not-applicable") else "")
+            + (f"; {skipped} examples declared not applicable skipped" if skipped else ""))
 
 
 def section(root: Path, suite_ids: Iterable[str], head: str = "") -> str:

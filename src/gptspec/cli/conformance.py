@@ -219,9 +219,16 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
              started: Callable[[Any], None]):
     from gptspec.conformance import report
     from gptspec.conformance.context import keeping_cwd
-    from gptspec.conformance.discovery import BackendError, load_backend
+    from gptspec.conformance.discovery import BackendError, BackendRefused, load_backend
     from gptspec.conformance.isolation import run_isolated
-    from gptspec.conformance.runner import CheckTimeout, _time_limit, run_suite
+    from gptspec.conformance.protocol import shown
+    from gptspec.conformance.runner import (
+        CheckTimeout,
+        SuiteResult,
+        _time_limit,
+        run_suite,
+        suite_settings_dict,
+    )
 
     repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
              "--area", args.area]
@@ -251,6 +258,17 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
                       "dtype": dtype or str(backend.dtype),
                       "name": str(getattr(backend, "name", spec))}
             suite = run_suite(backend, origin=origin, dtype=dtype, device=device, **common)
+    except BackendRefused as err:
+        # the backend declines this dtype or device: recorded with its reason, and the
+        # other runs go on
+        suite = SuiteResult({"name": shown(spec), "version": "",
+                             "device": shown(device or "its default device"),
+                             "dtype": dtype or "its default dtype"},
+                            suite_settings_dict(args.profile, args.seed, area, timeout,
+                                                isolated=isolate),
+                            refused=err.reason)
+        started(suite)
+        print(report.header(suite), flush=True)
     except BackendError as err:
         raise CLIError(str(err)) from None
     print(report.summary(suite), flush=True)

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
+from gptspec.conformance.context import declared_support
+from gptspec.conformance.protocol import NotApplicable
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import (
     ParameterRecipe,
@@ -169,6 +171,15 @@ def _reference_hidden(tokens: np.ndarray, params: dict, config: GPTConfig) -> np
     return H
 
 
+def require_supported(backend, config: GPTConfig) -> None:
+    """For a check of one fixed configuration (no drawn examples for the context to
+    skip): NotApplicable where the backend's ``supports`` declares it cannot express it."""
+    supports = declared_support(backend)
+    reason = supports(config) if supports is not None else None
+    if reason:
+        raise NotApplicable(str(reason))
+
+
 @check("gpt_forward.gpt2_small", entries="gpt_forward",
        depends_on=("gpt_forward.differential",), budget=MODEL)
 def gpt2_small(backend, ctx):
@@ -177,8 +188,10 @@ def gpt2_small(backend, ctx):
     batch 1; every kernel at its real size (attention over 1024 keys, the 50257-wide tied
     unembedding, ids up to 50256). Parameters at GPT-2's initialisation scale, made from
     the run's seed, as are the tokens (the vocabulary's top ids among them). Every logit
-    is compared, 128 positions at a time."""
+    is compared, 128 positions at a time. Not applicable where the backend's
+    ``supports`` declines the configuration."""
     p, config = ctx.precision, GPT2_SMALL
+    require_supported(backend, config)
     recipe = ParameterRecipe(config, GPT2_SCALE, ctx.seed)
     params = _rounded(recipe, p.dtype)
     rng = np.random.default_rng(ctx.seed)

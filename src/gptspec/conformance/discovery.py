@@ -13,6 +13,7 @@ from typing import Any
 from gptspec.conformance.protocol import (
     PROTOCOL_HISTORY,
     PROTOCOL_VERSION,
+    NotApplicable,
     capability_problem,
     shown,
 )
@@ -24,6 +25,15 @@ REQUIRED = ("name", "version", "device", "dtype", "forward")  # and protocol_ver
 
 class BackendError(Exception):
     """A backend that cannot be found, built, or does not follow the protocol."""
+
+
+class BackendRefused(BackendError):
+    """A backend that declined, while being built, the dtype or device asked (its
+    constructor raised NotApplicable): the run is recorded as refused, with the reason."""
+
+    def __init__(self, spec: str, reason: str) -> None:
+        super().__init__(f"backend {spec!r} refused: {reason}")
+        self.reason = reason
 
 
 def registered() -> dict[str, str]:
@@ -101,6 +111,8 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
                   if v is not None and k in params}
         try:
             obj = obj(**kwargs)
+        except NotApplicable as err:  # it declines the dtype or device asked, in one line
+            raise BackendRefused(spec, shown(err)) from None
         except (Exception, SystemExit) as err:  # noqa: BLE001
             raise BackendError(f"backend {spec!r} failed to start: {_what_raised(err)}"
                                ) from None

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from gptspec.conformance.discovery import BackendError
+from gptspec.conformance.discovery import BackendError, BackendRefused
 from gptspec.conformance.protocol import shown
 from gptspec.conformance.registry import Check, all_checks
 from gptspec.conformance.runner import (
@@ -114,7 +114,8 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
         message = (str(err) if isinstance(err, BackendError) else
                    f"backend {spec!r} failed to start: {type(err).__name__} {err}".rstrip())
-        conn.send_bytes(json.dumps({"load_error": message}).encode())
+        refused = {"refused": err.reason} if isinstance(err, BackendRefused) else {}
+        conn.send_bytes(json.dumps({"load_error": message, **refused}).encode())
         return
     origin = {**described, "spec": spec, "device": device or described["device"],
               "dtype": dtype or described["dtype"]}
@@ -186,6 +187,8 @@ class _Worker:
                                "(importing and building it)")
         try:
             hello = json.loads(self.conn.recv_bytes())
+            if "refused" in hello:
+                raise BackendRefused(spec, shown(hello["refused"]))
             if "load_error" in hello:
                 raise BackendError(shown(hello["load_error"]))
             self.backend = {k: shown(hello["backend"][k], NAME_LIMIT)

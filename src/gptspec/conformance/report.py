@@ -33,10 +33,19 @@ MARK = {"pass": "PASS", "fail": "FAIL", "not-implemented": "N/I ", "not-applicab
         "blocked": "BLKD", "error": "ERR "}
 
 
+def named(backend: dict[str, str]) -> str:
+    """A backend's name and version as one phrase: the version alone where it begins with
+    the name already (name "tiktoken", version "tiktoken 0.12": not "tiktoken tiktoken")."""
+    name, version = backend["name"], backend["version"]
+    if not version or version.split(" ", 1)[0].lower() == name.lower():
+        return version or name
+    return f"{name} {version}"
+
+
 def header(suite: SuiteResult) -> str:
     b, s = suite.backend, suite.settings
-    return (f"gptspec conformance (protocol {PROTOCOL_VERSION}) — backend {b['name']} "
-            f"{b['version']} on {b['device']}, {b['dtype']}; profile {s['profile']} "
+    return (f"gptspec conformance (protocol {PROTOCOL_VERSION}) — backend {named(b)} "
+            f"on {b['device']}, {b['dtype']}; profile {s['profile']} "
             f"({s['examples_per_property']} examples per property), seed {s['seed']}"
             + (f", {s['timeout_s']:g} s per check" if s.get("timeout_s") else "")
             + (", isolated in a worker process" if s.get("isolated") else ""))
@@ -66,10 +75,14 @@ def line(r: CheckResult) -> str:
 
 
 def summary(suite: SuiteResult) -> str:
+    if suite.refused:
+        return f"refused: {suite.refused} (nothing was judged in this run)"
     c = suite.counts
+    skipped = sum(r.not_applicable for r in suite.results if r.status != "not-applicable")
     text = (f"{c['pass']} passed, {c['fail'] + c['error']} failed, {c['blocked']} blocked, "
             f"{c['not-implemented']} not implemented"
-            + (f", {c['not-applicable']} not applicable" if c.get("not-applicable") else ""))
+            + (f", {c['not-applicable']} not applicable" if c.get("not-applicable") else "")
+            + (f"; {skipped} examples declared not applicable skipped" if skipped else ""))
     found = localisation(suite)
     if found:
         text += (f"\nthe probes point at: {', '.join(found['suspects'])} (smallest failing "
@@ -129,6 +142,7 @@ def to_json(suites: list[SuiteResult], started: dict | None = None) -> dict:
             "provenance": started or provenance(),
             "runs": [{"backend": s.backend, "settings": s.settings, "counts": s.counts,
                       "checks": [r.to_dict() for r in s.results],
+                      **({"refused": s.refused} if s.refused else {}),
                       **({"localisation": found} if (found := localisation(s)) else {})}
                      for s in suites]}
 
@@ -139,8 +153,11 @@ def to_markdown(suites: list[SuiteResult]) -> str:
         # what a backend names itself is text, never markup, wherever the file is rendered
         name, device, dtype = (html.escape(s.backend[k]) for k in ("name", "device", "dtype"))
         out += [f"### {name} · {device} · {dtype}", "",
-                f"{summary(s)} (profile {s.settings['profile']}, seed {s.settings['seed']})", "",
-                "| check | spec entries | status | worst error / budget | time (s) |",
+                f"{html.escape(summary(s), quote=False)} (profile {s.settings['profile']}, seed "
+                f"{s.settings['seed']})", ""]
+        if s.refused:  # declined while being built: no checks ran
+            continue
+        out += ["| check | spec entries | status | worst error / budget | time (s) |",
                 "| --- | --- | --- | --- | --- |"]
         for r in s.results:
             out.append(f"| `{r.id}` | {', '.join(r.entries)} | {r.status} | {fraction_text(r)} "

@@ -66,6 +66,7 @@ class SuiteResult:
     backend: dict[str, str]
     settings: dict[str, Any]
     results: list[CheckResult] = field(default_factory=list)
+    refused: str = ""  # why the backend declined the dtype or device asked (nothing ran)
 
     @property
     def counts(self) -> dict[str, int]:

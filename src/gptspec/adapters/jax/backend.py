@@ -23,6 +23,7 @@ import numpy as np
 import gptspec
 from gptspec.adapters.inputs import check_generation, check_ids, check_tokens
 from gptspec.adapters.jax import ops, sampling
+from gptspec.conformance.protocol import NotApplicable
 from gptspec.reference.sampling import check_sampling_settings, sample_token
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters
@@ -56,7 +57,9 @@ class JaxBackend:
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
         if dtype not in DTYPES:
-            raise ValueError(f"the JAX backend computes in {', '.join(DTYPES)}, not {dtype!r}")
+            # declined, not broken: the run is recorded as refused, with this reason
+            raise NotApplicable(f"the JAX backend computes in {', '.join(DTYPES)}, "
+                                f"not {dtype!r}")
         if device != "cpu":
             raise ValueError(f"the JAX backend runs on the CPU only, not on {device!r}")
         self.dtype = dtype

@@ -26,6 +26,7 @@ import gptspec
 from gptspec.adapters.inputs import check_generation, check_ids, check_tokens
 from gptspec.adapters.onnx import ops, sampling
 from gptspec.adapters.onnx.graph import ELEM_TYPES, FLOAT, INT64, NUMPY_TYPES, OPSET, Graph
+from gptspec.conformance.protocol import NotApplicable
 from gptspec.reference.sampling import check_sampling_settings, sample_token
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters, parameter_schema
@@ -47,8 +48,9 @@ class OnnxRuntimeBackend:
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
         if dtype not in ELEM_TYPES:
-            raise ValueError(f"the ONNX Runtime backend computes in {', '.join(ELEM_TYPES)}, "
-                             f"not {dtype!r}")
+            # declined, not broken: the run is recorded as refused, with this reason
+            raise NotApplicable(f"the ONNX Runtime backend computes in "
+                                f"{', '.join(ELEM_TYPES)}, not {dtype!r}")
         if device != "cpu":
             raise ValueError(f"the ONNX Runtime backend runs on the CPU only, not on {device!r}")
         self.dtype, self.device = dtype, device

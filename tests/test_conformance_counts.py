@@ -1,0 +1,92 @@
+"""What the report counts and says: a failure blocks only the checks it kept from running,
+a check of one fixed configuration consults ``supports``, examples declared not
+applicable are counted on the summary line, and a backend's name is not said twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gptspec.conformance import report
+from gptspec.conformance.runner import CheckResult, SuiteResult, run_suite
+from gptspec.fast.backend import TorchBackend
+from meta.keyhole import LogitsOnly
+
+
+class ScaledLogits(LogitsOnly):
+    """Logits × 1.25: gpt_forward.differential fails."""
+
+    def forward(self, tokens: Any, params: Any, config: Any) -> Any:
+        return np.asarray(super().forward(tokens, params, config)) * np.float32(1.25)
+
+
+def test_a_failed_forward_blocks_the_checks_it_keeps_from_running_only():
+    """Behind a failing gpt_forward, the judge's loops over the logits are blocked; the
+    checks of a generate the engine never brought are not implemented, not blocked."""
+    ids = ("gpt_forward.differential", "greedy_token.through_forward",
+           "generate.greedy_reference")
+    suite = run_suite(ScaledLogits(TorchBackend()), profile="quick", area=None,
+                      select=lambda c: c.id in ids)
+    assert {r.id: r.status for r in suite.results} == dict(zip(
+        ids, ["fail", "blocked", "not-implemented"], strict=True))
+    assert suite.counts["blocked"] == 1 and suite.counts["not-implemented"] == 1
+
+
+def test_a_fixed_configuration_check_consults_supports():
+    """gpt_forward.gpt2_small draws no examples: it asks the backend's supports itself."""
+    class NoLongContexts(LogitsOnly):
+        def supports(self, config: Any) -> str | None:
+            return "contexts up to 512 only" if config.n_ctx > 512 else None
+
+    suite = run_suite(NoLongContexts(TorchBackend()), profile="quick",
+                      select=lambda c: c.id == "gpt_forward.gpt2_small")
+    [result] = suite.results
+    assert (result.status, result.detail) == ("not-applicable", "contexts up to 512 only")
+    assert "1 not applicable" in report.summary(suite)
+
+
+
+def test_examples_declared_not_applicable_are_counted_on_the_summary_line():
+    suite = SuiteResult({}, {}, [CheckResult("a", [], "differential", "pass", 0.1, "", 30, 30,
+                                             1.0, "", not_applicable=7)])
+    assert report.summary(suite).endswith("; 7 examples declared not applicable skipped")
+
+
+def test_the_version_line_does_not_repeat_the_name():
+    assert report.named({"name": "tiktoken", "version": "tiktoken 0.12.0"}) == "tiktoken 0.12.0"
+    assert report.named({"name": "jax", "version": "gptspec 0.1, jax 0.7"}) == \
+        "jax gptspec 0.1, jax 0.7"
+
+
+REFUSING = '''
+from gptspec.conformance.protocol import NotApplicable
+from gptspec.reference.backend import ReferenceBackend
+
+
+def Refusing(dtype="float64"):
+    if dtype != "float64":
+        raise NotApplicable(f"computes in float64 only, not {dtype}")
+    return ReferenceBackend()
+'''
+
+
+def test_a_refused_dtype_is_recorded_with_its_reason(tmp_path, monkeypatch, capsys):
+    """A constructor that raises NotApplicable declines the dtype asked: the run is in
+    the report with the reason (not an empty list of runs), and the others go on."""
+    import json
+
+    from gptspec.cli import main
+
+    (tmp_path / "refusing_backend.py").write_text(REFUSING, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "report.json"
+    code = main(["conformance", "--backend", "refusing_backend:Refusing", "--dtype",
+                 "bfloat16", "--dtype", "float64", "--check", "softmax.differential",
+                 "--profile", "quick", "--no-isolate", "--report", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text(encoding="utf-8"))["runs"]
+    assert runs[0]["refused"] == "computes in float64 only, not bfloat16"
+    assert runs[0]["checks"] == [] and "refused" not in runs[1]
+    assert runs[1]["counts"]["pass"] == 1
+    assert "refused: computes in float64 only, not bfloat16" in capsys.readouterr().out
