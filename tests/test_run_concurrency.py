@@ -144,6 +144,18 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path, cor
     assert precious.read_text() == "notes\n"
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_lock_file_that_is_not_a_file_is_refused_naming_it(tmp_path, corpus, capsys, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).mkdir() if kind == "directory" else os.mkfifo(out / LOCK_FILE)
+    assert main(["train", *TINY, "--data", str(corpus), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    said = "is a directory" if kind == "directory" else "is not a regular file"
+    assert f"{out / LOCK_FILE} {said}" in err and err.count("\n") == 1, err
+    assert not (out / "checkpoint").exists()
+
+
 # --- readers beside a writer ---------------------------------------------------------------------
 
 

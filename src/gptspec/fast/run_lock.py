@@ -10,7 +10,9 @@ killed run left (temporary files) is safe only while holding the lock.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -29,12 +31,19 @@ class RunLock:
         # never through a link: the pid written below would overwrite the link's target
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            self.fd = os.open(self.path, flags, 0o644)
+            self.fd = os.open(self.path, flags | os.O_NONBLOCK, 0o644)
         except OSError as err:
             if self.path.is_symlink():
                 raise OSError(err.errno, f"{self.path} is a symbolic link, which a run's "
                                          "lock file never is; remove it") from None
+            if self.path.is_dir():
+                raise OSError(err.errno, f"{self.path} is a directory, which a run's lock "
+                                         "file never is; remove it") from None
             raise
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO or a device: no pid there
+            os.close(self.fd)
+            raise OSError(errno.EINVAL, f"{self.path} is not a regular file, which a run's "
+                                        "lock file always is; remove it")
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
