@@ -37,6 +37,7 @@ for folder in (DOCS, DOCS.parent):
         sys.path.insert(0, str(folder))
 
 from sitegen import (  # noqa: E402
+    backend_guide,
     compatibility,
     dataflow,
     evidence,
@@ -63,6 +64,8 @@ FIGURE_NOTE_MARKER = "<!-- gptspec:figure-note -->"
 CROSSWALK_MARKER = "<!-- gptspec:crosswalk -->"
 EXAMPLE_RUN_MARKER = "<!-- gptspec:numpy-example-run -->"
 MUTATION_SUMMARY_MARKER = "<!-- gptspec:mutation-summary -->"
+CONFIG_FIELDS_MARKER = "<!-- gptspec:config-fields -->"
+SCHEMA_SHAPES_MARKER = "<!-- gptspec:schema-shapes -->"
 SPEC_LINK = re.compile(r"\[([^\]]*)\]\(spec:([A-Za-z0-9_]+)\)")
 
 VERIFICATION_PAGE = f"{spec_pages.SPEC_DIR}/verification.md"
@@ -245,6 +248,9 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
             raise PluginError(str(err)) from None
         markdown = markdown.replace(MUTATION_SUMMARY_MARKER,
                                     verification.mutation_summary(MUTANTS, saved))
+    # the backend guide's tables of what forward receives, from GPTConfig and the schema
+    markdown = markdown.replace(CONFIG_FIELDS_MARKER, backend_guide.config_fields())
+    markdown = markdown.replace(SCHEMA_SHAPES_MARKER, backend_guide.schema_shapes())
     if FIGURE_NOTE_MARKER in markdown:
         s = _state["figure_stats"]
         note = (f"The model below was trained with {s['model']} for {s['steps']} steps "

@@ -58,12 +58,12 @@ def parse_json(text: str | bytes) -> Any:
 
 @dataclass(frozen=True)
 class GPTConfig:
-    vocab_size: int
-    n_ctx: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
+    vocab_size: int  # V, the number of token ids (0 … V − 1)
+    n_ctx: int  # the longest context, in tokens (positions 0 … n_ctx − 1)
+    d_model: int  # d, the width of the residual stream
+    n_layers: int  # L, the number of blocks
+    n_heads: int  # h, the number of attention heads
+    d_ff: int  # the FFN's hidden width
     d_head: int | None = None  # d_H, each head's width; None: d_model / n_heads (must divide)
     norm: str = "pre"  # "pre" (GPT-2/3), "post" (Blueprint eqs 7-8), "guide" (Guide sec. 5)
     ffn: str = "gelu_tanh"  # "relu" (Blueprint eq 6), "gelu", "gelu_tanh" (GPT-2/3), "guide_product"
@@ -73,7 +73,7 @@ class GPTConfig:
     positional_embedding: bool = True  # learned W_P (Blueprint sec. 2.1); the Guide has none
     output_bias: bool = False  # a bias on the unembedding (untied only)
     final_norm: bool = True  # LayerNorm after the last block (GPT-2/3)
-    ln_eps: float = 1e-5
+    ln_eps: float = 1e-5  # LayerNorm's ε, added to the variance inside the root
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_ff"):
