@@ -198,3 +198,34 @@ class HangsOnStart(Honest):
 
     def __init__(self) -> None:
         time.sleep(3600)
+
+
+class ExitsInForward(Honest):
+    """os._exit(0) in a call: in the judge's own process (--no-isolate) the run ended with
+    status 0 and no verdict."""
+
+    def forward(self, tokens, params, config):
+        import os
+
+        os._exit(0)
+
+
+class LeavesAThread(Honest):
+    """Starts a thread that never ends: Python waits for it at exit, so the judge's own
+    process (--no-isolate) never ended."""
+
+    def forward(self, tokens, params, config):
+        import threading
+
+        threading.Thread(target=time.sleep, args=(3600,), name="endless").start()
+        return super().forward(tokens, params, config)
+
+
+class BlocksTheTimer(Honest):
+    """Ignores SIGALRM, the in-process time limit, then hangs."""
+
+    def forward(self, tokens, params, config):
+        import signal
+
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        time.sleep(3600)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 import numpy as np
 
+from gptspec.cli.in_process import GRACE_S
 from gptspec.conformance.isolation import run_isolated
 from gptspec.conformance.reproduction import load_case, replay
 from gptspec.conformance.runner import run_suite
@@ -364,6 +366,37 @@ def test_no_isolate_keeps_the_working_directory_where_the_files_are_written(tmp_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "report.json").exists() and (tmp_path / "summary.md").exists()
     assert not list(elsewhere.iterdir())
+
+
+def test_no_isolate_turns_os_exit_into_an_error_of_its_check(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsInForward",
+                        "--no-isolate")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # was 0, with no verdict at all
+    assert "ERR   gpt_forward.differential" in proc.stdout
+    assert "os._exit(0) was called in the judge's process" in proc.stdout
+
+
+def test_no_isolate_does_not_wait_for_a_thread_the_backend_left(tmp_path):
+    started = time.monotonic()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:LeavesAThread",
+                        "--no-isolate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS  gpt_forward.differential" in proc.stdout
+    assert re.search(r"the backend left \d+ thread\(s\) running \(endless", proc.stderr)
+    assert time.monotonic() - started < 60  # was: never (the thread sleeps an hour)
+
+
+def test_no_isolate_ends_a_run_whose_check_blocks_the_timer(tmp_path):
+    started = time.monotonic()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:BlocksTheTimer",
+                        "--no-isolate", "--timeout", "2", "--report", "report.json")
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "a check ran" in proc.stderr and "past --timeout 2 s" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert took < 2 + GRACE_S + 30, took  # was: an hour (its sleep)
+    run = json.loads((tmp_path / "report.json").read_text())["runs"][0]
+    assert run["settings"]["interrupted"] is True
 
 
 def test_the_dtype_asked_is_the_dtype_judged(monkeypatch):

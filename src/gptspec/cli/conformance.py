@@ -13,6 +13,7 @@ goes on (``--no-isolate`` runs it in this process).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import shlex
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
+from gptspec.cli.in_process import InProcessGuard
 
 MAX_TIMEOUT = 86400.0  # seconds per check: a day; more is a typo (and past what poll takes)
 MIN_TIMEOUT = 0.001
@@ -55,8 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                         help=f"time limit per check and for starting the backend (default "
                              f"300, at most {MAX_TIMEOUT:g}: a day; 0 for none); with "
-                             "--no-isolate it interrupts Python code only, not a call into "
-                             "compiled code that does not return")
+                             "--no-isolate a check that the timer cannot stop ends the "
+                             "whole run a tenth of the limit later (at least 5 s), unless "
+                             "compiled code holds Python's interpreter lock")
     parser.add_argument("--adjudicate-with", default="torch", metavar="SPEC",
                         help="the plain backend a low-precision failure is compared with, "
                              "on the CPU in the same dtype (default: the built-in torch; "
@@ -182,21 +185,13 @@ def run(args: argparse.Namespace) -> int:
     suites: list = []
     current: list = []  # the run in progress, as its header saw it
     started = report.provenance()  # the code that runs is the code imported now
-    try:
-        with writing_stdout():  # the results stream there as they come
-            for spec, device, dtype in _targets(args):
-                current.clear()
-                suites.append(_run_one(args, spec, device, dtype, area, selected, timeout,
-                                       isolate, current.append))
-    except KeyboardInterrupt:
-        # Ctrl-C or SIGTERM: the run in progress is reported with the checks it finished
-        if current and current[0] not in suites:
+
+    def with_the_run_in_progress() -> None:
+        if current and current[0] not in suites:  # reported with the checks it finished
             current[0].settings["interrupted"] = True
             suites.append(current[0])
-        raise
-    finally:
-        # whatever happened (a backend that cannot be built, Ctrl-C), the runs that
-        # finished are reported
+
+    def write_reports() -> None:
         for flag, path, write in (
                 ("--report", args.report, lambda p: report.write_json(p, suites, started)),
                 ("--markdown", args.markdown,
@@ -207,16 +202,53 @@ def run(args: argparse.Namespace) -> int:
                 except OSError as err:  # a full disk: the temporary file is removed
                     raise CLIError(f"{flag}: cannot write {path}: {err.strerror or err}"
                                    ) from None
+
+    def past_the_limit(waited: float) -> None:  # the watchdog's thread; the process ends
+        print(f"gptspec conformance: error: a check ran {waited:.0f} s, past --timeout "
+              f"{timeout:g} s, and the timer could not stop it in this process "
+              "(--no-isolate); the run ends here, the reports hold the checks that finished",
+              file=sys.stderr, flush=True)
+        with_the_run_in_progress()
+        try:
+            write_reports()
+        except CLIError as err:
+            print(f"gptspec conformance: error: {err}", file=sys.stderr)
+
+    from gptspec.conformance.protocol import shown
+
+    guard = None if isolate else InProcessGuard(timeout, past_the_limit)
+    try:
+        with writing_stdout(), guard or contextlib.nullcontext():
+            for spec, device, dtype in _targets(args):
+                current.clear()
+                suites.append(_run_one(args, spec, device, dtype, area, selected, timeout,
+                                       isolate, current.append, guard))
+    except KeyboardInterrupt:
+        with_the_run_in_progress()  # Ctrl-C or SIGTERM
+        raise
+    finally:
+        # whatever happened (a backend that cannot be built, Ctrl-C), the runs that
+        # finished are reported
+        write_reports()
     failed = [s for s in suites if not s.ok]
     if failed:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)
-        return 1
-    return 0
+    status = 1 if failed else 0
+    stray = guard.stray_threads() if guard else []
+    if stray:  # Python would wait for them at exit, forever if they never end
+        more = ", …" if len(stray) > 1 else ""
+        print(f"gptspec conformance: warning: the backend left {len(stray)} thread(s) running "
+              f"({shown(stray[0].name)}{more}); the process ends without waiting for them",
+              file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        guard.real_exit(status)  # type: ignore[union-attr]
+    return status
 
 
 def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str | None,
              area: str | None, selected, timeout: float | None, isolate: bool,
-             started: Callable[[Any], None]):
+             started: Callable[[Any], None], guard: InProcessGuard | None = None):
     from gptspec.conformance import report
     from gptspec.conformance.context import keeping_cwd
     from gptspec.conformance.discovery import BackendError, BackendRefused, load_backend
@@ -239,8 +271,8 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
                   reproduce=shlex.join(repro), timeout=timeout,
                   save_failures=args.save_failures,
                   plain=None if args.adjudicate_with == "none" else args.adjudicate_with,
-                  on_result=lambda r: print(report.line(r), flush=True),
-                  header=lambda s: _announce(s, started))
+                  on_result=lambda r: _result(r, guard),
+                  header=lambda s: _announce(s, started, guard))
     try:
         if isolate:
             suite = run_isolated(spec, device=device, dtype=dtype, **common)
@@ -275,10 +307,21 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
     return suite
 
 
-def _announce(suite: Any, started: Callable[[Any], None]) -> None:
+def _announce(suite: Any, started: Callable[[Any], None],
+              guard: InProcessGuard | None = None) -> None:
     """A run begins: the caller keeps it (to report its finished checks if the command is
     stopped), and its header is printed."""
     from gptspec.conformance import report
 
     started(suite)
     print(report.header(suite), flush=True)
+    if guard:  # the backend is built: its first check begins
+        guard.progress()
+
+
+def _result(result: Any, guard: InProcessGuard | None) -> None:
+    from gptspec.conformance import report
+
+    print(report.line(result), flush=True)
+    if guard:
+        guard.progress()
