@@ -18,16 +18,18 @@ import gptspec
 from gptspec.fast import ops
 from gptspec.fast.model import GPT, compile_model, resolve_dtype
 from gptspec.spec.config import GPTConfig
+from gptspec.spec.operations import OptionalOperations
 from gptspec.spec.parameters import check_parameters
 
 # Operations whose output dtype is chosen, not inherited from a float input.
 _TAKES_DTYPE = {"one_hot", "causal_mask"}
 
 
-class TorchBackend:
+class TorchBackend(OptionalOperations):
     """The built-in PyTorch backend, for the conformance suite."""
 
     protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
+    OPERATIONS = tuple(ops.__all__)  # spec.operations: every optional operation ops writes
     name = "torch"
     KEEP_MODELS = 4
 
@@ -176,20 +178,11 @@ class TorchBackend:
 
     # --- the operations --------------------------------------------------------------------
 
-    @staticmethod
-    def implemented_ops() -> list[str]:
-        """The reference functions this backend implements, by name."""
-        return list(ops.__all__)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name in ops.__all__:
-            return self._wrap(name)
-        raise AttributeError(f"{type(self).__name__} has no attribute or operation {name!r}")
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(ops.__all__))
+    def _operation(self, name: str) -> Callable[..., Any]:
+        return self._wrap(name)
 
     def _wrap(self, name: str) -> Callable[..., Any]:
+        """Operation ``name`` of ops on NumPy arguments (the tests and meta/ override it)."""
         fn = getattr(ops, name)
 
         @torch.no_grad()

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import gptspec
-from gptspec.adapters.inputs import check_generation, check_ids, check_tokens
+from gptspec.adapters.inputs import check_ids, check_tokens
 from gptspec.adapters.jax import ops, sampling
+from gptspec.adapters.kit import OptionalOperations, generate_by_forward
 from gptspec.conformance.protocol import NotApplicable
-from gptspec.reference.sampling import check_sampling_settings, sample_token
+from gptspec.reference.sampling import check_sampling_settings
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters
 
@@ -48,12 +49,13 @@ def _is_traced(value: Any) -> bool:
     return _is_array(value)
 
 
-class JaxBackend:
+class JaxBackend(OptionalOperations):
     """The decoder-only GPT in JAX, jit-compiled on the CPU, in float32 or a 16-bit dtype
     with float32 accumulation."""
 
     protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     name = "jax"
+    OPERATIONS = tuple(ops.__all__)  # every optional operation ops writes (adapters.kit)
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
         if dtype not in DTYPES:
@@ -126,20 +128,7 @@ class JaxBackend:
 
     # --- the operations ------------------------------------------------------------------------
 
-    @staticmethod
-    def implemented_ops() -> list[str]:
-        """The reference functions this backend implements, by name."""
-        return [n for n in ops.__all__ if n != "gpt_forward"]
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name in ops.__all__ and name != "gpt_forward":
-            return self._op(name)
-        raise AttributeError(f"{type(self).__name__} has no attribute or operation {name!r}")
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self.implemented_ops()))
-
-    def _op(self, name: str) -> Callable[..., Any]:
+    def _operation(self, name: str) -> Callable[..., Any]:
         fn = getattr(ops, name)
         signature = inspect.signature(fn)
 
@@ -233,46 +222,29 @@ class JaxBackend:
                  top_p: float | None = None, eot_token: int | None = None,
                  rng: np.random.Generator | None = None, return_logits: bool = False) -> Any:
         """Up to ``max_new_tokens`` new tokens after each prompt, the prompts decoded
-        together. Each step runs the model on every unfinished sequence's last n_ctx
-        tokens, right-padded to n_ctx (causality: the padding cannot reach the rows
-        before it, and one compilation serves every step), and draws from that row's
-        ``sampling_distribution`` with one uniform of ``rng`` per token, in the order
-        step by step, then sequence by sequence."""
+        together (adapters.kit.generate_by_forward). Each step runs the model on every
+        unfinished sequence's last n_ctx tokens, right-padded to n_ctx (causality: the
+        padding cannot reach the rows before it, and one compilation serves every step),
+        and draws from that row's ``sampling_distribution`` with one uniform of ``rng``
+        per token, in the order step by step, then sequence by sequence."""
         top_k = _as_int(top_k)
-        sequences = check_generation(prompts, dict(params), config, max_new_tokens,
-                                     temperature, top_k, top_p, rng)
-        weights = self._in(dict(params))
-        assert temperature == 0 or rng is not None  # check_generation refuses sampling without
-        new: list[list[int]] = [[] for _ in sequences]
-        logits_out: list[list[np.ndarray]] = [[] for _ in sequences]
-        active = list(range(len(sequences))) if max_new_tokens > 0 else []
-        while active:
-            contexts = [sequences[b][-config.n_ctx:] for b in active]
-            window = np.zeros((len(active), config.n_ctx), dtype=np.int32)
+        weights: dict[str, Any] = {}  # converted at the first step, once the inputs are checked
+
+        def last_rows(contexts: list[list[int]]) -> jax.Array:
+            if not weights:
+                weights.update(self._in(dict(params)))
+            window = np.zeros((len(contexts), config.n_ctx), dtype=np.int32)
             for row, context in enumerate(contexts):
                 window[row, : len(context)] = context
             all_logits = self._run("gpt_forward", ops.gpt_forward,
                                    (jax.device_put(window, self._cpu), weights, config))
             last = jnp.asarray([len(c) - 1 for c in contexts])
-            rows = all_logits[jnp.arange(len(active)), last]  # (B, V) in the dtype
-            q = np.asarray(self._distribution(rows, temperature, top_k, top_p),
-                           dtype=np.float64)
-            widened = self._out(rows)
-            still = []
-            for row, b in enumerate(active):
-                token = int(np.argmax(q[row])) if temperature == 0 else sample_token(q[row], rng)  # type: ignore[arg-type]
-                sequences[b].append(token)
-                new[b].append(token)
-                logits_out[b].append(widened[row])
-                if not ((eot_token is not None and token == eot_token)
-                        or len(new[b]) >= max_new_tokens):
-                    still.append(b)
-            active = still
-        if not return_logits:
-            return new
-        stacked = [np.asarray(rows, dtype=np.float32).reshape(len(rows), config.vocab_size)
-                   for rows in logits_out]
-        return new, stacked
+            return all_logits[jnp.arange(len(contexts)), last]  # (B, V) in the dtype
+
+        return generate_by_forward(last_rows, prompts, params, config, max_new_tokens,
+                                   temperature=temperature, top_k=top_k, top_p=top_p,
+                                   eot_token=eot_token, rng=rng, return_logits=return_logits,
+                                   distribution=self._distribution)
 
 
 # --- pure functions the backend jit-compiles ---------------------------------------------------

@@ -20,45 +20,10 @@ import jax.numpy as jnp
 from jax.scipy.special import erf
 
 from gptspec.spec.config import GPTConfig
+from gptspec.spec.operations import operations_in
 
 Array = jax.Array
 
-__all__ = [
-    "one_hot",
-    "token_embedding_one_hot",
-    "token_embedding",
-    "positional_embedding",
-    "input_representation",
-    "linear",
-    "qkv_projection",
-    "split_heads",
-    "merge_heads",
-    "causal_mask",
-    "softmax_shifted",
-    "softmax",
-    "attention_scores",
-    "attention_weights",
-    "scaled_dot_product_attention",
-    "multi_head_attention",
-    "multi_head_attention_head_sum",
-    "layer_norm",
-    "relu",
-    "gelu",
-    "gelu_tanh",
-    "ffn_relu",
-    "ffn_gelu",
-    "ffn_gelu_tanh",
-    "ffn_guide_product",
-    "block_pre_ln",
-    "block_post_ln",
-    "block_guide",
-    "final_layer_norm",
-    "unembed_tied",
-    "unembed_untied",
-    "next_token_distribution",
-    "sequence_log_probability",
-    "gpt_forward",
-]
 
 HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -372,3 +337,7 @@ def gpt_forward(tokens: Array, params: dict, config: GPTConfig) -> Array:
     if config.tied_embeddings:
         return unembed_tied(H, params["wte"])
     return unembed_untied(H, params["w_u"], params.get("b_u"))
+
+
+# every optional operation of the model this module writes, read from the spec registry
+__all__ = operations_in(globals())

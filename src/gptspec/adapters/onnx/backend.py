@@ -23,27 +23,24 @@ import onnx
 import onnxruntime as ort
 
 import gptspec
-from gptspec.adapters.inputs import check_generation, check_ids, check_tokens
+from gptspec.adapters.inputs import check_ids, check_tokens
+from gptspec.adapters.kit import OptionalOperations, generate_by_forward
 from gptspec.adapters.onnx import ops, sampling
 from gptspec.adapters.onnx.graph import ELEM_TYPES, FLOAT, INT64, NUMPY_TYPES, OPSET, Graph
 from gptspec.conformance.protocol import NotApplicable
-from gptspec.reference.sampling import check_sampling_settings, sample_token
+from gptspec.reference.sampling import check_sampling_settings
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
-# Operations with no array argument to read a size from: their graphs take none.
-_NOT_EXPOSED = {"gpt_forward"}
 
-
-
-
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(OptionalOperations):
     """The decoder-only GPT as ONNX graphs written from the spec's equations, run by ONNX
     Runtime on the CPU, in float32 or a 16-bit dtype (float16, bfloat16: 16-bit storage,
     float32 arithmetic)."""
 
     name = "onnxruntime"
     protocol_version = 2
+    OPERATIONS = tuple(ops.__all__)  # every optional operation ops writes (adapters.kit)
     KEEP_SESSIONS = 64
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
@@ -96,20 +93,7 @@ class OnnxRuntimeBackend:
 
     # --- the operations ------------------------------------------------------------------
 
-    @staticmethod
-    def implemented_ops() -> list[str]:
-        """The reference functions this backend implements, by name."""
-        return [n for n in ops.__all__ if n not in _NOT_EXPOSED]
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name in ops.__all__ and name not in _NOT_EXPOSED:
-            return self._op(name)
-        raise AttributeError(f"{type(self).__name__} has no attribute or operation {name!r}")
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self.implemented_ops()))
-
-    def _op(self, name: str) -> Callable[..., Any]:
+    def _operation(self, name: str) -> Callable[..., Any]:
         emit = getattr(ops, name)
         # the reference's signature: the emitter's without its leading graph
         params = list(inspect.signature(emit).parameters.values())[1:]
@@ -240,32 +224,18 @@ class OnnxRuntimeBackend:
         cache: the graph is the forward pass and nothing else) and draws from the last
         row's ``sampling_distribution`` (its graph) by the spec's sample_token, one
         uniform of ``rng`` per token, step by step, then sequence by sequence."""
-        top_k = int(top_k) if isinstance(top_k, np.integer) else top_k
-        sequences = check_generation(prompts, dict(params), config, max_new_tokens,
-                                     temperature, top_k, top_p, rng)
-        assert temperature == 0 or rng is not None  # check_generation refuses sampling without
-        new: list[list[int]] = [[] for _ in sequences]
-        rows: list[list[np.ndarray]] = [[] for _ in sequences]
-        active = list(range(len(sequences))) if max_new_tokens > 0 else []
-        while active:
-            still = []
-            for b in active:
-                context = np.asarray([sequences[b][-config.n_ctx:]], dtype=np.int64)
-                row = self.forward(context, params, config)[0, -1]
-                q = np.asarray(self.sampling_distribution(row, temperature, top_k, top_p),
-                               dtype=np.float64)
-                token = int(np.argmax(q)) if temperature == 0 else sample_token(q, rng)  # type: ignore[arg-type]
-                sequences[b].append(token)
-                new[b].append(token)
-                rows[b].append(np.asarray(row, dtype=np.float32))
-                if not ((eot_token is not None and token == eot_token)
-                        or len(new[b]) >= max_new_tokens):
-                    still.append(b)
-            active = still
-        if not return_logits:
-            return new
-        return new, [np.stack(r) if r else np.zeros((0, config.vocab_size), np.float32)
-                     for r in rows]
+        def last_rows(contexts: list[list[int]]) -> np.ndarray:
+            return np.stack([self.forward(np.asarray([c], dtype=np.int64), params,
+                                          config)[0, -1] for c in contexts])
+
+        def distribution(rows: np.ndarray, tau: float, k: int | None,
+                         p: float | None) -> np.ndarray:
+            return np.stack([self.sampling_distribution(row, tau, k, p) for row in rows])
+
+        return generate_by_forward(last_rows, prompts, params, config, max_new_tokens,
+                                   temperature=temperature, top_k=top_k, top_p=top_p,
+                                   eot_token=eot_token, rng=rng, return_logits=return_logits,
+                                   distribution=distribution)
 
 
 def model_graph(config: GPTConfig, dtype: str = "float32") -> onnx.ModelProto:

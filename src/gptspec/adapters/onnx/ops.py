@@ -19,45 +19,10 @@ import numpy as np
 
 from gptspec.adapters.onnx.graph import FLOAT, Graph
 from gptspec.spec.config import GPTConfig
+from gptspec.spec.operations import operations_in
 
 Name = str
 
-__all__ = [
-    "one_hot",
-    "token_embedding_one_hot",
-    "token_embedding",
-    "positional_embedding",
-    "input_representation",
-    "linear",
-    "qkv_projection",
-    "split_heads",
-    "merge_heads",
-    "causal_mask",
-    "softmax_shifted",
-    "softmax",
-    "attention_scores",
-    "attention_weights",
-    "scaled_dot_product_attention",
-    "multi_head_attention",
-    "multi_head_attention_head_sum",
-    "layer_norm",
-    "relu",
-    "gelu",
-    "gelu_tanh",
-    "ffn_relu",
-    "ffn_gelu",
-    "ffn_gelu_tanh",
-    "ffn_guide_product",
-    "block_pre_ln",
-    "block_post_ln",
-    "block_guide",
-    "final_layer_norm",
-    "unembed_tied",
-    "unembed_untied",
-    "next_token_distribution",
-    "sequence_log_probability",
-    "gpt_forward",
-]
 
 
 def _swap_last_two(g: Graph, x: Name, first: int) -> Name:
@@ -380,3 +345,6 @@ def gpt_forward(g: Graph, tokens: Name, params: dict, config: GPTConfig) -> Name
         return unembed_tied(g, H, params["wte"])
     return unembed_untied(g, H, params["w_u"], params.get("b_u"))
 
+
+# every optional operation of the model this module writes, read from the spec registry
+__all__ = operations_in(globals())
