@@ -163,6 +163,7 @@ for damage, needle in [
     ("history-step-twice", "has step 2 after step 2"),
     ("history-steps-backwards", "has step 1 after step 2"),
     ("history-past-the-step", "has step 99, not a step of this run (0 … 2)"),
+    ("tokenizer-of-another-run", "tokenizer.json is not the tokenizer"),
 ]:
     case(f"resume-state-{damage}", _with(RESUME, "--out", "{w}/damaged/" + damage), needle)
 
@@ -588,6 +589,12 @@ def _damage_runs(world: Path) -> None:
         doc["history"]["train"][0][1] = "LOSS"
         file.write_text(json.dumps(doc).replace('"LOSS"', "1e400"))
     damaged("history-overflowing-loss", overflowing_loss)
+    def other_tokenizer(run: Path) -> None:  # as valid, as large, another byte order
+        file = run / "checkpoint" / "tokenizer.json"
+        doc = json.loads(file.read_text())
+        doc["base"][97], doc["base"][98] = doc["base"][98], doc["base"][97]
+        file.write_text(json.dumps(doc))
+    damaged("tokenizer-of-another-run", other_tokenizer)
     damaged("history-step-twice",
             state=lambda d: d["history"]["train"].append(list(d["history"]["train"][-1])))
     damaged("history-steps-backwards", state=lambda d: d["history"]["train"].reverse())

@@ -3,6 +3,7 @@ that always load one complete checkpoint while it is saved over, files of one sa
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -270,11 +271,25 @@ def test_an_optimizer_from_another_model_is_refused(tmp_path):
         load_training_checkpoint(ours)
 
 
+def _history_up_to_step_1(text: str) -> str:
+    state = json.loads(text)
+    state["history"] = {key: [p for p in points if p[0] <= 1]
+                        for key, points in state["history"].items()}
+    return json.dumps(state)
+
+
 def test_a_resume_with_an_edited_step_is_refused(tmp_path, corpus, capsys):
     assert main(["train", *TINY, "--data", str(corpus), "--out", str(tmp_path / "out"),
                  "--steps", "2"]) == 0
     _edit_state(tmp_path / "out" / "checkpoint",
                 lambda text: text.replace('"step": 2', '"step": 1', 1))
+    assert main(["train", *TINY, "--out", str(tmp_path / "out"), "--resume",
+                 "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    # the loss history, saved with the run's steps, is the first to contradict it
+    assert "'history' 'train' has step 2, not a step of this run (0 … 1)" in err
+    assert len(err.strip().splitlines()) == 1
+    _edit_state(tmp_path / "out" / "checkpoint", _history_up_to_step_1)  # edited to match
     assert main(["train", *TINY, "--out", str(tmp_path / "out"), "--resume",
                  "--steps", "4"]) == 2
     err = capsys.readouterr().err
@@ -308,9 +323,13 @@ def test_a_run_stopped_before_its_first_step_does_not_claim_a_checkpoint(
 
 def test_finite_weights_whose_loss_is_not_are_not_kept_as_good(tmp_path, corpus, capsys):
     argv = ["train", *TINY, "--data", str(corpus), "--out", str(tmp_path / "out")]
-    assert main([*argv, "--steps", "1", "--lr", "1e30"]) == 2
+    # a save after step 1 with no evaluation before it (an evaluation stops the run too:
+    # "the validation loss became nan")
+    assert main([*argv, "--steps", "2", "--eval-interval", "2", "--checkpoint-interval", "1",
+                 "--lr", "1e30"]) == 2
     err = capsys.readouterr().err
-    assert "finite but the model's loss" in err and "no checkpoint had been saved" in err
+    assert "weights after step 1 are finite but the model's loss" in err, err
+    assert "no checkpoint had been saved" in err
     assert not (tmp_path / "out" / "checkpoint").exists()
 
 

@@ -381,6 +381,7 @@ MAX_SETTING_CHARS = 100  # the longest setting that is a word: a device such as 
 STEP_KEY = "gptspec_step"
 MODEL_DIGEST_KEY = "gptspec_model_sha256"
 OPTIMIZER_DIGEST = "optimizer_sha256"
+TOKENIZER_DIGEST = "tokenizer_sha256"  # of what it holds (tokenizer_files.fingerprint)
 
 
 def crash_point(name: str) -> None:
@@ -512,6 +513,8 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
 
     from safetensors.numpy import save
 
+    from gptspec.fast.tokenizer_files import fingerprint
+
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(target), suffix=".tmp",
@@ -531,7 +534,8 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
         crash_point("wrote the optimizer")
         tokenizer.save(tmp / TOKENIZER_FILE)
         crash_point("wrote the tokenizer")
-        state = {"format": STATE_FORMAT, **state, OPTIMIZER_DIGEST: optimizer_digest}
+        state = {"format": STATE_FORMAT, **state, OPTIMIZER_DIGEST: optimizer_digest,
+                 TOKENIZER_DIGEST: fingerprint(tokenizer)}
         # allow_nan=False: NaN is not JSON, and no reader (this one included) would take it
         write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1, allow_nan=False).encode())
         crash_point("wrote the state")
@@ -625,6 +629,8 @@ def _check_history(history: dict, step: int, file: Path) -> None:
 
 
 def _load_training_folder(path: Path, settled: bool = False):
+    from gptspec.fast.tokenizer_files import fingerprint
+
     if not settled and not path.is_dir():
         raise CheckpointError(f"no training checkpoint at {path}")
     with _pinned(path, TRAINING_FILES, settled) as files:
@@ -636,6 +642,11 @@ def _load_training_folder(path: Path, settled: bool = False):
         optimizer, metadata = _read_optimizer(path / OPTIMIZER_FILE, files[OPTIMIZER_FILE])
         _check_together(path, params, model.get(DIGEST_KEY), optimizer, metadata, state)
         tokenizer = _read_tokenizer(path / TOKENIZER_FILE, files[TOKENIZER_FILE])
+        recorded = state.get(TOKENIZER_DIGEST)
+        if recorded is not None and recorded != fingerprint(tokenizer):
+            raise CheckpointError(f"{path / TOKENIZER_FILE} is not the tokenizer "
+                                  f"{path / STATE_FILE} was saved with (its checksum differs "
+                                  "from the recorded one)")
     return config, params, optimizer, state, tokenizer
 
 

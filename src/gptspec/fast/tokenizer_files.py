@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,7 +33,7 @@ from gptspec.fast.tokenizer import (
 from gptspec.reference.tokenizer import bytes_to_unicode
 from gptspec.spec.config import parse_json
 
-__all__ = ["TokenizerFileError", "save", "load", "detect_format", "merges_from_ranks",
+__all__ = ["TokenizerFileError", "save", "load", "detect_format", "merges_from_ranks", "fingerprint",
            "tokenizer_from_hf_doc", "load_vocab_merges", "FORMATS", "GPTSPEC_FORMAT"]
 
 FORMATS = ("gptspec", "tiktoken", "hf")
@@ -120,6 +121,12 @@ def load(path: str | Path, format: str | None = None, **options: Any) -> Tokeniz
 
 
 # --- this project's format ------------------------------------------------------------
+
+
+def fingerprint(tok: Tokenizer) -> str:
+    """SHA-256 of what a tokenizer is (merges, pattern, special tokens, byte order), the same
+    for every file format and layout that holds it."""
+    return hashlib.sha256(_gptspec_bytes(tok)).hexdigest()
 
 
 def _gptspec_bytes(tok: Tokenizer) -> bytes:
