@@ -226,3 +226,27 @@ def test_the_ecosystem_lists_six_independent_implementations_across_four_areas()
     assert len(independent) >= 6
     assert len({a for e in independent for a in e.areas}) >= 4
     assert {e.backend for e in ecosystem.ENGINES if not e.independent} == {"jax", "onnxruntime"}
+
+
+# --- transformers' GPT-2 modules -----------------------------------------------------------
+
+
+def test_transformers_modules_and_gradients_pass_in_float32():
+    from gptspec.adapters.transformers import EagerBackend
+
+    ids = {"gelu_tanh.differential", "layer_norm.differential", "ffn_gelu_tanh.differential",
+           "gpt_backward.differential"}
+    status = _statuses(EagerBackend(dtype="float32"), ids, dtype="float32")
+    assert {k: v.status for k, v in status.items()} == {k: "pass" for k in ids}
+
+
+def test_transformers_gelu_new_cancels_in_bfloat16():
+    """Adjudicated: gelu_new evaluated op by op in bfloat16 loses the negative tail, where
+    1 + tanh(·) cancels (x = −4: 0 instead of −7.0e-5)."""
+    from gptspec.adapters.transformers import EagerBackend
+    from gptspec.reference import gelu_tanh
+
+    got = EagerBackend(dtype="bfloat16").gelu_tanh(np.array([-4.0, -3.0]))
+    assert got[0] == 0.0 and gelu_tanh(np.array([-4.0]))[0] == pytest.approx(-7.0246e-5, 1e-3)
+    assert got[1] == -0.005859375 and gelu_tanh(np.array([-3.0]))[0] == pytest.approx(-0.0036374,
+                                                                                         1e-4)

@@ -52,11 +52,12 @@ class Engine:
 MODEL_AREAS = ("model", "gradients", "optimizer", "sampling")
 ENGINES: tuple[Engine, ...] = (
     Engine("hf-eager", ("float32", "bfloat16"), "interop",
-           "GPT2LMHeadModel of transformers, GPT-2's own attention; logits and generate()",
-           areas=("model", "sampling")),
+           "GPT2LMHeadModel of transformers, GPT-2's own attention; logits, generate(), "
+           "GPT-2's activation, LayerNorm and MLP modules, its loss and autograd's gradients",
+           areas=("model", "gradients", "sampling")),
     Engine("hf-sdpa", ("float32", "bfloat16"), "interop",
-           "GPT2LMHeadModel of transformers, PyTorch's fused SDPA attention; logits and "
-           "generate()", areas=("model", "sampling")),
+           "GPT2LMHeadModel of transformers, PyTorch's fused SDPA attention; as hf-eager "
+           "otherwise", areas=("model", "gradients", "sampling")),
     Engine("tiktoken", ("float64",), "",
            "tiktoken's Encoding built from the spec's merges as byte ranks; encodes and decodes "
            "(it has no trainer)", areas=("tokenizer",)),

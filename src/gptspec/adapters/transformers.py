@@ -4,15 +4,17 @@ not write, validated as it is.
 Two backends, one per attention implementation: ``hf-eager`` and ``hf-sdpa`` (PyTorch's
 fused ``scaled_dot_product_attention``), in float32 or bfloat16 on the CPU, built from
 the schema parameters by ``gptspec.fast.hf_interop`` (weights handed over unchanged). It
-offers ``forward``, ``generate`` through the engine's own ``generate()`` and
-``sampling_distribution`` (what transformers' processors define), and no single
-operation: the engine has none to call alone. What GPT-2 cannot express it declares
+offers ``forward``, ``generate`` through the engine's own ``generate()``,
+``sampling_distribution`` (what transformers' processors define), GPT-2's own modules
+where one computes a spec entry alone (gelu_new, LayerNorm, GPT2MLP) and ``gpt_backward``
+(transformers' loss, torch's autograd). What GPT-2 cannot express it declares
 (``supports``) and refuses with a one-line reason (``NotApplicable``): another block,
 FFN, norm or output structure, or generation past n_positions (it cannot crop).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +48,7 @@ class TransformersBackend:
         self.version = (f"transformers {transformers.__version__} "
                         f"(attn_implementation={self.attn_implementation!r}), "
                         f"torch {torch.__version__}")
-        self._models: dict[GPTConfig, Any] = {}
+        self._models: dict[tuple[GPTConfig, Any], Any] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r}, dtype={self.dtype!r})"
@@ -67,20 +69,21 @@ class TransformersBackend:
         if reason:
             raise NotApplicable(reason)
 
-    def model(self, params: Mapping[str, Any], config: GPTConfig) -> Any:
-        """A GPT2LMHeadModel of ``config`` holding ``params``; the last few are kept and
-        refilled in place."""
+    def model(self, params: Mapping[str, Any], config: GPTConfig, dtype: Any = None) -> Any:
+        """A GPT2LMHeadModel of ``config`` holding ``params`` in ``dtype`` (the backend's by
+        default); the last few are kept and refilled in place."""
         self._require(config)
-        model = self._models.pop(config, None)
+        dtype = dtype or self.torch_dtype
+        model = self._models.pop((config, dtype), None)
         if model is None:
-            model = hf_interop.to_hf_model(params, config, dtype=self.torch_dtype)
+            model = hf_interop.to_hf_model(params, config, dtype=dtype)
             model.set_attn_implementation(self.attn_implementation)
         else:
-            state = hf_interop.params_to_hf(params, config, dtype=self.torch_dtype)
+            state = hf_interop.params_to_hf(params, config, dtype=dtype)
             model.load_state_dict(state, strict=False)
             if config.tied_embeddings:
                 model.tie_weights()
-        self._models[config] = model
+        self._models[(config, dtype)] = model
         while len(self._models) > self.KEEP_MODELS:
             self._models.pop(next(iter(self._models)))
         return model
@@ -92,6 +95,76 @@ class TransformersBackend:
         ids = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
         logits = self.model(params, config)(input_ids=ids).logits
         return logits.float().numpy()
+
+    # --- GPT-2's own modules, one operation each ---------------------------------------------
+
+    def _tensor(self, a: Any) -> torch.Tensor:
+        """A NumPy input as a tensor of the dtype (the protocol: float64 in, rounded once)."""
+        return torch.as_tensor(np.asarray(a, dtype=np.float64)).to(self.torch_dtype)
+
+    @torch.no_grad()
+    def gelu_tanh(self, x: Any) -> np.ndarray:
+        """GPT-2's activation, transformers' own ``ACT2FN["gelu_new"]``."""
+        from transformers.activations import ACT2FN
+
+        return ACT2FN["gelu_new"](self._tensor(x)).double().numpy()
+
+    @torch.no_grad()
+    def layer_norm(self, x: Any, gamma: Any, beta: Any, eps: float) -> np.ndarray:
+        """GPT-2's LayerNorm module (``torch.nn.LayerNorm`` with layer_norm_epsilon)."""
+        x = self._tensor(x)
+        norm = torch.nn.LayerNorm(x.shape[-1], eps=eps, dtype=self.torch_dtype)
+        norm.weight.copy_(self._tensor(gamma))
+        norm.bias.copy_(self._tensor(beta))
+        return norm(x).double().numpy()
+
+    def final_layer_norm(self, H: Any, gamma: Any, beta: Any, eps: float) -> np.ndarray:
+        """GPT-2's ln_f: the same module as the blocks' (see layer_norm)."""
+        return self.layer_norm(H, gamma, beta, eps)
+
+    @torch.no_grad()
+    def ffn_gelu_tanh(self, x: Any, W_1: Any, b_1: Any, W_2: Any, b_2: Any) -> np.ndarray:
+        """transformers' ``GPT2MLP`` (Conv1D c_fc, gelu_new, Conv1D c_proj) holding these
+        weights: Conv1D stores (in, out), the schema's layout."""
+        from transformers import GPT2Config
+        from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+        d, d_ff = np.shape(W_1)
+        mlp = GPT2MLP(d_ff, GPT2Config(n_embd=d, n_inner=d_ff, activation_function="gelu_new",
+                                       resid_pdrop=0.0)).to(self.torch_dtype).eval()
+        for module, w, b in ((mlp.c_fc, W_1, b_1), (mlp.c_proj, W_2, b_2)):
+            module.weight.copy_(self._tensor(w))
+            module.bias.copy_(self._tensor(b))
+        return mlp(self._tensor(x)).double().numpy()
+
+    def gpt_backward(self, tokens: Any, targets: Any, params: Mapping[str, Any],
+                     config: GPTConfig) -> tuple[float, dict[str, np.ndarray]]:
+        """The loss GPT2LMHeadModel computes for these targets (transformers' causal-LM
+        loss, given the targets as ``shift_labels`` so that every position is scored) and
+        torch's autograd through the engine's model: the gradient of each parameter by
+        schema name (w_u's transposed back from lm_head). In a 16-bit dtype it trains as
+        transformers' Trainer does with ``bf16=True``/``fp16=True``: float32 weights (holding
+        the 16-bit values) under ``torch.autocast``, so gradients are float32."""
+        sixteen = self.torch_dtype != torch.float32
+        model = self.model(params, config, torch.float32)
+        model.zero_grad(set_to_none=True)
+        ids = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        labels = torch.as_tensor(np.asarray(targets), dtype=torch.long)
+        autocast = (torch.autocast("cpu", dtype=self.torch_dtype) if sixteen
+                    else contextlib.nullcontext())
+        with torch.enable_grad(), autocast:
+            for p in model.parameters():
+                p.requires_grad_(True)
+            loss = model(input_ids=ids, labels=labels, shift_labels=labels).loss
+            loss.backward()
+        grads = {name: param.grad for name, param in model.named_parameters()}
+        out = {}
+        for name in params:
+            g = grads[hf_interop.hf_name(name)]
+            g = torch.zeros_like(model.get_parameter(hf_interop.hf_name(name))) if g is None else g
+            out[name] = (g.T if name == "w_u" else g).double().numpy().copy()
+        model.zero_grad(set_to_none=True)
+        return float(loss.detach()), out
 
     @torch.no_grad()
     def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
