@@ -333,6 +333,42 @@ MATH_STATS_JS = r"""
 # an equation or a code block whose content is wider than its box (it would have to be
 # scrolled or is cut off: both must break or wrap instead); a table that runs past the
 # article with no visible scroll bar to reach the rest (scrolling visibly is allowed).
+# What makes a page scroll sideways on a phone: the page wider than the window, and each
+# equation, code block, table, image or diagram that runs past the window without a box
+# of its own (or around it) that scrolls; a figure drawn narrower than 600 px (or its own
+# width) is reported too, as its text is then too small to read.
+SIDEWAYS_JS = r"""
+(() => {
+  const out = [];
+  const vw = document.documentElement.clientWidth;
+  const page = document.documentElement.scrollWidth - vw;
+  if (page > 1) out.push({kind: "page", hidden: page});
+  const article = document.querySelector("article") || document.body;
+  const name = (el) => (el.textContent || el.getAttribute("src") || "").trim()
+    .replace(/\s+/g, " ").slice(0, 60);
+  const kinds = "div.arithmatex, pre > code, table, img, div.gs-dataflow > svg";
+  for (const el of article.querySelectorAll(kinds)) {
+    let scroller = null;
+    for (let box = el; box && box !== document.body; box = box.parentElement) {
+      const style = getComputedStyle(box);
+      if (["auto", "scroll"].includes(style.overflowX) && box.scrollWidth > box.clientWidth + 1) {
+        scroller = box;
+        break;
+      }
+    }
+    const r = (scroller || el).getBoundingClientRect();
+    if (r.right > vw + 1) out.push({kind: el.tagName.toLowerCase(), hidden: r.right - vw, text: name(el)});
+    if (el.tagName === "IMG" || el.tagName.toLowerCase() === "svg") {
+      const natural = el.naturalWidth || el.width.baseVal?.value || 0;
+      const shown = el.getBoundingClientRect().width;
+      if (natural && shown + 1 < Math.min(600, natural))
+        out.push({kind: "figure", shown: Math.round(shown), text: name(el)});
+    }
+  }
+  return out;
+})()
+"""
+
 CLIPPED_JS = r"""
 (() => {
   const article = document.querySelector("article") || document.body;

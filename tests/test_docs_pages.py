@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -511,7 +512,7 @@ def test_the_keyhole_section_counts_what_the_saved_run_measured(tmp_path: Path) 
         {"name": "a", "breaks": ["layer_norm"], "named": ["layer_norm"], "killed": True,
          "localised": True, "applicable": True},
         {"name": "b", "breaks": ["softmax"], "named": ["causal_mask"], "killed": True,
-         "localised": False, "applicable": True},
+         "localised": False, "applicable": True, "why": "the same function as a mask bug"},
         {"name": "c", "breaks": ["softmax"], "named": [], "killed": False,
          "localised": False, "applicable": True},
         {"name": "d", "breaks": ["one_hot"], "named": [], "killed": False,
@@ -519,6 +520,10 @@ def test_the_keyhole_section_counts_what_the_saved_run_measured(tmp_path: Path) 
     text = keyhole_section(load_keyhole_results(saved), "..", {"layer_norm", "softmax"})
     assert "**2 of 3**" in text and "**1 of 3**" in text and "1 leave the built-in" in text
     assert "0123456789" in text and '<span class="gs-missing">no</span>' in text
+    assert "<code>b</code>: the same function as a mask bug" in text
+    assert "no account given" in text and "partial run" not in text
+    partial = {**load_keyhole_results(saved), "complete": False}
+    assert "partial run" in keyhole_section(partial, "..", set())
     assert "No saved run" in keyhole_section(None, "..", set())
     saved.write_text('{"schema": "other"}')
     with pytest.raises(ValueError, match="not a gptspec-keyhole file"):
@@ -546,3 +551,34 @@ def test_an_entry_page_states_one_budget_the_one_its_check_computes() -> None:
     assert r"\(\sqrt{n}\,u\)" in tolerance and "No check judges this entry on its own" in tolerance
     assert "the model&#x27;s budget" in checks_table or "the model's budget" in checks_table
     assert spec_pages.BUDGET_ABOVE not in checks_table
+
+
+def test_wrapped_python_continues_with_a_hanging_indent() -> None:
+    """Each line of generated Python is a block indented by its own leading spaces, so a
+    wrapped line continues spec_pages.HANGING columns further right, not at column 0."""
+    out = spec_pages._python_html('def f(x):\n    return (x +\n            1)\n\n    # end\n')
+    lines = re.findall(r'<span class="gs-line" style="padding-left: (\d+)ch; '
+                       r'text-indent: -(\d+)ch">', out)
+    hang = spec_pages.HANGING
+    assert [int(p) for p, _ in lines] == [hang, 4 + hang, 12 + hang, hang, 4 + hang]
+    assert all(p == t for p, t in lines) and "\n</span>" not in out
+    text = re.sub(r"<[^>]+>", "", out)
+    assert "return (x +" in text and "            1)" in text  # the code itself unchanged
+
+
+def test_every_cited_document_has_authors_a_date_and_a_link_where_known() -> None:
+    """The Sources page gives each cited document's authors, date and address (a link),
+    and says so where the project's copy does not state them."""
+    from gptspec.spec import REGISTRY, sources
+
+    cited = {s.document for e in REGISTRY for s in e.sources}
+    assert cited <= set(sources.REFERENCES), cited - set(sources.REFERENCES)
+    page = spec_pages.crosswalk(REGISTRY, "../spec")
+    for document in cited:
+        section = page.split(f"#{spec_pages.source_anchor(document)} }}", 1)[1].split("###")[0]
+        ref = sources.REFERENCES[document]
+        assert "<strong>Authors:</strong>" in section and "<strong>Date:</strong>" in section
+        assert (f'<a href="{ref.url}">' in section) if ref.url else "No address" in section
+    assert 'href="https://arxiv.org/abs/2410.19370"' in page  # the Notes, by their arXiv id
+    with pytest.raises(spec_pages.TraceabilityError):
+        spec_pages.reference_line(None)

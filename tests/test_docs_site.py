@@ -25,6 +25,7 @@ from cdp_browser import (  # noqa: E402
     CLIPPED_JS,
     MATH_STATS_JS,
     RAW_MATH_JS,
+    SIDEWAYS_JS,
     Browser,
     SiteServer,
     off_machine,
@@ -196,6 +197,32 @@ def test_nothing_is_clipped_at_desktop_widths(served: tuple[SiteServer, Browser]
           f"clipped: {len(clipped)}")
     assert measured["equation"] > len(entries) and measured["code"] > len(entries)
     assert not clipped, f"{len(clipped)} clipped:\n" + "\n".join(clipped[:40])
+
+
+PHONE_WIDTH = 390
+
+
+def test_no_page_scrolls_sideways_on_a_phone(served: tuple[SiteServer, Browser], entries: list
+                                             ) -> None:
+    """At 390 px no page is wider than the window: a wide equation, code block, table or
+    figure scrolls inside its own box, and a figure keeps a readable width (at least
+    600 px, or its own) in a box that scrolls rather than shrinking to the screen."""
+    server, browser = served
+    pages = sorted(f"spec/{e.id}/" for e in entries) + ["spec/", "spec/traceability/",
+                                                         "spec/conformance/",
+                                                         "spec/verification/",
+                                                         "spec/compatibility/",
+                                                         "open-questions/", *GUIDES]
+    wrong = []
+    try:
+        browser.set_width(PHONE_WIDTH)
+        for page in pages:
+            browser.navigate(server.url + page)
+            _typeset(browser, page)
+            wrong += [f"{page}: {w}" for w in browser.evaluate(SIDEWAYS_JS)]
+    finally:
+        browser.set_width(1280)
+    assert not wrong, f"{len(wrong)} at {PHONE_WIDTH} px:\n" + "\n".join(wrong[:40])
 
 
 def test_screenshot_of_an_equation_page(served: tuple[SiteServer, Browser], entries: list

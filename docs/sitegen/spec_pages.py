@@ -9,6 +9,7 @@ each, its reference function, its conformance checks and its page, and
 
 from __future__ import annotations
 
+import html
 import inspect
 import re
 import textwrap
@@ -229,9 +230,29 @@ def traceability_page(views: Sequence[EntryView], pages: set[str]) -> str:
 # --- one entry ---------------------------------------------------------------------------
 
 
+HANGING = 4  # how much further a wrapped line's continuation is indented than the line
+
+
 def _python_html(source: str) -> str:
-    formatter = HtmlFormatter(cssclass="language-python highlight", wrapcode=True)
-    return highlight(source, PythonLexer(), formatter)
+    """Highlighted Python whose long lines wrap with a hanging indent: each line is a
+    block indented by its own leading spaces, its continuation HANGING columns further
+    (wrapped at column 0, a continuation read as a dedent)."""
+    formatter = HtmlFormatter(cssclass="language-python highlight", wrapcode=True,
+                              linespans="gs-l")
+    # a line is a block, so its newline would add an empty line after it
+    out = re.sub(r'\n</span>(?=<span id="gs-l-|</code>)', "</span>",
+                 highlight(source, PythonLexer(), formatter))
+    starts = list(re.finditer(r'<span id="gs-l-\d+">', out))
+    pieces, last = [], 0
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(out)
+        text = html.unescape(re.sub(r"<[^>]+>", "", out[m.end():end]))
+        indent = len(text) - len(text.lstrip(" "))
+        pieces += [out[last:m.start()],
+                   f'<span class="gs-line" style="padding-left: {indent + HANGING}ch; '
+                   f'text-indent: -{indent + HANGING}ch">']
+        last = m.end()
+    return "".join(pieces) + out[last:]
 
 
 def looks_like_latex(text: str) -> bool:
@@ -505,6 +526,19 @@ def preset_decisions(decisions: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def reference_line(ref: Any) -> str:
+    """Who wrote a cited document, when and where, linked where the project knows the
+    address; a missing reference is an error, so every citation can be looked up."""
+    if ref is None:
+        raise TraceabilityError("a cited document has no entry in gptspec.spec.sources."
+                                "REFERENCES")
+    venue = f" {esc(ref.venue)}." if ref.venue else ""
+    where = (f' <a href="{esc(ref.url)}">{esc(ref.url)}</a>' if ref.url
+             else " No address recorded.")
+    return (f'<p class="gs-reference"><strong>Authors:</strong> {esc(ref.authors)}. '
+            f"<strong>Date:</strong> {esc(ref.date)}.{venue}{where}</p>\n")
+
+
 def crosswalk(entries: Iterable[Any], spec_dir: str) -> str:
     """For each cited document, each place cited in it and the entries that cite it, the
     four source documents first (in the order of gptspec.spec.sources), then the papers."""
@@ -519,6 +553,7 @@ def crosswalk(entries: Iterable[Any], spec_dir: str) -> str:
     parts = []
     for document in order:
         parts.append(f"### {esc(document)} {{ #{source_anchor(document)} }}\n")
+        parts.append(reference_line(sources.REFERENCES.get(document)))
         rows = [[esc(where), ", ".join(link(f"{spec_dir}/{e.id}/", e.title) for e in es)]
                 for where, es in sorted(cited[document].items(), key=lambda kv: _natural(kv[0]))]
         parts.append(table(["Where", "Specified by"], rows, "gs-crosswalk"))

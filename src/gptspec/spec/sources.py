@@ -32,6 +32,61 @@ DOCUMENTS = (NOTES, GUIDE, BLUEPRINT, POST)
 
 
 @dataclass(frozen=True)
+class Reference:
+    """Who wrote a cited document, when, and where a reader finds it: ``url`` is empty and
+    ``authors`` or ``date`` say "not stated" where the project's copy does not say."""
+
+    authors: str
+    date: str
+    url: str = ""
+    venue: str = ""
+
+
+_UNSTATED = "not stated in the project's copy"
+
+REFERENCES: dict[str, Reference] = {
+    NOTES: Reference("S. Becker-Kahn", "October 2024", "https://arxiv.org/abs/2410.19370",
+                     "arXiv:2410.19370"),
+    GUIDE: Reference(_UNSTATED, _UNSTATED),
+    BLUEPRINT: Reference(_UNSTATED, _UNSTATED),
+    POST: Reference("S. Becker-Kahn", _UNSTATED, "", "LessWrong"),
+    VASWANI_2017: Reference("Ashish Vaswani, Noam Shazeer, Niki Parmar, Jakob Uszkoreit, Llion "
+                            "Jones, Aidan N. Gomez, Łukasz Kaiser, Illia Polosukhin", "2017",
+                            "https://arxiv.org/abs/1706.03762", "NeurIPS 2017; arXiv:1706.03762"),
+    RADFORD_2019: Reference("Alec Radford, Jeffrey Wu, Rewon Child, David Luan, Dario Amodei, "
+                            "Ilya Sutskever", "2019",
+                            "https://cdn.openai.com/better-language-models/language_models_are_"
+                            "unsupervised_multitask_learners.pdf", "OpenAI technical report"),
+    BROWN_2020: Reference("Tom B. Brown et al. (31 authors)", "2020",
+                          "https://arxiv.org/abs/2005.14165", "NeurIPS 2020; arXiv:2005.14165"),
+    BA_2016: Reference("Jimmy Lei Ba, Jamie Ryan Kiros, Geoffrey E. Hinton", "2016",
+                       "https://arxiv.org/abs/1607.06450", "arXiv:1607.06450"),
+    HENDRYCKS_2016: Reference("Dan Hendrycks, Kevin Gimpel", "2016",
+                              "https://arxiv.org/abs/1606.08415", "arXiv:1606.08415"),
+    SENNRICH_2016: Reference("Rico Sennrich, Barry Haddow, Alexandra Birch", "2016",
+                             "https://arxiv.org/abs/1508.07909", "ACL 2016; arXiv:1508.07909"),
+    LOSHCHILOV_2019: Reference("Ilya Loshchilov, Frank Hutter", "2019",
+                               "https://arxiv.org/abs/1711.05101", "ICLR 2019; arXiv:1711.05101"),
+    KINGMA_2015: Reference("Diederik P. Kingma, Jimmy Ba", "2015",
+                           "https://arxiv.org/abs/1412.6980", "ICLR 2015; arXiv:1412.6980"),
+    HOLTZMAN_2020: Reference("Ari Holtzman, Jan Buys, Li Du, Maxwell Forbes, Yejin Choi", "2020",
+                             "https://arxiv.org/abs/1904.09751", "ICLR 2020; arXiv:1904.09751"),
+    FAN_2018: Reference("Angela Fan, Mike Lewis, Yann Dauphin", "2018",
+                        "https://arxiv.org/abs/1805.04833", "ACL 2018; arXiv:1805.04833"),
+    HIGHAM_MARY_2019: Reference("Nicholas J. Higham, Theo Mary", "2019",
+                                "https://doi.org/10.1137/18M1226312",
+                                "SIAM Journal on Scientific Computing 41(5)"),
+    KAPLAN_2020: Reference("Jared Kaplan et al. (10 authors)", "2020",
+                           "https://arxiv.org/abs/2001.08361", "arXiv:2001.08361"),
+    UNICODE_15: Reference("The Unicode Consortium", "September 2022",
+                          "https://www.unicode.org/versions/Unicode15.0.0/"),
+    MICIKEVICIUS_2018: Reference("Paulius Micikevicius et al. (11 authors)", "2018",
+                                 "https://arxiv.org/abs/1710.03740",
+                                 "ICLR 2018; arXiv:1710.03740"),
+}
+
+
+@dataclass(frozen=True)
 class Source:
     """A citation: a document (or paper) title and where in it."""
 
