@@ -582,3 +582,32 @@ def test_every_cited_document_has_authors_a_date_and_a_link_where_known() -> Non
     assert 'href="https://arxiv.org/abs/2410.19370"' in page  # the Notes, by their arXiv id
     with pytest.raises(spec_pages.TraceabilityError):
         spec_pages.reference_line(None)
+
+
+def test_the_conformance_page_opens_with_a_matrix_of_checks_by_report(tmp_path: Path) -> None:
+    """Checks × reports, each cell the status and the share of the budget, an empty cell
+    where a report did not run the check; each report's full table folded below."""
+    def write(name: str, dtype: str, checks: list[dict]) -> Path:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"schema": "gptspec-conformance", "version": 2, "runs": [
+            {"backend": {"name": "torch", "version": "2", "device": "cpu", "dtype": dtype},
+             "settings": {"profile": "quick"}, "checks": checks}]}))
+        return path
+
+    a = write("a", "float32", [
+        {"id": "x.differential", "entries": ["x"], "status": "pass", "worst_fraction": 0.25},
+        {"id": "y.differential", "entries": ["y"], "status": "fail", "worst_fraction": 3.0}])
+    b = write("b", "bfloat16", [
+        {"id": "x.differential", "entries": ["x"], "status": "pass", "worst_fraction": 0.5}])
+    page = spec_pages.conformance_page(load_report(a) + load_report(b))
+    summary = page.split("## Summary", 1)[1].split("## ", 1)[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", summary)
+    assert "float32" in rows[0] and "bfloat16" in rows[0]
+    x, y = (next(r for r in rows if f"<code>{c}</code>" in r) for c in
+            ("x.differential", "y.differential"))
+    assert re.findall(r"<td>(.*?)</td>", x)[1:] == [
+        '<span class="gs-status gs-pass">pass</span> 25%',
+        '<span class="gs-status gs-pass">pass</span> 50%']
+    assert re.findall(r"<td>(.*?)</td>", y)[1:] == [
+        '<span class="gs-status gs-fail">fail</span> 300%', ""]  # b did not run it
+    assert "1 fail, 1 pass" in summary and page.count("<details>") == 2

@@ -463,6 +463,8 @@ def conformance_page(reports: Sequence[BackendReport],
              "`gptspec conformance --report FILE` when the site was built.\n"]
     if not reports:
         parts.append(f'<p class="gs-not-run">{NOT_RUN}</p>\n')
+    else:
+        parts.append(summary_matrix(reports))
     for report in reports:
         parts.append(f"## {esc(report.backend)}\n")
         if suite_ids is not None:
@@ -476,10 +478,48 @@ def conformance_page(reports: Sequence[BackendReport],
         rows = [[code(r.check_id), esc(", ".join(r.entries)),
                  f'<span class="gs-status gs-{esc(r.status)}">{esc(r.status)}</span>',
                  percent(r.budget_fraction)] for r in report.results]
-        parts.append(table(["Check", "Spec entry", "Status", "Worst error / budget"], rows,
-                           "gs-results"))
+        counts = _counts(report.results)
+        parts.append(f"<details><summary>Every check of this report, with its spec entries "
+                     f"({esc(counts)})</summary>\n\n"
+                     + table(["Check", "Spec entry", "Status", "Worst error / budget"], rows,
+                             "gs-results") + "\n</details>\n")
     parts.append(drawn.section())
     return "\n".join(parts) + "\n"
+
+
+def _counts(results: Sequence[Any]) -> str:
+    """'66 pass, 5 not implemented': a report's statuses, most frequent first."""
+    tally: dict[str, int] = {}
+    for r in results:
+        tally[r.status] = tally.get(r.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in
+                     sorted(tally.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def summary_matrix(reports: Sequence[BackendReport]) -> str:
+    """Checks × reports on one screen-width table: each cell the status and the worst
+    error as a share of the budget; empty where a report did not run the check. The
+    reports' own sections below give the provenance and the spec entries."""
+    columns = [esc(r.backend) for r in reports]
+    order: list[str] = []
+    cells: dict[str, dict[int, str]] = {}
+    for i, report in enumerate(reports):
+        for r in report.results:
+            if r.check_id not in cells:
+                order.append(r.check_id)
+                cells[r.check_id] = {}
+            share = percent(r.budget_fraction)
+            cells[r.check_id][i] = (f'<span class="gs-status gs-{esc(r.status)}">'
+                                    f"{esc(r.status)}</span>"
+                                    + (f" {share}" if share != "—" else ""))
+    rows = [[code(check)] + [cells[check].get(i, "") for i in range(len(reports))]
+            for check in order]
+    totals = "; ".join(f"{esc(r.backend)}: {esc(_counts(r.results))}" for r in reports)
+    return ("## Summary\n\n" + f"<p>{totals}.</p>\n"
+            + table(["Check", *columns], rows, "gs-results gs-matrix")
+            + "\n<p><small>A cell is the check's status and its worst error as a share of "
+              "its budget; an empty cell, a check that report did not run. Each report's "
+              "section below says what produced it.</small></p>\n")
 
 
 def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]) -> str:
