@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 from gptspec.conformance import report
 from gptspec.conformance.runner import CheckResult, SuiteResult, run_suite
@@ -33,14 +34,16 @@ def test_a_failed_forward_blocks_the_checks_it_keeps_from_running_only():
     assert suite.counts["blocked"] == 1 and suite.counts["not-implemented"] == 1
 
 
-def test_a_fixed_configuration_check_consults_supports():
-    """gpt_forward.gpt2_small draws no examples: it asks the backend's supports itself."""
-    class NoLongContexts(LogitsOnly):
+@pytest.mark.parametrize("check_id", ["gpt_forward.gpt2_small", "gpt_backward.long_batch"])
+def test_a_fixed_configuration_check_consults_supports(check_id):
+    """The checks of one fixed configuration draw no examples: they ask the backend's
+    supports themselves."""
+    class NoLongContexts(TorchBackend):
         def supports(self, config: Any) -> str | None:
             return "contexts up to 512 only" if config.n_ctx > 512 else None
 
-    suite = run_suite(NoLongContexts(TorchBackend()), profile="quick",
-                      select=lambda c: c.id == "gpt_forward.gpt2_small")
+    suite = run_suite(NoLongContexts(), profile="quick", area=None,
+                      select=lambda c: c.id == check_id)
     [result] = suite.results
     assert (result.status, result.detail) == ("not-applicable", "contexts up to 512 only")
     assert "1 not applicable" in report.summary(suite)

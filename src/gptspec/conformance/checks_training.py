@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.checks_model import GPT2_SCALE, GPT2_SMALL, MODEL_SHARE
+from gptspec.conformance.checks_model import (
+    GPT2_SCALE,
+    GPT2_SMALL,
+    MODEL_SHARE,
+    require_supported,
+)
 from gptspec.conformance.context import NotImplementedOp
 from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.conformance.registry import check
@@ -108,8 +113,10 @@ def long_batch_gradients(backend, ctx):
     over rows (∂γ, ∂β, ∂b, ∂W_P) and over a token's repeats (∂W_E) run 2048 and about 500
     terms long. Hypothesis's examples are mostly short; a sum that a backend accumulates in
     its 16-bit dtype is one rounding off for a few rows and far beyond the budget here.
-    Parameters at GPT-2's initialisation scale and tokens come from the run's seed."""
+    Parameters at GPT-2's initialisation scale and tokens come from the run's seed. Not
+    applicable where the backend's ``supports`` declines the configuration."""
     p, config = ctx.precision, LONG_BATCH
+    require_supported(backend, config)
     params = {k: B.round_to(v, p.dtype)
               for k, v in ParameterRecipe(config, GPT2_SCALE, ctx.seed).make().items()}
     rng = np.random.default_rng(ctx.seed)
