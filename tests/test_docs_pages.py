@@ -611,3 +611,25 @@ def test_the_conformance_page_opens_with_a_matrix_of_checks_by_report(tmp_path: 
     assert re.findall(r"<td>(.*?)</td>", y)[1:] == [
         '<span class="gs-status gs-fail">fail</span> 300%', ""]  # b did not run it
     assert "1 fail, 1 pass" in summary and page.count("<details>") == 2
+
+
+def test_an_entry_page_shows_its_results_as_one_matrix(tmp_path: Path) -> None:
+    """One table of the entry's checks × the reports that ran them, whatever their number,
+    and what produced each report in one footnote."""
+    def write(name: str, dtype: str, fraction: float) -> list:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"schema": "gptspec-conformance", "version": 2, "runs": [
+            {"backend": {"name": "torch", "version": "2", "device": "cpu", "dtype": dtype},
+             "settings": {"profile": "quick"},
+             "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",
+                         "worst_fraction": fraction}]}]}))
+        return load_report(path)
+
+    page = spec_pages.entry_page(views(made_up_entry())[0],
+                                 write("a", "float32", 0.25) + write("b", "bfloat16", 0.5))
+    results = page.split("## Results of the built-in backends", 1)[1]
+    assert results.count("<table>") == 1
+    assert "<th>[1] float32</th><th>[2] bfloat16</th>" in results
+    assert "pass</span> 25%</td><td>" in results and "pass</span> 50%</td>" in results
+    assert "[1] torch 2 · cpu · float32 (profile quick" in results
+    assert "[2] torch 2 · cpu · bfloat16 (profile quick" in results

@@ -307,20 +307,41 @@ def _results(view: EntryView, reports: Sequence[BackendReport]) -> str:
     covering = [(r, results) for r, results in covering if results]
     if not covering:
         return ""
+    # One matrix: the entry's checks × the reports that ran them, each cell the status and
+    # the worst error as a share of the budget; what produced each report in one footnote
+    # (a block per report repeated the same rows up to six times).
     out = ["## Results of the built-in backends\n"]
-    for report, results in covering:
-        out.append(f"**{esc(report.backend)}**" +
-                   (f" <small>({esc(report.settings)})</small>" if report.settings else "")
-                   + "\n")
-        if report.provenance:
-            out.append(f'<p class="gs-provenance"><small>Produced by: '
-                       f"{esc(report.provenance)}.</small></p>\n")
-        rows = []
+    order: list[str] = []
+    cells: dict[str, dict[int, str]] = {}
+    notes = []
+    for i, (_, results) in enumerate(covering):
         for r in results:
-            used = percent(r.budget_fraction)
-            rows.append([code(r.check_id), f'<span class="gs-status gs-{esc(r.status)}">'
-                         f"{esc(r.status)}</span>", used, esc(r.message)])
-        out.append(table(["Check", "Status", "Worst error / budget", "Note"], rows, "gs-results"))
+            if r.check_id not in cells:
+                order.append(r.check_id)
+                cells[r.check_id] = {}
+            share = percent(r.budget_fraction)
+            cells[r.check_id][i] = (f'<span class="gs-status gs-{esc(r.status)}">'
+                                    f"{esc(r.status)}</span>"
+                                    + (f" {share}" if share != "—" else ""))
+            if r.message and r.status not in ("pass", "not-implemented"):  # the status says it
+                notes.append(f"<li>{code(r.check_id)} in [{i + 1}]: {esc(r.message)}</li>")
+    rows = [[code(check)] + [cells[check].get(i, "") for i in range(len(covering))]
+            for check in order]
+    # a column is headed by its footnote's number and its dtype ("name version · device ·
+    # dtype"), the footnote naming the rest
+    out.append(table(["Check"] + [f"[{i + 1}] {esc(report.backend.split('·')[-1].strip())}"
+                                  for i, (report, _) in enumerate(covering)],
+                     rows, "gs-results gs-matrix"))
+    if notes:
+        out.append("<ul><small>" + "".join(notes) + "</small></ul>\n")
+    footnote = []
+    for i, (report, _) in enumerate(covering):
+        settings = f" ({esc(report.settings)})" if report.settings else ""
+        produced = f"; produced by: {esc(report.provenance)}" if report.provenance else ""
+        footnote.append(f"[{i + 1}] {esc(report.backend)}{settings}{produced}.")
+    out.append('<p class="gs-provenance"><small>' + "<br>".join(footnote)
+               + " A cell is the status and the worst error as a share of the budget; an "
+               "empty one, a check that report did not run.</small></p>\n")
     return "\n".join(out)
 
 
