@@ -353,6 +353,11 @@ def test_a_name_of_250_bytes_gets_temporary_names_that_fit(tmp_path):
     (run / "half.tmp").rename(run / (checkpoint.temporary_prefix(run / name) + "abcdefgh.tmp"))
     assert checkpoint.recover_checkpoint(run / name) == run / name
     assert sorted(p.name for p in run.iterdir()) == kept
+    # convert --to-hf's temporary folder too ("File name too long", nothing written)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    assert main(["convert", "--to-hf", str(run / name), str(hf / name)]) == 0
+    assert (hf / name / "model.safetensors").is_file() and os.listdir(hf) == [name]
 
 
 def test_the_memory_check_honours_the_address_space_limit(monkeypatch):

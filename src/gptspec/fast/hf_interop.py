@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from gptspec.atomic_files import temporary_prefix
 from gptspec.spec.config import ConfigError, GPTConfig, parse_json
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
@@ -331,7 +332,8 @@ def save_hf_dir(path: str | os.PathLike[str], params: Mapping[str, Any], config:
         check_tokenizer_fits(config, tokenizer)
     model = to_hf_model(params, config, dtype, tokenizer)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    # the name cut where the whole temporary name would pass 255 bytes: a legal OUT_DIR works
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(target, ""), dir=target.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the temporary name only
