@@ -55,10 +55,12 @@ def test_the_example_backend_is_found_by_name_and_passes_the_suite(tmp_path):
     (run,) = json.loads(report.read_text())["runs"]
     assert run["backend"]["name"] == "numpy-f32" and run["backend"]["dtype"] == "float32"
     statuses = {c["id"]: c["status"] for c in run["checks"]}
-    forward = {c.id for c in all_checks("forward")}
-    # every forward check passes; the tokenizer and generation areas it does not bring
-    assert {statuses[i] for i in forward} == {"pass"}, statuses
-    assert {s for i, s in statuses.items() if i not in forward} <= {"not-implemented"}
+    # every forward check passes, and greedy decoding and sampling driven through its
+    # forward; the tokenizer and generation areas it does not bring are not implemented
+    judged = {c.id for c in all_checks("forward")} | {
+        "greedy_token.through_forward", "sampling_distribution.through_forward"}
+    assert {statuses[i] for i in judged} == {"pass"}, statuses
+    assert {s for i, s in statuses.items() if i not in judged} <= {"not-implemented"}
 
 
 def test_the_same_run_fails_on_the_example_with_a_planted_bug(tmp_path):
