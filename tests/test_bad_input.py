@@ -137,7 +137,10 @@ case("resume-with-another-preset", RESUME + ["--preset", "gpt2"], "contradicts")
 case("resume-with-preset-unknown", RESUME + ["--preset", "gpt-17"], "preset")
 case("resume-step-out-of-range", _with(RESUME, "--out", "{w}/damaged/step-huge"), "step")
 case("convert-hf-config-field-wrong-type", ["convert", "--from-hf", "{w}/hf/n-embd-a-string",
-                                            "{w}/gs-new"], "config.json")
+                                            "{w}/gs-new"],
+     # the line said "Validation error for field 'n_embd':" and no more
+     "config.json cannot be read: validation error for field 'n_embd': typeerror: field "
+     "'n_embd' expected int, got str")
 case("convert-hf-billion-layers", ["convert", "--from-hf", "{w}/hf/billion-layers",
                                    "{w}/gs-new"], "missing")
 case("resume-contradicting-d-model", RESUME + ["--d-model", "64"], "contradicts")

@@ -232,8 +232,10 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
     try:
         hf_config = transformers.AutoConfig.from_pretrained(str(p), local_files_only=True)
     except Exception as err:  # transformers validates fields with its own error types
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InteropError(f"{p}/config.json cannot be read: {first}") from None
+        # its message names the field on one line and the problem on the next: one line
+        said = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        said = said[:300] + ("…" if len(said) > 300 else "") or type(err).__name__
+        raise InteropError(f"{p}/config.json cannot be read: {said}") from None
     config = config_from_hf(hf_config)
     check_hf_weights(p, config)  # before from_pretrained, which fills gaps with random values
     try:
