@@ -160,6 +160,7 @@ for damage, needle in [
     ("settings-deep", "state.json: the setting 'lr'"), ("elapsed-deep", "elapsed_seconds"),
     ("model-corrupt", "safetensors"), ("nan-weights", "nan"),
     ("settings-unknown", "unknown setting 'learning_rate'"),
+    ("field-unknown", "state.json: unknown field 'steps'"),
     ("history-nan", "nan is not a json number"),
     ("history-infinity", "-infinity is not a json number"),
     ("history-overflowing-loss", "holds the loss inf at step 1"),
@@ -583,6 +584,7 @@ def _damage_runs(world: Path) -> None:
     # a setting the file names but training would not use; a history that is not a run's
     # (NaN was read, and written back as NaN, which is not JSON)
     damaged("settings-unknown", state=lambda d: d["settings"].update(learning_rate=1.0))
+    damaged("field-unknown", state=lambda d: d.update(steps=5))
     damaged("history-nan", state=lambda d: d["history"]["train"][0].__setitem__(1, math.nan))
     damaged("history-infinity", state=lambda d: d["history"]["val"].append([2, -math.inf]))
 

@@ -562,6 +562,12 @@ def check_state(state: Any, file: Path) -> dict:
     """A state.json's content with every field training reads, of the right type."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{file} is not a {STATE_FORMAT} training state")
+    known = ("format", "step", "settings", "rng", "history", "elapsed_seconds", "scaler",
+             "data", OPTIMIZER_DIGEST, TOKENIZER_DIGEST)
+    unknown = [str(k)[:40] for k in state if k not in known]
+    if unknown:  # a field misspelt by hand would be dropped, its value never used
+        raise CheckpointError(f"{file}: unknown field {unknown[0]!r} (a training state "
+                              f"holds {', '.join(known[1:])})")
     expected: dict[str, type | tuple[type, ...]] = {
         "step": int, "settings": dict, "rng": dict, "history": dict}
     for key, kind in expected.items():
