@@ -554,15 +554,17 @@ def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]
     def head_width(c: Any) -> str:  # a free width is marked: h·d_k ≠ d
         return str(c.d_head) if c.head_width_is_derived else f"<b>{c.d_head}</b> (free)"
 
-    rows = [[code(name), str(c.vocab_size), str(c.n_ctx), str(c.d_model), str(c.n_layers),
+    # the parameter count second: it is what a reader compares first, and in the last
+    # column it sat behind the table's scroll bar at 1400 px
+    rows = [[code(name), f"{parameter_count(c):,}", str(c.vocab_size), str(c.n_ctx),
+             str(c.d_model), str(c.n_layers),
              str(c.n_heads), head_width(c), str(c.d_ff), norms.get(c.norm, esc(c.norm)),
              code(c.ffn), biases(c), "learned" if c.positional_embedding else "none",
-             ("tied" if c.tied_embeddings else "untied") + (" + bias" if c.output_bias else ""),
-             f"{parameter_count(c):,}"]
+             ("tied" if c.tied_embeddings else "untied") + (" + bias" if c.output_bias else "")]
             for name, c in presets.items()]
-    header = ["preset", inline_math("V"), inline_math(r"n_{\text{ctx}}"), inline_math("d"),
+    header = ["preset", "parameters", inline_math("V"), inline_math(r"n_{\text{ctx}}"), inline_math("d"),
               inline_math("L"), inline_math("h"), inline_math("d_k"), inline_math(r"d_{\text{ff}}"),
-              "block", "FFN", "biases", "positions", "output", "parameters"]
+              "block", "FFN", "biases", "positions", "output"]
     return table(header, rows)
 
 
