@@ -271,3 +271,15 @@ def test_training_with_both_output_streams_closed_trains_and_saves(tmp_path):
                           timeout=300)
     assert done.returncode == 0
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 2
+
+
+def test_a_prompt_that_is_not_utf8_is_named_by_its_byte(model):
+    """Bytes the locale cannot decode reach Python as lone surrogates: the line named
+    "lone surrogate '\\udcff'", Python's spelling, not the byte the user gave."""
+    done = subprocess.run([*map(os.fsencode, GPTSPEC), b"generate", b"--checkpoint",
+                           os.fsencode(model), b"--prompt", b"ab\xff", b"--max-new-tokens", b"1"],
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "LC_ALL": "C.UTF-8"})
+    assert done.returncode == 2
+    line = _one_line(done.stderr.decode("utf-8", "replace"))
+    assert line.endswith("--prompt is not valid UTF-8 (byte 2: b'\\xff')"), line

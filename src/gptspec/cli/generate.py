@@ -120,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer.vocab_size > config.vocab_size:
         raise CLIError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                        f"{config.vocab_size}: they do not belong together")
+    try:  # a byte the locale cannot decode reaches Python as a lone surrogate: name the byte
+        args.prompt.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeError as err:
+        raise CLIError(f"--prompt is not valid UTF-8 (byte {err.start}: "
+                       f"{err.object[err.start:err.start + 1]!r})") from None
     try:
         prompt = tokenizer.encode(args.prompt)
     except ValueError as err:
