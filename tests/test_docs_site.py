@@ -755,3 +755,59 @@ def test_losses_are_in_one_unit_and_each_answer_reads_one_evaluation(site: Path)
         caption = after.split('class="gs-caption"', 1)[1].split("</p>", 1)[0]
         assert "whole split" in caption and "windows" in caption
         assert ("rank" in caption and "differently" in caption) or "as the whole split" in caption
+
+
+# A named quantity of an equation: a Latin capital or a Greek letter, with its subscript
+# (lower-case letters are indices and scalars, which Notation lets go without a row).
+QUANTITY = re.compile(r"(?<![\\a-zA-Z])([A-Z]|\\(?:alpha|beta|gamma|delta|varepsilon|eta|"
+                      r"theta|lambda|mu|sigma|tau|kappa|rho|phi|psi|omega))"
+                      r"(?:_\{?([A-Za-z0-9]+)\}?)?")
+# defined once for every page, on Notation: the sizes and the parameters' names
+NOTATION_WIDE = {"V": "V", "T": "T", "B": "B", "L": "L", "W_E": "W_E", "W_P": "W_P",
+                 "W_U": "W_U", "b_U": "b_U", "W_Q": "W_Q", "W_K": "W_K", "W_V": "W_V",
+                 "W_O": "W_O", "W_1": "W_1", "W_2": "W_2", "H": "H \\in"}
+
+
+def quantities(latex: str) -> set[str]:
+    latex = re.sub(r"\\(?:operatorname|mathrm|text|mathcal|mathbb)\{[^{}]*\}", " ", latex)
+    return {m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
+            for m in QUANTITY.finditer(latex)}
+
+
+def undefined_quantities(site: Path) -> list[str]:
+    """Each quantity of an entry's equation that neither its symbols table nor Notation
+    defines; σ_1 counts as defined by a row for σ_i (one index of it)."""
+    found = []
+    for path in sorted((site / "spec").glob("*/index.html")):
+        article = path.read_text(encoding="utf-8").split("<article", 1)[1]
+        if 'class="gs-equation"' not in article:
+            continue
+        equation = article.split('class="gs-equation"', 1)[1].split("</div>\n</div>", 1)[0]
+        table = article.split("<strong>Symbols</strong>", 1)[1].split("</table>", 1)[0]
+        defined = set().union(*(quantities(m.group(1)) for m in MATH.finditer(table)))
+        bases = {d.split("_")[0] for d in defined}
+        for q in sorted(quantities(html_unescape(equation))):
+            if q not in defined and q not in NOTATION_WIDE and q.split("_")[0] not in bases:
+                found.append(f"{path.parent.name}: {q}")
+    return found
+
+
+def html_unescape(text: str) -> str:
+    import html
+
+    return html.unescape(text)
+
+
+def test_every_quantity_in_an_equation_is_defined(site: Path, tmp_path: Path) -> None:
+    assert undefined_quantities(site) == []
+    notation = _article(site, "notation")
+    assert not [q for q, shown in NOTATION_WIDE.items() if shown not in notation]
+    # the scan finds what it looks for
+    page = tmp_path / "spec" / "made_up" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text('<article><div class="gs-equation">\n<div class="arithmatex">\\[Y = '
+                    '\\gamma\\,G_Q X + \\sigma_1 + \\operatorname{Concat}(W_E)\\]</div>\n</div>'
+                    '<p><strong>Symbols</strong></p><table><tr><td><span class="arithmatex">'
+                    '\\(X\\)</span></td><td><span class="arithmatex">\\(\\sigma_i\\)</span>'
+                    "</td></tr></table></article>")
+    assert undefined_quantities(tmp_path) == ["made_up: G_Q", "made_up: Y", "made_up: \\gamma"]
