@@ -264,7 +264,9 @@ def keyhole_section(data: dict[str, Any] | None, spec_dir: str, entry_ids: set[s
         f"mutants that change the model's forward are killed through it, and "
         f"**{localised} of {len(applicable)}** are localised to their entry. "
         f"{len(results) - len(applicable)} leave the built-in forward unchanged (their "
-        "operation is judged through its own check).\n")
+        "operation is judged through its own check)."
+        + ("" if data.get("complete", True) else
+           " **A partial run**: the mutants not listed had not finished.") + "\n")
     rows = []
     for r in results:
         breaks = ", ".join(link(f"{spec_dir}/{e}/", e) if e in entry_ids else esc(e)
@@ -278,6 +280,12 @@ def keyhole_section(data: dict[str, Any] | None, spec_dir: str, entry_ids: set[s
                      "yes" if r.get("localised") else "no"])
     parts.append(table(["Mutant", "Breaks", "Killed", "The probes point at", "Localised"],
                        rows, "gs-mutants"))
+    missed = [r for r in results if r.get("applicable") and not r.get("localised")]
+    if missed:
+        parts.append("\nWhy the rest are not localised:\n")
+        parts.extend(f"- {code(r['name'])}: {esc(r.get('why') or 'no account given yet.')}"
+                     for r in missed)
+        parts.append("")
     return "\n".join(parts)
 
 

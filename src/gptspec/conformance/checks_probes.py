@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +58,19 @@ BIG_VOCABS = (1025, 65537, 100277)
 
 @dataclass(frozen=True)
 class Probe:
-    entry: str  # the entry the probe isolates; its check is probe.<entry>
+    entry: str  # the entry the probe isolates; its check is probe.<name>
     entries: tuple[str, ...]  # what the check names (the entry and its equal forms)
     support: frozenset[str]  # every entry the probe's logits depend on
     build: Callable[[st.DataObject, str], Case] | None  # None: evidence from a property
     doc: str
+    name: str = ""  # the check's name when it differs from the entry's
+    # the entries the logits depend on only through a NaN or ∞, which a non-finite
+    # output points at too: those of the sublayers the probe silences by zero weights
+    # (zero times NaN is NaN), and the mask where the construction holds for any mask
+    # that leaves each row a key (a row with none is NaN: the spec's softmax needs one
+    # finite entry). Other entries make NaN of finite numbers only by overflowing, which
+    # the probes built to overflow (softmax's, attention_scores') hold in their support.
+    nonfinite: frozenset[str] = frozenset()
 
 
 PROBES: dict[str, Probe] = {}
@@ -182,14 +190,32 @@ def _fit(config: GPTConfig, params: Params, backend, keep_tied: bool = False
     raise NotApplicable(first_reason)
 
 
-def probe(entry: str, support: set[str] | frozenset[str], entries: tuple[str, ...] = ()
+# A sublayer silenced by a zero W_O (W_2) is silent only where the equation that applies
+# W_O (W_2) is computed: those entries are in the probe's support. Its other entries
+# matter only if they make a non-finite number (Probe.nonfinite).
+SILENCING = {"attention": frozenset({"multi_head_attention", "multi_head_attention_head_sum"}),
+             "ffn": frozenset({"ffn_relu"})}
+SILENCED = {"attention": ATTENTION, "ffn": frozenset({"relu", "ffn_relu", "linear"})}
+BOTH = ("attention", "ffn")
+
+
+def probe(entry: str, support: set[str] | frozenset[str], entries: tuple[str, ...] = (),
+          name: str = "", silences: tuple[str, ...] = (), nonfinite: frozenset[str] = frozenset()
           ) -> Callable[[Callable[[st.DataObject, str], Case]], Callable]:
-    """Register ``build`` as the probe of ``entry``; its docstring states the construction."""
+    """Register ``build`` as the probe of ``entry`` (check probe.<name>, by default
+    probe.<entry>); ``silences``: the sublayers ("attention", "ffn") it zeroes;
+    ``nonfinite``: other entries the logits depend on only through a NaN or ∞. Its
+    docstring states the construction."""
     def register(build: Callable[[st.DataObject, str], Case]) -> Callable:
         names = entries or (entry,)
-        PROBES[entry] = Probe(entry, names, frozenset(support) | set(names), build,
-                              (build.__doc__ or "").strip())
-        _register_check(PROBES[entry])
+        full = frozenset(support) | set(names)
+        for sublayer in silences:
+            full |= SILENCING[sublayer]
+        only_nonfinite = frozenset().union(nonfinite, *(SILENCED[s] for s in silences)) - full
+        key = name or entry
+        PROBES[key] = Probe(entry, names, full, build, (build.__doc__ or "").strip(), key,
+                            only_nonfinite)
+        _register_check(PROBES[key])
         return build
     return register
 
@@ -202,7 +228,8 @@ def _register_check(p: Probe) -> None:
         @ctx.given(data=st.data())
         def _(data):
             config, params, tokens = build(data, ctx.precision.dtype)
-            config, params = _fit(config, params, backend, keep_tied=p.entry == "unembed_tied")
+            config, params = _fit(config, params, backend,
+                                  keep_tied="unembed_untied" not in p.support)
             params = {k: B.round_to(v, ctx.precision.dtype) for k, v in params.items()}
             expected = ref.gpt_forward(tokens, params, config)
             scale = B.gpt_forward_bound(tokens, params, config, ctx.precision)
@@ -211,14 +238,14 @@ def _register_check(p: Probe) -> None:
 
     run.__doc__ = (f"Through forward alone, isolating {p.entry}: {p.doc} "
                    f"The logits depend on {', '.join(sorted(p.support))} only.")
-    check(f"probe.{p.entry}", entries=p.entries, budget=MODEL_BUDGET)(run)
+    check(f"probe.{p.name}", entries=p.entries, budget=MODEL_BUDGET)(run)
 
 
 # --- embeddings and the read-out -------------------------------------------------------------
 
 
 @probe("token_embedding", TOKEN | PRE_LN | READ_OUT,
-       entries=("token_embedding", "one_hot", "token_embedding_one_hot"))
+       entries=("token_embedding", "one_hot", "token_embedding_one_hot"), silences=BOTH)
 def _token_embedding(data, dtype):
     """no positional embedding, a silenced pre-LN block and an untied read-out without
     bias, so the logits are W_E[x] W_U; vocabularies up to 100277 (ids past 2¹⁶)."""
@@ -227,7 +254,7 @@ def _token_embedding(data, dtype):
     return config, params, _tokens(data, config)
 
 
-@probe("positional_embedding", POSITION | PRE_LN | READ_OUT)
+@probe("positional_embedding", POSITION | PRE_LN | READ_OUT, silences=BOTH)
 def _positional_embedding(data, dtype):
     """W_E = 0 and a silenced block, so the logits are W_P[t] W_U; contexts up to 1025
     at every block boundary, the whole context filled."""
@@ -237,7 +264,7 @@ def _positional_embedding(data, dtype):
     return config, params, _tokens(data, config, long=True)
 
 
-@probe("input_representation", TOKEN | POSITION | PRE_LN | READ_OUT)
+@probe("input_representation", TOKEN | POSITION | PRE_LN | READ_OUT, silences=BOTH)
 def _input_representation(data, dtype):
     """W_E and W_P both random and a silenced block: the logits are (W_E[x] + W_P[t]) W_U."""
     config = _config(data, positional_embedding=True)
@@ -245,7 +272,7 @@ def _input_representation(data, dtype):
     return config, params, _tokens(data, config)
 
 
-@probe("unembed_tied", TOKEN | PRE_LN | {"unembed_tied", "gpt_forward"})
+@probe("unembed_tied", TOKEN | PRE_LN | {"unembed_tied", "gpt_forward"}, silences=BOTH)
 def _unembed_tied(data, dtype):
     """tied embeddings and a silenced block: the logits are W_E[x] W_Eᵀ."""
     config = _config(data, vocab_size=_vocab(data), tied_embeddings=True)
@@ -253,7 +280,7 @@ def _unembed_tied(data, dtype):
     return config, params, _tokens(data, config)
 
 
-@probe("unembed_untied", TOKEN | PRE_LN | READ_OUT)
+@probe("unembed_untied", TOKEN | PRE_LN | READ_OUT, silences=BOTH)
 def _unembed_untied(data, dtype):
     """an untied read-out with its bias b_U and a silenced block: W_E[x] W_U + b_U."""
     config = _config(data, output_bias=True)
@@ -261,7 +288,7 @@ def _unembed_untied(data, dtype):
     return config, params, _tokens(data, config)
 
 
-@probe("final_layer_norm", TOKEN | PRE_LN | READ_OUT | {"final_layer_norm", "layer_norm"})
+@probe("final_layer_norm", TOKEN | PRE_LN | READ_OUT | {"final_layer_norm", "layer_norm"}, silences=BOTH)
 def _final_layer_norm(data, dtype):
     """a silenced block and the final LayerNorm, ε drawn from 1e-12 to 1e-3, half the time
     on embeddings of tiny spread around an offset: LN_f(W_E[x]) W_U."""
@@ -274,7 +301,7 @@ def _final_layer_norm(data, dtype):
 # --- LayerNorm and the feed-forward networks --------------------------------------------------
 
 
-@probe("layer_norm", TOKEN | READ_OUT | {"layer_norm", "block_post_ln"})
+@probe("layer_norm", TOKEN | READ_OUT | {"layer_norm", "block_post_ln"}, silences=BOTH)
 def _layer_norm(data, dtype):
     """a post-LN block with both sublayers silenced is LN_2(LN_1(W_E[x])); ε drawn from
     1e-12 to 1e-3, half the time on embeddings of tiny spread around an offset."""
@@ -297,7 +324,8 @@ def _ffn_probe(variant: str, biases: bool):
     build.__doc__ = (f"attention silenced, so a pre-LN block is H + FFN(LN_2(H)) with the "
                      f"{variant} FFN, {'with' if biases else 'without'} its biases.")
     equal = ("ffn_guide_product",) if variant == "guide_product" else (name,)
-    probe(name, TOKEN | PRE_LN | READ_OUT | {"layer_norm"} | entries, entries=equal)(build)
+    probe(name, TOKEN | PRE_LN | READ_OUT | {"layer_norm"} | entries, entries=equal,
+          silences=("attention",))(build)
 
 
 for _variant in ("relu", "gelu", "gelu_tanh"):
@@ -333,7 +361,7 @@ ONE_HEAD = ATTENTION_SUPPORT - {"split_heads", "merge_heads"}
 
 
 @probe("causal_mask", ONE_HEAD - {"attention_scores"},
-       entries=("causal_mask", "attention_weights"))
+       entries=("causal_mask", "attention_weights"), silences=("ffn",))
 def _causal_mask(data, dtype):
     """one head, W_Q = W_K = 0 and the FFN silenced: every score is 0, so row t of the
     attention averages the values of positions 0 … t, exactly what the mask allows;
@@ -341,7 +369,8 @@ def _causal_mask(data, dtype):
     return _attention_case(data, dtype, zero_scores=True, n_heads=1)
 
 
-@probe("attention_scores", ONE_HEAD)
+@probe("attention_scores", ONE_HEAD,
+       silences=("ffn",))
 def _attention_scores(data, dtype):
     """one head of a small or real width (up to 128) and the FFN silenced: the scores
     Q Kᵀ/√d_k, of order one, decide the weights."""
@@ -353,12 +382,14 @@ def _attention_scores(data, dtype):
                                               "scaled_dot_product_attention",
                                               "multi_head_attention",
                                               "multi_head_attention_head_sum"},
-       entries=("softmax", "softmax_shifted"))
+       entries=("softmax", "softmax_shifted"), silences=("ffn",),
+       nonfinite=frozenset({"causal_mask"}))
 def _softmax(data, dtype):
     """every value vector the same constant (W_V = 0, b_V = c), so each row of attention
     is c times the sum of its weights, which softmax makes 1 whatever the scores and the
-    mask; scores grown by W_Q and W_K scaled up to where exp overflows without the max
-    shift (past 88 in float32, 11 in float16); the FFN silenced."""
+    mask (as long as the mask leaves each row a key: the diagonal); scores grown by W_Q
+    and W_K scaled up to where exp overflows without the max shift (past 88 in float32,
+    11 in float16); the FFN silenced."""
     scale = data.draw(st.sampled_from((4.0, 16.0, 64.0)), label="score scale")
     config, params, tokens = _attention_case(data, dtype, score_scale=scale, n_ctx=8,
                                              attn_bias=True)
@@ -369,28 +400,32 @@ def _softmax(data, dtype):
     return config, params, tokens
 
 
-@probe("scaled_dot_product_attention", ATTENTION_SUPPORT)
+@probe("scaled_dot_product_attention", ATTENTION_SUPPORT,
+       silences=("ffn",))
 def _sdpa(data, dtype):
     """two heads, contexts up to 1025, and the FFN silenced: attention as the model
     computes it, at the lengths where fused kernels tile."""
     return _attention_case(data, dtype, n_heads=2)
 
 
-@probe("split_heads", ATTENTION_SUPPORT, entries=("split_heads", "merge_heads"))
+@probe("split_heads", ATTENTION_SUPPORT, entries=("split_heads", "merge_heads"),
+       silences=("ffn",))
 def _split_heads(data, dtype):
     """three or four heads with their own weights, and the FFN silenced: a head that sees
     another's columns or positions changes the logits."""
     return _attention_case(data, dtype, n_heads=data.draw(st.integers(3, 4)), n_ctx=8)
 
 
-@probe("qkv_projection", ATTENTION_SUPPORT)
+@probe("qkv_projection", ATTENTION_SUPPORT,
+       silences=("ffn",))
 def _qkv_projection(data, dtype):
     """attention with its biases b_Q, b_K, b_V, b_O and the FFN silenced."""
     return _attention_case(data, dtype, attn_bias=True, n_ctx=8)
 
 
 @probe("multi_head_attention", ATTENTION_SUPPORT, entries=("multi_head_attention",
-                                                          "multi_head_attention_head_sum"))
+                                                          "multi_head_attention_head_sum"),
+       silences=("ffn",))
 def _multi_head_attention(data, dtype):
     """a free head width (h·d_H ≠ d_model) and the FFN silenced: W_O maps the concatenated
     heads back to d_model."""
@@ -398,6 +433,60 @@ def _multi_head_attention(data, dtype):
     d_head = data.draw(st.integers(1, 6), label="d_head")
     config = dataclasses.replace(config, d_head=d_head)
     params = _silence(_random(data, config, dtype), ffn=True)
+    return config, params, _tokens(data, config)
+
+
+FLOAT16_MAX = 65504.0
+
+
+@probe("attention_scores", ONE_HEAD, name="attention_scores_edge", silences=("ffn",))
+def _attention_scores_edge(data, dtype):
+    """one head of width 4 to 8 and the FFN silenced, W_Q and W_K scaled so that the
+    largest |Q Kᵀ| within a sequence is 1.25 to 1.75 times float16's largest value while
+    every score Q Kᵀ/√d_k stays below it: a 16-bit engine that forms Q Kᵀ before scaling
+    overflows to ∞ (NaN under the mask) where the spec's scores are finite; in wider
+    dtypes the same model is one of large scores."""
+    config = _config(data, n_heads=1, n_ctx=8, d_model=data.draw(st.integers(4, 8), label="d_k"))
+    params = _silence(_random(data, config, dtype), ffn=True)
+    h = ref.layer_norm(params["wte"], params["blocks.0.ln_1.weight"],
+                       params["blocks.0.ln_1.bias"], config.ln_eps)
+    width = config.d_attn
+    w_qkv = params["blocks.0.attn.w_qkv"]
+    tokens = _tokens(data, config)
+    Q, K = h[tokens] @ w_qkv[:, :width], h[tokens] @ w_qkv[:, width:2 * width]
+    largest = float(np.abs(Q @ K.transpose(0, 2, 1)).max())  # over each sequence's pairs
+    target = FLOAT16_MAX * data.draw(st.sampled_from((1.25, 1.5, 1.75)), label="|QKᵀ|/max")
+    w_qkv[:, : 2 * width] *= math.sqrt(target / max(largest, 1e-30))
+    return config, params, tokens
+
+
+@probe("scaled_dot_product_attention", ONE_HEAD - {"softmax", "softmax_shifted",
+                                                   "attention_scores", "attention_weights"},
+       name="attention_one_position", silences=("ffn",))
+def _attention_one_position(data, dtype):
+    """sequences of one token, one head, the attention's biases half the time and the
+    FFN silenced: the weights are the softmax of one finite score, 1 whatever the score
+    and however softmax or the weights are formed, so attention returns the value vector
+    where the mask's diagonal is visible, through W_O."""
+    config = _config(data, n_heads=1, attn_bias=data.draw(st.booleans(), label="biases"))
+    params = _silence(_random(data, config, dtype), ffn=True)
+    return config, params, data.draw(token_arrays(config, length=1), label="tokens")
+
+
+@probe("linear", TOKEN | PRE_LN | ATTENTION - {"causal_mask", "attention_scores"}
+       | {"ffn_relu", "relu", "unembed_tied", "gpt_forward"},
+       nonfinite=frozenset({"causal_mask"}))
+def _linear(data, dtype):
+    """tied embeddings and every bias on, the biases carrying the signal: W_Q = W_K = 0,
+    W_V = 0 (every value is b_V, which rows of weights summing to 1 keep) and W_1 = 0,
+    so the block adds b_V W_O + b_O + relu(b_1) W_2 + b_2 to W_E[x] (every score equal,
+    the mask leaving each row its diagonal, LayerNorm's outputs multiplied by zero); a
+    linear map that drops or misplaces its
+    bias changes the logits (W_E[x] + …) W_Eᵀ."""
+    config = _config(data, tied_embeddings=True, attn_bias=True, ffn_bias=True)
+    params = _random(data, config, dtype)
+    params["blocks.0.attn.w_qkv"] = np.zeros_like(params["blocks.0.attn.w_qkv"])
+    params["blocks.0.ffn.w_1"] = np.zeros_like(params["blocks.0.ffn.w_1"])
     return config, params, _tokens(data, config)
 
 
@@ -441,12 +530,19 @@ def causality(backend, ctx):
         j = data.draw(st.integers(1, config.n_ctx - 1), label="first changed position")
         changed = tokens.copy()
         changed[:, j:] = (changed[:, j:] + 1) % config.vocab_size
-        scale = B.gpt_forward_bound(tokens, params, config, ctx.precision)[:, :j]
-        before = np.asarray(backend.forward(tokens, params, config), dtype=np.float64)[:, :j]
-        after = backend.forward(changed, params, config)
+        scale = B.gpt_forward_bound(tokens, params, config, ctx.precision)
+        before = np.asarray(backend.forward(tokens, params, config), dtype=np.float64)
+        after = np.asarray(backend.forward(changed, params, config), dtype=np.float64)
+        # NaN equals NaN here, so a forward that makes NaN would pass vacuously: a
+        # non-finite logit is judged against the reference instead (within the model's
+        # budget), and fails where the reference's is finite
+        for x, got in ((tokens, before), (changed, after)):
+            if not np.isfinite(got).all():
+                ctx.record("logits, where some are not finite",
+                           B.compare(got, ref.gpt_forward(x, params, config), B.budget(
+                               B.gpt_forward_bound(x, params, config, ctx.precision))))
         ctx.record(f"logits before position {j}, later tokens changed",
-                   B.compare(np.asarray(after, dtype=np.float64)[:, :j], before,
-                             2 * B.budget(scale)))
+                   B.compare(after[:, :j], before[:, :j], 2 * B.budget(scale[:, :j])))
 
 
 @check("probe.positions_absent", entries=("positional_embedding", "gpt_forward"),
@@ -474,31 +570,51 @@ def positions_absent(backend, ctx):
 
 
 # the causality property is evidence too: a later token that reaches an earlier logit
-# points at the mask (or at weights that ignore it)
-CAUSALITY = Probe("causality", ("causal_mask",), frozenset({"causal_mask", "attention_weights"}),
+# points at the entries that mix positions (the mask; the scores it is added to; softmax,
+# which acts on each row; the weights; attention as one kernel; the head reshapes)
+CAUSALITY = Probe("causality", ("causal_mask",),
+                  frozenset({"causal_mask", "attention_scores", "softmax", "softmax_shifted",
+                             "attention_weights", "scaled_dot_product_attention",
+                             "split_heads", "merge_heads", "multi_head_attention",
+                             "multi_head_attention_head_sum"}),
                   None, "the causality property (probe.causality)")
 
 
-def localise(outcomes: Mapping[str, bool]) -> list[str]:
+def localise(outcomes: Mapping[str, bool], nonfinite: Collection[str] = ()) -> list[str]:
     """The entries the probes point at, most suspect first: ``outcomes`` maps a probe's
-    entry (or "causality") to whether it passed. The suspects are the entries the failing
-    probes isolate; each is scored by the failing probes whose support holds it against
-    every probe that holds it (the Ochiai coefficient of spectrum-based fault
-    localisation), and ties go to the entry a smaller failing probe isolates."""
+    name (or "causality") to whether it passed; ``nonfinite``: the failing probes whose
+    logits held a NaN or ∞ where the reference's are finite. The suspects are the entries
+    the failing probes isolate; each is scored by the failing probes whose support holds
+    it against every probe that holds it (the Ochiai coefficient of spectrum-based fault
+    localisation), and ties go to the entry a smaller failing probe isolates. A
+    non-finite result also holds the entries its probe depends on only through a NaN or ∞
+    (Probe.nonfinite): a zero weight does not silence a NaN. Entries the probes cannot
+    tell apart (held by the same probes, isolated by the same failing ones: equal forms
+    such as softmax and its shift identity) are one suspect, written "a / b"."""
     evidence = {**PROBES, "causality": CAUSALITY}
     seen = {e: passed for e, passed in outcomes.items() if e in evidence}
     failing = [e for e, passed in seen.items() if not passed]
     if not failing:
         return []
+    support = {e: evidence[e].support | (evidence[e].nonfinite if e in nonfinite else set())
+               for e in seen}
     scores: dict[str, float] = {}
     for entry in {name for e in failing for name in evidence[e].entries}:
-        holding = [e for e in seen if entry in evidence[e].support]
+        holding = [e for e in seen if entry in support[e]]
         failed = sum(1 for e in holding if not seen[e])
         scores[entry] = failed / math.sqrt(len(failing) * len(holding))
 
-    def smallest_isolating(entry: str) -> int:
-        return min(len(evidence[e].support) for e in failing if entry in evidence[e].entries)
+    def isolating(entry: str) -> list[str]:
+        return [e for e in failing if entry in evidence[e].entries]
+
+    def rank(entry: str) -> tuple[int, int, str]:
+        first = min(isolating(entry), key=lambda e: (len(evidence[e].support), e))
+        return len(evidence[first].support), evidence[first].entries.index(entry), entry
 
     best = max(scores.values())
-    top = [e for e, s in scores.items() if s >= best - 1e-12]
-    return sorted(top, key=lambda e: (smallest_isolating(e), e))
+    top = sorted((e for e, s in scores.items() if s >= best - 1e-12), key=rank)
+    groups: dict[tuple[frozenset[str], frozenset[str]], list[str]] = {}
+    for entry in top:
+        alike = (frozenset(e for e in seen if entry in support[e]), frozenset(isolating(entry)))
+        groups.setdefault(alike, []).append(entry)
+    return [" / ".join(group) for group in groups.values()]

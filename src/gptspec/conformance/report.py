@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,13 @@ def localisation(suite: SuiteResult) -> dict[str, Any] | None:
     failing = [e for e, passed in outcomes.items() if not passed and e in PROBES]
     if not failing:
         return None
+    # budgets.compare's words for a NaN or an infinity where the reference has none
+    nonfinite = {r.id.removeprefix("probe.") for r in suite.results
+                 if r.id.startswith("probe.") and r.status == "fail"
+                 and re.search(r"NaN at|got -?(inf|nan)\b", r.detail or "")}
     smallest = min(failing, key=lambda e: (len(PROBES[e].support), e))
-    return {"suspects": localise(outcomes), "smallest_failing_probe": f"probe.{smallest}"}
+    return {"suspects": localise(outcomes, nonfinite),
+            "smallest_failing_probe": f"probe.{smallest}"}
 
 
 def _git(*args: str) -> str | None:
