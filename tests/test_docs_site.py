@@ -689,6 +689,8 @@ OTHER_GLYPHS = {
     "d_H or d_head for d_k": re.compile(r"d_\{?H\}?(?![a-z])|d_\{\\(?:text|mathrm)\{head\}\}"),
     "a vocabulary sum from 1": re.compile(r"\\sum_\{[a-z]\s*=\s*1\}\^\{?V\}?"),
     "a Python slice of positions": re.compile(r"\[0\s*\{?:\}?"),
+    "an italic size name (d_model, d_ff, n_ctx are upright)": re.compile(
+        r"[dn]_\{(?:model|ff|ctx)\}"),
 }
 
 
@@ -727,8 +729,9 @@ def test_the_site_writes_one_notation(site: Path, tmp_path: Path) -> None:
         '<span class="arithmatex">\\(\\sqrt{\\sigma^2 + \\epsilon}\\)</span>'
         '<span class="arithmatex">\\(h\\,d_H\\)</span>'
         '<span class="arithmatex">\\(\\sum_{j=1}^{V} e^{z_j}\\)</span>'
-        '<span class="arithmatex">\\(W_P[0{:}T]\\)</span></article>')
-    assert len(notation_problems(tmp_path)) == 5
+        '<span class="arithmatex">\\(W_P[0{:}T]\\)</span>'
+        '<span class="arithmatex">\\(\\sqrt{d_{ff}}\\)</span></article>')
+    assert len(notation_problems(tmp_path)) == 6
 
 
 def test_the_generation_guide_writes_temperature_as_tau(site: Path) -> None:

@@ -75,7 +75,7 @@ HEAD_WIDTH = Decision(
     readings=(
         Reading(Source(NOTES, "sec. 3.1"), "the head dimension d_H is a parameter of its own; "
                 "W_O maps the h concatenated heads (h·d_H) back to d_model"),
-        Reading(Source(BLUEPRINT, "eq 2"), r"$W_Q \in \mathbb{R}^{d_{model} \times d_k}$, d_k "
+        Reading(Source(BLUEPRINT, "eq 2"), r"$W_Q \in \mathbb{R}^{d_{\mathrm{model}} \times d_k}$, d_k "
                 "not tied to d_model"),
         Reading(Source(VASWANI_2017, "sec. 3.2.2"), "d_k = d_v = d_model / h"),
         Reading(Source(BROWN_2020, "Table 2.1"), "d_head listed per model; in two rows "

@@ -27,10 +27,10 @@ d_H = d_k  # the Notes' name for the head width; the pages write d_k (docs/notat
 
 SIZE_SYMBOLS = (
     Symbol("V", "()", "vocabulary size"),
-    Symbol("n_{ctx}", "()", "context length"),
-    Symbol("d_{model}", "()", "width of the residual stream"),
+    Symbol(r"n_{\mathrm{ctx}}", "()", "context length"),
+    Symbol(r"d_{\mathrm{model}}", "()", "width of the residual stream"),
     Symbol("L", "()", "number of blocks"),
-    Symbol("d_{ff}", "()", "width of the feed-forward layer"),
+    Symbol(r"d_{\mathrm{ff}}", "()", "width of the feed-forward layer"),
 )
 _SIZE_ROWS = {s.name: s for s in SIZE_SYMBOLS} | {
     "B": Symbol("B", "()", "batch size (sequences)"),
@@ -114,8 +114,8 @@ COUNT_SOURCES = (Source(RADFORD_2019, "sec. 2.3, table 2"),
     id="param_count_token_embedding",
     title="Parameters: token embedding",
     group="costs",
-    latex=r"N_E = V \, d_{model}",
-    symbols=size_rows("V", "d_{model}", result=N_E),
+    latex=r"N_E = V \, d_{\mathrm{model}}",
+    symbols=size_rows("V", r"d_{\mathrm{model}}", result=N_E),
     sources=(Source(BLUEPRINT, "sec. 2.1"),) + COUNT_SOURCES,
     reference="param_count_token_embedding",
 )
@@ -128,9 +128,9 @@ def param_count_token_embedding(config: GPTConfig | None = None):
     id="param_count_positional_embedding",
     title="Parameters: learned positional embedding",
     group="costs",
-    latex=r"N_P = n_{ctx} \, d_{model}",
+    latex=r"N_P = n_{\mathrm{ctx}} \, d_{\mathrm{model}}",
     notes="Zero where the model has no positional embedding (the Guide as written).",
-    symbols=size_rows("n_{ctx}", "d_{model}", result=N_P),
+    symbols=size_rows(r"n_{\mathrm{ctx}}", r"d_{\mathrm{model}}", result=N_P),
     sources=(Source(BLUEPRINT, "sec. 2.1"),) + COUNT_SOURCES,
     reference="param_count_positional_embedding",
 )
@@ -143,10 +143,10 @@ def param_count_positional_embedding(config: GPTConfig | None = None):
     id="param_count_attention",
     title="Parameters: one block's multi-head attention",
     group="costs",
-    latex=r"N_{attn} = 4\, d_{model}\, h d_k + 3 h d_k + d_{model} \quad "
-          r"\text{(} W_{QKV}, W_O \text{ and their biases; } 4 d_{model}^2 + 4 d_{model} "
-          r"\text{ when } h d_k = d_{model} \text{)}",
-    symbols=size_rows("d_{model}", "h", "d_k", result=N_ATTN, parts=(
+    latex=r"N_{attn} = 4\, d_{\mathrm{model}}\, h d_k + 3 h d_k + d_{\mathrm{model}} \quad "
+          r"\text{(} W_{QKV}, W_O \text{ and their biases; } 4 d_{\mathrm{model}}^2 + 4 d_{\mathrm{model}} "
+          r"\text{ when } h d_k = d_{\mathrm{model}} \text{)}",
+    symbols=size_rows(r"d_{\mathrm{model}}", "h", "d_k", result=N_ATTN, parts=(
         Symbol("W_{QKV}", "(d_model, 3 h d_k)", "[W_Q | W_K | W_V]"),
         Symbol("W_O", "(h d_k, d_model)", "the output map"))),
     sources=(Source(BLUEPRINT, "eqs 2, 5"),) + COUNT_SOURCES,
@@ -164,8 +164,8 @@ def param_count_attention(config: GPTConfig | None = None):
     id="param_count_ffn",
     title="Parameters: one block's feed-forward layer",
     group="costs",
-    latex=r"N_{ffn} = 2 d_{model} d_{ff} + d_{ff} + d_{model}",
-    symbols=size_rows("d_{model}", "d_{ff}", result=N_FFN),
+    latex=r"N_{ffn} = 2 d_{\mathrm{model}} d_{\mathrm{ff}} + d_{\mathrm{ff}} + d_{\mathrm{model}}",
+    symbols=size_rows(r"d_{\mathrm{model}}", r"d_{\mathrm{ff}}", result=N_FFN),
     sources=(Source(BLUEPRINT, "eq 6"), Source(GUIDE, "sec. 4")) + COUNT_SOURCES,
     reference="param_count_ffn",
     notes="For the Guide's product FFN, W_2 reads the block input: d_model·d_model.",
@@ -179,8 +179,8 @@ def param_count_ffn(config: GPTConfig | None = None):
     id="param_count_block_norms",
     title="Parameters: one block's LayerNorms",
     group="costs",
-    latex=r"N_{LN} = 2 \cdot 2 d_{model} \quad \text{(gain and bias of both LayerNorms)}",
-    symbols=size_rows("d_{model}", result=N_LN),
+    latex=r"N_{LN} = 2 \cdot 2 d_{\mathrm{model}} \quad \text{(gain and bias of both LayerNorms)}",
+    symbols=size_rows(r"d_{\mathrm{model}}", result=N_LN),
     sources=(Source(BLUEPRINT, "eqs 7-8"), Source(GUIDE, "sec. 5")) + COUNT_SOURCES,
     reference="param_count_block_norms",
     notes="The Guide's block has a single LayerNorm: 2·d_model.",
@@ -194,9 +194,9 @@ def param_count_block_norms(config: GPTConfig | None = None):
     id="param_count_block",
     title="Parameters: one block",
     group="costs",
-    latex=r"N_{block} = N_{attn} + N_{ffn} + N_{LN} = 12 d_{model}^2 + 13 d_{model} "
-          r"\quad (d_{ff} = 4 d_{model},\ h d_k = d_{model})",
-    symbols=size_rows("d_{model}", "d_{ff}", "h", "d_k", result=N_BLOCK,
+    latex=r"N_{block} = N_{attn} + N_{ffn} + N_{LN} = 12 d_{\mathrm{model}}^2 + 13 d_{\mathrm{model}} "
+          r"\quad (d_{\mathrm{ff}} = 4 d_{\mathrm{model}},\ h d_k = d_{\mathrm{model}})",
+    symbols=size_rows(r"d_{\mathrm{model}}", r"d_{\mathrm{ff}}", "h", "d_k", result=N_BLOCK,
                       parts=(N_ATTN, N_FFN, N_LN)),
     sources=COUNT_SOURCES,
     reference="param_count_block",
@@ -210,8 +210,8 @@ def param_count_block(config: GPTConfig | None = None):
     id="param_count_final_norm",
     title="Parameters: final LayerNorm",
     group="costs",
-    latex=r"N_{LN_f} = 2 d_{model}",
-    symbols=size_rows("d_{model}", result=N_LN_F),
+    latex=r"N_{LN_f} = 2 d_{\mathrm{model}}",
+    symbols=size_rows(r"d_{\mathrm{model}}", result=N_LN_F),
     sources=(Source(RADFORD_2019, "sec. 2.3"),),
     reference="param_count_final_norm",
     notes="Zero where the configuration has no final LayerNorm (the Blueprint, the Guide).",
@@ -226,8 +226,8 @@ def param_count_final_norm(config: GPTConfig | None = None):
     title="Parameters: unembedding",
     group="costs",
     latex=r"N_U = 0 \ \text{(tied: } W_E^\top\text{)}, \quad "
-          r"d_{model} V + V \ \text{(untied, with bias)}",
-    symbols=size_rows("d_{model}", "V", result=N_U, parts=(
+          r"d_{\mathrm{model}} V + V \ \text{(untied, with bias)}",
+    symbols=size_rows(r"d_{\mathrm{model}}", "V", result=N_U, parts=(
         Symbol("W_E", "(V, d_model)", "the token embedding, whose transpose is the tied "
                "unembedding"),)),
     sources=(Source(BLUEPRINT, "eq 9"), Source(GUIDE, "sec. 6")),
@@ -276,8 +276,9 @@ FLOP_SOURCES = (Source(KAPLAN_2020, "sec. 2.1, table 1"),)
     id="matmul_weights_per_token",
     title="Weights a token meets in matrix products",
     group="costs",
-    latex=r"N_{mm} = L\,(4 d_{model}\, h d_k + 2 d_{model} d_{ff}) + d_{model} V",
-    symbols=size_rows("L", "d_{model}", "h", "d_k", "d_{ff}", "V", result=N_MM),
+    latex=r"N_{mm} = L\,(4 d_{\mathrm{model}}\, h d_k + 2 d_{\mathrm{model}} d_{\mathrm{ff}}) "
+          r"+ d_{\mathrm{model}} V",
+    symbols=size_rows("L", r"d_{\mathrm{model}}", "h", "d_k", r"d_{\mathrm{ff}}", "V", result=N_MM),
     sources=FLOP_SOURCES,
     reference="matmul_weights_per_token",
     notes="Every block's weight matrices and the unembedding (even when tied); no "
@@ -293,8 +294,8 @@ def matmul_weights_per_token(config: GPTConfig | None = None):
     id="forward_flops_per_token",
     title="Forward FLOPs per token",
     group="costs",
-    latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{ctx}\, h d_k",
-    symbols=size_rows("L", "n_{ctx}", "h", "d_k", result=C_FWD, parts=(N_MM,)),
+    latex=r"C_{fwd} = 2 N_{mm} + 2 L\, n_{\mathrm{ctx}}\, h d_k",
+    symbols=size_rows("L", r"n_{\mathrm{ctx}}", "h", "d_k", result=C_FWD, parts=(N_MM,)),
     sources=FLOP_SOURCES,
     reference="forward_flops_per_token",
     notes="Multiply-add = 2 FLOPs; matrix products only; the attention term is a full "
@@ -302,10 +303,11 @@ def matmul_weights_per_token(config: GPTConfig | None = None):
     decisions=(Decision(
         question="Does the forward count include the unembedding?",
         readings=(Reading(Source(KAPLAN_2020, "table 1"),
-                          r"$C_{forward} \approx 2N + 2 n_{layer} n_{ctx} d_{attn}$ with $N$ "
-                          r"without embeddings; the de-embedding's $2 d_{model} n_{vocab}$ "
+                          r"$C_{forward} \approx 2N + 2 n_{layer} n_{\mathrm{ctx}} d_{attn}$ with $N$ "
+                          r"without embeddings; the de-embedding's $2 d_{\mathrm{model}} n_{vocab}$ "
                           r"listed apart"),),
-        decision=r"Yes: $d_{model} V$ is part of $N_{mm}$, so $2 d_{model} V$ of the forward.",
+        decision=r"Yes: $d_{\mathrm{model}} V$ is part of $N_{mm}$, so $2 d_{\mathrm{model}} V$ "
+                 r"of the forward.",
         why="At GPT-2 small it is 77 of 266 MFLOP per token: without it, utilisation "
             "figures would read 29% low.",
     ),),
@@ -319,8 +321,8 @@ def forward_flops_per_token(config: GPTConfig | None = None):
     id="training_flops_per_token",
     title="Training FLOPs per token",
     group="costs",
-    latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{ctx}\, h d_k",
-    symbols=size_rows("L", "n_{ctx}", "h", "d_k",
+    latex=r"C_{train} = 3\,C_{fwd} = 6 N_{mm} + 6 L\, n_{\mathrm{ctx}}\, h d_k",
+    symbols=size_rows("L", r"n_{\mathrm{ctx}}", "h", "d_k",
                       result=_count("C_{train}", "training FLOPs per token"),
                       parts=(C_FWD, N_MM)),
     sources=FLOP_SOURCES,
@@ -339,8 +341,8 @@ def training_flops_per_token(config: GPTConfig | None = None):
     id="kv_cache_bytes",
     title="KV-cache size",
     group="costs",
-    latex=r"M_{KV} = 2 \, B \, L \, n_{ctx} \, h d_k \, s",
-    symbols=size_rows("B", "L", "n_{ctx}", "h", "d_k", "s",
+    latex=r"M_{KV} = 2 \, B \, L \, n_{\mathrm{ctx}} \, h d_k \, s",
+    symbols=size_rows("B", "L", r"n_{\mathrm{ctx}}", "h", "d_k", "s",
                       result=_count("M_{KV}", "bytes of the KV cache")),
     sources=(Source(BLUEPRINT, "eq 3"),),
     reference="kv_cache_bytes",
@@ -357,11 +359,12 @@ def kv_cache_bytes(config: GPTConfig | None = None, batch: int | None = None,
     id="activation_memory_bytes",
     title="Activation memory of a training step",
     group="costs",
-    latex=r"M_{act} = B\,s\,\Big(L\,\big((2 + n_{LN})\,T d_{model} + 4 T h d_k + 2 T d_{ff} "
+    latex=r"M_{act} = B\,s\,\Big(L\,\big((2 + n_{LN})\,T d_{\mathrm{model}} + 4 T h d_k "
+          r"+ 2 T d_{\mathrm{ff}} "
           r"+ h T^2\big) "
-          r"+ 2 T d_{model} + T V\Big)",
+          r"+ 2 T d_{\mathrm{model}} + T V\Big)",
     symbols=size_rows(
-        "B", "s", "L", "T", "d_{model}", "d_k", "d_{ff}", "h", "V",
+        "B", "s", "L", "T", r"d_{\mathrm{model}}", "d_k", r"d_{\mathrm{ff}}", "h", "V",
         result=_count("M_{act}", "bytes of activations kept for the backward pass"),
         parts=(Symbol("n_{LN}", "()", "LayerNorms per block: 2, or 1 in the Guide's block"),)),
     sources=(Source(BLUEPRINT, "eqs 3-8"),),

@@ -467,7 +467,7 @@ FFN_SYMBOLS = (G_SYMBOL, Symbol("x", "(T, d_model)", "input rows"),
                Symbol("a", "(T, d_ff)", "pre-activations"),
                Symbol(r"\sigma", "()", "the activation, elementwise; σ' its derivative"),
                Symbol("y", "(T, d_model)", "output rows"))
-FFN_TOLERANCE = Tolerance(r"\lambda \sqrt{d_{ff}}\,u", reduction="d_ff")
+FFN_TOLERANCE = Tolerance(r"\lambda \sqrt{d_{\mathrm{ff}}}\,u", reduction="d_ff")
 
 
 def _ffn_latex(act: str) -> str:

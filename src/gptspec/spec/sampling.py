@@ -339,10 +339,10 @@ def kv_cache_attention(q, K, V):
     id="crop_context",
     title="Cropping the context at n_ctx",
     group="sampling",
-    latex=r"\operatorname{crop}(x_{1:T}) = x_{\max(1,\, T - n_{ctx} + 1):T}",
+    latex=r"\operatorname{crop}(x_{1:T}) = x_{\max(1,\, T - n_{\mathrm{ctx}} + 1):T}",
     symbols=(
         Symbol("x", "(T,)", "the token sequence so far (prompt and generated tokens)"),
-        Symbol("n_{ctx}", "()", "the context length: the number of learned positions"),
+        Symbol(r"n_{\mathrm{ctx}}", "()", "the context length: the number of learned positions"),
     ),
     sources=(Source(BLUEPRINT, "sec. 2.1 (positions 1…n_ctx) and sec. 4, step 4"),
              Source(RADFORD_2019, "sec. 2.3 (context of 1024 tokens)")),
