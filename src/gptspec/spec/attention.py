@@ -407,7 +407,8 @@ def attention_weights(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
              Source(VASWANI_2017, "sec. 3.2.1, eq 1"), Source(NOTES, "sec. 3.1")),
     reference="scaled_dot_product_attention",
     tolerance=Tolerance(r"\lambda\sqrt{T}\,u\,A\,|V| + \varepsilon_A\,|V|", reduction="T",
-                        note="ε_A is attention_weights' budget; the product A V sums T terms"),
+                        note="ε_A is attention_weights' budget: the scores' error passed through "
+                             "softmax; the product A V then sums T terms"),
     decisions=(MASK_PLACEMENT, MODIFIED_SOFTMAX),
     sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("V", "(T, d_k)"),
                   ("M", "(T, T) mask")),

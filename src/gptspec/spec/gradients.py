@@ -723,7 +723,12 @@ FFN_BACKWARD = {"relu": ffn_relu_backward, "gelu": ffn_gelu_backward,
     sources=(Source(BLUEPRINT, "eq 10"), Source(BLUEPRINT, "sec. 3.2")),
     reference="gpt_backward",
     tolerance=Tolerance(r"\lambda \sqrt{D n}\,u_{acc} \max|g|", reduction="T * V",
-                        note="D sequential stages; see gptspec.conformance.checks_training"),
+                        note="the backward pass's D stages in sequence: at each, the upstream "
+                             "gradient's error and the forward activations' errors are carried "
+                             "through the equation to first order, each reduction of length n "
+                             "adds √n·u_acc·Σ|terms| and each stored result u|g|; LayerNorm's "
+                             "backward amplifies what reaches it by |γ|/√(σ² + ε), compounding "
+                             "through the layers (gradient_budgets.gpt_backward_bound)"),
     notes="The meaning is the derivative itself: with symbolic parameters, sympy "
           "differentiates the mean cross-entropy of gpt_forward. The reference computes the "
           "same numbers by hand, entry by entry, and returns (loss, gradients by name).",
