@@ -579,7 +579,8 @@ class FastTokenizerBackend:
     tokenizer area: ``gptspec conformance --backend
     gptspec.fast.tokenizer:FastTokenizerBackend --area tokenizer``."""
 
-    protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
+    protocol_version = 2  # gptspec.conformance.protocol
+    capabilities = ("tokenizer",)  # a tokenizer alone: no model, no forward
     name = "fast-tokenizer"
     version = f"gptspec {__import__('gptspec').__version__}, tiktoken {tiktoken.__version__}"
     device = "cpu"
@@ -587,9 +588,6 @@ class FastTokenizerBackend:
 
     def tokenizer(self) -> FastTokenizerBackend:
         return self
-
-    def forward(self, tokens, params, config):
-        raise NotImplementedError("a tokenizer backend has no model; run --area tokenizer")
 
     def train(self, text: str, vocab_size: int, pattern: str) -> list[Pair]:
         check_vocab_size(vocab_size)
