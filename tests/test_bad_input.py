@@ -383,6 +383,7 @@ for name, needle in [("added-tokens-a-dict", "must be a list"),
                      ("added-token-twice", "'<a>' is listed twice (ids 256 and 256)"),
                      ("added-token-twice-other-id", "'<a>' is listed twice (ids 256 and 257)"),
                      ("added-tokens-one-id", "'<a>' and '<b>' both have id 256"),
+                     ("vocabulary-one-id", "gives 'a' and 'b' the same id 0"),
                      ("pattern-look-ahead", "look-ahead"),
                      ("pattern-possessive", "possessive"),
                      ("pattern-backtracks-on-the-probe", "backtracks")]:
@@ -535,6 +536,8 @@ def _hostile_tokenizers(folder: Path) -> None:
         "added-token-twice-other-id": _hf_tok(added_tokens=[
             {"content": "<a>", "id": 256, "special": True},
             {"content": "<a>", "id": 257, "special": True}]),
+        "vocabulary-one-id": _hf_tok(model={"type": "BPE", "merges": [],
+                                            "vocab": {"a": 0, "b": 0}}),
         "added-tokens-one-id": _hf_tok(added_tokens=[
             {"content": "<a>", "id": 256, "special": True},
             {"content": "<b>", "id": 256, "special": True}]),

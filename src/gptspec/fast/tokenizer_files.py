@@ -392,6 +392,14 @@ def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
                                      f"{content[:40]!r} both have id {token}")
         special[content] = token
         special_ids[token] = content
+    holder: dict[int, str] = {}
+    for text, token in vocab.items():  # two texts, one id: HF decodes it as one of them
+        if not isinstance(token, int):
+            continue  # (reported below as ids that are not 0 … n−1)
+        if token in holder:
+            raise TokenizerFileError(f"{path}: the vocabulary gives {holder[token][:40]!r} and "
+                                     f"{text[:40]!r} the same id {token}")
+        holder[token] = text
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     try:  # a special token may also be listed in the model's vocab; it is not BPE's
         id_bytes = {i: bytes(inverse[c] for c in s) for s, i in vocab.items()
