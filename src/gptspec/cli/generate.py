@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                        f"{config.vocab_size}: they do not belong together")
     try:  # a byte the locale cannot decode reaches Python as a lone surrogate: name the byte
         args.prompt.encode("utf-8", "surrogateescape").decode("utf-8")
-    except UnicodeError as err:
+    except (UnicodeEncodeError, UnicodeDecodeError) as err:
         raise CLIError(f"--prompt is not valid UTF-8 (byte {err.start}: "
                        f"{err.object[err.start:err.start + 1]!r})") from None
     try:
