@@ -229,3 +229,11 @@ class BlocksTheTimer(Honest):
 
         signal.signal(signal.SIGALRM, signal.SIG_IGN)
         time.sleep(3600)
+
+
+class BlocksTheTimerOnStart(Honest):
+    def __init__(self) -> None:
+        import signal
+
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        time.sleep(3600)

@@ -392,11 +392,22 @@ def test_no_isolate_ends_a_run_whose_check_blocks_the_timer(tmp_path):
                         "--no-isolate", "--timeout", "2", "--report", "report.json")
     took = time.monotonic() - started
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "a check ran" in proc.stderr and "past --timeout 2 s" in proc.stderr
+    assert "the backend has not returned for" in proc.stderr
+    assert "past --timeout 2 s" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert took < 2 + GRACE_S + 30, took  # was: an hour (its sleep)
     run = json.loads((tmp_path / "report.json").read_text())["runs"][0]
     assert run["settings"]["interrupted"] is True
+
+
+def test_no_isolate_ends_a_run_whose_backend_blocks_the_timer_while_built(tmp_path):
+    started = time.monotonic()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:BlocksTheTimerOnStart",
+                        "--no-isolate", "--timeout", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the backend has not returned for" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert time.monotonic() - started < 2 + GRACE_S + 30
 
 
 def test_the_dtype_asked_is_the_dtype_judged(monkeypatch):

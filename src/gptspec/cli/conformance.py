@@ -204,8 +204,8 @@ def run(args: argparse.Namespace) -> int:
                                    ) from None
 
     def past_the_limit(waited: float) -> None:  # the watchdog's thread; the process ends
-        print(f"gptspec conformance: error: a check ran {waited:.0f} s, past --timeout "
-              f"{timeout:g} s, and the timer could not stop it in this process "
+        print(f"gptspec conformance: error: the backend has not returned for {waited:.0f} s, "
+              f"past --timeout {timeout:g} s, and the timer could not stop it in this process "
               "(--no-isolate); the run ends here, the reports hold the checks that finished",
               file=sys.stderr, flush=True)
         with_the_run_in_progress()
