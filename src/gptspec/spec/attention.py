@@ -42,9 +42,11 @@ def _each_row(b: sp.Matrix, rows: int) -> sp.Matrix:
     sources=(Source(BLUEPRINT, "eqs 2, 6"), Source(VASWANI_2017, "sec. 3.3, eq 2"),
              Source(RADFORD_2019, "sec. 2.3")),
     reference="linear",
-    tolerance=Tolerance(r"\lambda\sqrt{n}\,u\,|x|\,|W| + u\,|b|", reduction="n",
-                        note="Higham & Mary 2019: each inner product of length n carries a "
-                             "probabilistic error of λ√n u times the sum of |x_i W_ij|"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{n}\,u\,(|x|\,|W| + |b|) \oplus u\,|y|\right)",
+                        reduction="n",
+                        note="Higham & Mary 2019: each inner product of length n (+1 for the "
+                             "bias) carries a probabilistic error of λ√n u times the sum of "
+                             "|x_i W_ij|; storing y rounds it once more (u|y|)"),
     decisions=(ROW_VECTORS,),
     sympy_inputs=(("x", "(T, n)"), ("W", "(n, m)"), ("b", "(1, m)")),
 )
@@ -106,8 +108,9 @@ HEAD_WIDTH = Decision(
     sources=(Source(BLUEPRINT, "eq 2"), Source(VASWANI_2017, "sec. 3.2.2"),
              Source(NOTES, "sec. 3.1"), Source(RADFORD_2019, "sec. 2.3")),
     reference="qkv_projection",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,|H|\,|W_{QKV}| + u\,|b_{QKV}|",
-                        reduction="d_model"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,(|H|\,|W_{QKV}| + "
+                        r"|b_{QKV}|) \oplus u\,|[\,Q \mid K \mid V\,]|\right)",
+                        reduction="d_model", note="linear's budget, n = d_model"),
     decisions=(QKV_BIASES, ROW_VECTORS, HEAD_WIDTH),
     sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*h*d_k)"),
                   ("b_qkv", "(1, 3*h*d_k)")),
@@ -353,8 +356,10 @@ SCORES_RANGE = Decision(
     sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1, eq 1"),
              Source(GUIDE, "sec. 3")),
     reference="attention_scores",
-    tolerance=Tolerance(r"\lambda\sqrt{d_k}\,u\,\frac{|Q|\,|K|^\top}{\sqrt{d_k}} + u\,|M|",
-                        reduction="d_k"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_k}\,u\,\frac{|Q|\,|K|^\top}{\sqrt{d_k}} "
+                        r"\oplus u\,|S|\right)", reduction="d_k",
+                        note="Q Kᵀ sums d_k products; storing S rounds it once; masked "
+                             "entries are exactly −∞"),
     decisions=(MASK_PLACEMENT, SCORES_RANGE),
     sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("M", "(T, T) mask")),
 )

@@ -218,7 +218,7 @@ def positional_embedding(T: int, W_P: sp.Matrix) -> sp.Matrix:
     sources=(Source(BLUEPRINT, "sec. 2.1"), Source(RADFORD_2019, "sec. 2.3"),
              Source(VASWANI_2017, "sec. 3.5")),
     reference="input_representation",
-    tolerance=Tolerance(r"u\,(|E| + |P|)", reduction="1", note="one addition per entry"),
+    tolerance=Tolerance(r"\lambda\,u\,|E + P|", reduction="1", note="one addition per entry"),
     sympy_inputs=(("E", "(T, d_model)"), ("P", "(T, d_model)")),
 )
 def input_representation(E: sp.Matrix, P: sp.Matrix) -> sp.Matrix:

@@ -113,8 +113,9 @@ TYING = Decision(
     sources=(Source(BLUEPRINT, "eq 9"), Source(NOTES, "sec. 1.2"),
              Source(VASWANI_2017, "sec. 3.4"), Source(RADFORD_2019, "sec. 2.3")),
     reference="unembed_tied",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,|H_f|\,|W_E|^\top",
-                        reduction="d_model"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,|H_f|\,|W_E|^\top "
+                        r"\oplus u\,|Z|\right)", reduction="d_model",
+                        note="linear's budget with W = W_Eᵀ and no bias, n = d_model"),
     decisions=(TYING, EMBEDDING_DIMENSIONS),
     sympy_inputs=(("H", "(T, d_model)"), ("W_E", "(V, d_model)")),
 )
@@ -154,8 +155,9 @@ GUIDE_OUTPUT = Decision(
     ),
     sources=(Source(GUIDE, "sec. 6"), Source(NOTES, "sec. 1.2 (unembedding)")),
     reference="unembed_untied",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,|H_f|\,|W_U| + u\,|b_U|",
-                        reduction="d_model"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,(|H_f|\,|W_U| + |b_U|) "
+                        r"\oplus u\,|Z|\right)", reduction="d_model",
+                        note="linear's budget, n = d_model"),
     decisions=(GUIDE_OUTPUT, TYING, ROW_VECTORS),
     sympy_inputs=(("H", "(T, d_model)"), ("W_U", "(d_model, V)"), ("b_U", "(1, V)")),
 )
