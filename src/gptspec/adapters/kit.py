@@ -5,11 +5,10 @@
 - :class:`OptionalOperations` — ``implemented_ops()``, the operations as attributes and
   ``dir()`` for a backend built on one module of functions named like the reference's;
 - :func:`generate_by_forward` — ``generate`` for an engine that computes logits: the
-  protocol's loop (cropping, stop conditions, one uniform per drawn token) around the
-  engine's last rows of logits and, optionally, its own sampling distribution.
+  protocol's loop (cropping, stop conditions, one uniform per drawn token) around its
+  last rows of logits and, optionally, its own sampling distribution.
 
-It imports no engine, and the judge imports none of it (an engine with only ``forward``
-needs no ``generate``: the suite drives its forward itself).
+It imports no engine, and the judge imports none of it.
 """
 
 from __future__ import annotations

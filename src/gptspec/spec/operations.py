@@ -2,9 +2,8 @@
 
 Each forward-area spec entry (groups embedding, attention, block, output) but the whole
 model is an operation a backend may provide under its reference function's name and
-signature (gptspec.conformance.protocol); the list is read from the registry, so a new
-entry is one every backend may expose without a list to edit. ``gpt_forward`` is the
-protocol's required ``forward``, not an optional operation.
+signature (gptspec.conformance.protocol), read from the registry so that no list needs
+editing; ``gpt_forward`` is the protocol's ``forward``, not an optional operation.
 
 :class:`OptionalOperations` is the plumbing a backend built on one module of such
 functions needs, written once: ``implemented_ops()``, the operations as attributes, and
