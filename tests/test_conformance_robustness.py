@@ -423,6 +423,10 @@ def test_the_dtype_asked_is_the_dtype_judged(monkeypatch):
     # float64 results handed back as lists or float64 arrays, under bfloat16's budgets
     status, detail = judged(hostile.ListsInAnyDtype("bfloat16"), "bfloat16")
     assert status == "error" and "Python list" in detail and "bfloat16 was asked" in detail
+    # no dtype asked: the run judges the one declared, and says so (not "was asked")
+    status, detail = judged(hostile.ListsInAnyDtype("bfloat16"), None)
+    assert status == "error" and "was asked" not in detail
+    assert "the backend declared dtype bfloat16 when the run began" in detail
     for dtype in ("bfloat16", "float16", "float32"):
         status, detail = judged(hostile.Float64InAnyDtype(dtype), dtype)
         assert status == "error", (dtype, detail)

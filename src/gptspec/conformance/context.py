@@ -43,8 +43,9 @@ class WrongDtype(BaseException):
     time-out, so that Hypothesis reports it at once instead of shrinking the example)."""
 
 
-def wrong_dtype(output: Any, dtype: str) -> str:
-    """Why ``forward``'s output is not an array of ``dtype`` values, or "". An array of a
+def wrong_dtype(output: Any, dtype: str, asked: bool = True) -> str:
+    """Why ``forward``'s output is not an array of ``dtype`` values, or "" (``asked``: the
+    run was asked for ``dtype``, else it judges the dtype the backend declared). An array of a
     wider dtype holding exactly ``dtype`` values (bfloat16 logits handed back as float32)
     is fine; a Python list, or values that ``dtype`` cannot hold, were computed in another
     precision, and judging them with ``dtype``'s looser budgets would pass them unearned."""
@@ -65,15 +66,17 @@ def wrong_dtype(output: Any, dtype: str) -> str:
     if x.dtype.kind != "f":
         return ""  # not floating-point numbers: the check itself says what is wrong
     x = x.astype(np.float64)
+    why = (f"where {dtype} was asked" if asked else
+           f"where the backend declared dtype {dtype} when the run began")
     if declared is None:
         return (f"forward returned a Python {type(output).__name__} (float64 values), not "
-                f"an array of {dtype} values, where {dtype} was asked")
+                f"an array of {dtype} values, {why}")
     finite = x[np.isfinite(x)]
     off = finite[budgets.round_to(finite, dtype) != finite]
     if not off.size:
         return ""
     return (f"forward returned {returned} values that {dtype} cannot hold (e.g. "
-            f"{float(off[0])!r}) where {dtype} was asked: it did not compute in {dtype}")
+            f"{float(off[0])!r}) {why}: it did not compute in {dtype}")
 
 
 def suite_settings(profile: str) -> settings:
@@ -145,12 +148,14 @@ def keeping_cwd() -> Any:
 class RecordingBackend:
     """The backend as a check sees it: every call to an operation or ``forward`` is
     recorded, in order, in ``calls`` (reset at each example by the context); logits not
-    in ``dtype`` raise WrongDtype."""
+    in ``dtype`` raise WrongDtype (``asked``: the run was asked for it, else the backend
+    declared it)."""
 
-    def __init__(self, backend: Any, dtype: str = "float64") -> None:
+    def __init__(self, backend: Any, dtype: str = "float64", asked: bool = True) -> None:
         self._backend = backend
         self.calls: list[Call] = []
         self._dtype = dtype  # forward's logits must be values of it (see wrong_dtype)
+        self._asked = asked
 
     @property
     def wrapped(self) -> Any:
@@ -168,7 +173,7 @@ class RecordingBackend:
             with keeping_cwd():
                 record.output = value(*args, **kwargs)
             if name == "forward":
-                problem = wrong_dtype(record.output, self._dtype)
+                problem = wrong_dtype(record.output, self._dtype, self._asked)
                 if problem:
                     raise WrongDtype(problem)
             return record.output

@@ -137,7 +137,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
             result = (dtype_error(check, mismatch) if mismatch else
                       not_implemented(check, [], why) if why else
                       run_check(check, backend, precision, profile, seed, None, save_failures,
-                                origin, plain))
+                                origin, plain, dtype is not None))
         except BaseException as err:  # noqa: BLE001 — run_check lets KeyboardInterrupt out
             result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
                                  f"the backend raised {type(err).__name__}: {err}".rstrip(": "),

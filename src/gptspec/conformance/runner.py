@@ -228,12 +228,14 @@ def _time_limit(seconds: float | None) -> Any:
 
 def run_check(check: Check, backend: Any, precision: Precision, profile: str,
               seed: int, timeout: float | None = None, save_failures: str | None = None,
-              origin: dict[str, Any] | None = None, plain: str | None = None) -> CheckResult:
+              origin: dict[str, Any] | None = None, plain: str | None = None,
+              dtype_asked: bool = True) -> CheckResult:
     """Run one check; never raises (except KeyboardInterrupt). On a failed comparison the
     example's exact inputs are saved under ``save_failures`` (see reproduction), and a
     low-precision failure is adjudicated against ``plain``, the spec of a plain same-dtype
-    implementation (None: not adjudicated)."""
-    recording = RecordingBackend(backend, precision.dtype)
+    implementation (None: not adjudicated); ``dtype_asked``: whether the run was asked for
+    ``precision``'s dtype (else it judges the one the backend declared)."""
+    recording = RecordingBackend(backend, precision.dtype, dtype_asked)
     ctx = CheckContext(recording, precision, suite_settings(profile), seed)
     start = time.perf_counter()
     status, detail = "pass", ""
@@ -333,7 +335,7 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
         if why:
             return not_implemented(check, [], why)
         return run_check(check, backend, precision, profile, seed, timeout, save_failures,
-                         origin, plain)
+                         origin, plain, dtype is not None)
 
     def unimplemented(check: Check) -> str:
         return "" if mismatch else unmet(backend, check)
