@@ -390,6 +390,9 @@ def test_a_check_statement_is_its_whole_first_paragraph() -> None:
     assert info.description == ("The first line of a statement that wraps onto a second "
                                 "line, and ends here.")
     assert first_paragraph("\n\n  Leading blank lines.\n\n  Then more.") == "Leading blank lines."
+    # a paragraph ending with a colon introduces a list: the statement goes on through it
+    assert first_paragraph("Against the spec's:\n\n* one;\n* two, wrapped\n  here.\n\nMore."
+                           ) == "Against the spec's: • one; • two, wrapped here."
 
 
 def test_a_stale_report_gets_a_banner_naming_the_difference() -> None:

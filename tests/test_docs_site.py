@@ -456,6 +456,8 @@ def test_check_statements_are_whole(site: Path) -> None:
     checks = all_checks()
     wrapped = [c for c in checks if first_paragraph(c.doc) != c.doc.splitlines()[0].strip()]
     assert wrapped, "no check's statement spans lines: this test would prove nothing"
+    cut = [c.id for c in checks if first_paragraph(c.doc).endswith((":", ",", ";"))]
+    assert cut == [], "statements that stop before what they announce"
     missing = []
     for c in checks:
         statement = html.escape(first_paragraph(c.doc), quote=True)
@@ -739,6 +741,9 @@ def test_the_generation_guide_writes_temperature_as_tau(site: Path) -> None:
     guide = _article(site, "generation")
     row = guide.split("<code>--temperature", 1)[1].split("</tr>", 1)[0]
     assert "\\tau" in row and "\\(T\\)" not in row
+    # and wherever the guide divides the logits by the temperature
+    divisors = re.findall(r"\\text\{logits\}\s*/\s*(\\?\w+)", guide)
+    assert divisors and set(divisors) == {"\\tau"}, divisors
 
 
 def test_losses_are_in_one_unit_and_each_answer_reads_one_evaluation(site: Path) -> None:

@@ -58,14 +58,22 @@ def _info(check: Any) -> CheckInfo:
 
 def first_paragraph(doc: str) -> str:
     """A docstring's first paragraph (up to its first blank line) on one line: the check's
-    whole statement, however many lines it was wrapped over."""
-    lines = []
+    whole statement, however many lines it was wrapped over. A paragraph that ends with a
+    colon introduces what follows (a list): that is part of the statement too, its items
+    marked with a bullet, so the statement does not stop at the colon."""
+    paragraphs: list[list[str]] = [[]]
     for line in inspect.cleandoc(doc).splitlines():
         if not line.strip():
-            if lines:
-                break
+            if paragraphs[-1]:
+                paragraphs.append([])
             continue
-        lines.append(line.strip())
+        paragraphs[-1].append(line.strip())
+    lines = paragraphs[0]
+    for more in paragraphs[1:]:
+        if not lines or not lines[-1].endswith(":") or not more:
+            break
+        lines = lines + ["• " + line[2:] if line.startswith(("* ", "- ")) else line
+                         for line in more]
     return " ".join(lines)
 
 

@@ -35,9 +35,9 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
     reference="adamw_step",
     tolerance=Tolerance(
         r"\lambda\left(\sqrt{10k}\,u_{\mathrm{acc}}\big(|\theta_k| + \textstyle\sum_t \eta_t"
-        r"(|\Delta_t| + \lambda_{\mathrm{wd}}|\theta_t|)\big) \oplus u\sqrt{\textstyle\sum_t "
+        r"(|\mathrm{update}_t| + \lambda_{\mathrm{wd}}|\theta_t|)\big) \oplus u\sqrt{\textstyle\sum_t "
         r"\theta_t^2}\right)", reduction="1",
-        note="after k steps, Δ_t the step's update m̂/(√v̂ + ε): about 10 roundings per element "
+        note="after k steps, update_t the step's update m̂/(√v̂ + ε): about 10 roundings per element "
              "per step (the two moment updates, the two bias corrections, the square root, the "
              "division, the decay and the subtraction), float32 roundings (u_acc) in every "
              "dtype, adding in quadrature over the steps; a 16-bit backend also stores θ in its "
