@@ -283,3 +283,23 @@ def test_a_prompt_that_is_not_utf8_is_named_by_its_byte(model):
     assert done.returncode == 2
     line = _one_line(done.stderr.decode("utf-8", "replace"))
     assert line.endswith("--prompt is not valid UTF-8 (byte 2: b'\\xff')"), line
+
+
+def test_a_training_run_started_with_ctrl_c_ignored_stays_immune_to_it(tmp_path):
+    # a shell's background job inherits SIGINT ignored; the training loop's own handler
+    # replaced that, and Ctrl-C in the terminal stopped a job meant to be immune (issue 29)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*GPTSPEC, *TRAIN, "--data", str(corpus), "--out", str(out),
+                             "--steps", "6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.stdout is not None
+    for line in proc.stdout:  # training has begun: its handlers are in place
+        if line.startswith("step 2:"):
+            proc.send_signal(signal.SIGINT)
+            break
+    proc.stdout.read()
+    assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 6

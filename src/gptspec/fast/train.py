@@ -95,7 +95,8 @@ def signals_held():
 def stop_on_signals():
     """SIGINT and SIGTERM raise :class:`Interrupted`, which the training loop handles like
     Ctrl-C (save, then stop); one that arrives inside :func:`signals_held` waits for its
-    end. Off the main thread (no handlers there) a no-op."""
+    end. Off the main thread (no handlers there) a no-op. A signal inherited as ignored
+    (SIGINT of a job a shell started in the background) stays ignored."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -108,7 +109,8 @@ def stop_on_signals():
         else:
             raise Interrupted(signum)
 
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
+           if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
