@@ -26,8 +26,8 @@ def test_every_config_field_is_listed_with_a_meaning():
 
 def test_the_schema_names_their_shapes_in_symbols_and_their_switches():
     table = backend_guide.schema_shapes()
-    assert "| `blocks.{l}.attn.w_o` | (h·d_H, d_model) | always |" in table
-    assert "| `blocks.{l}.attn.b_qkv` | (3·h·d_H) | `attn_bias=true` |" in table
+    assert "| `blocks.{l}.attn.w_o` | (h·d_k, d_model) | always |" in table
+    assert "| `blocks.{l}.attn.b_qkv` | (3·h·d_k) | `attn_bias=true` |" in table
     assert "| `blocks.{l}.ffn.b_2` | (d_model) | `ffn_bias=true` |" in table
     assert "| `b_u` | (V) | `output_bias=true` and `tied_embeddings=false` |" in table
     assert all(n not in table for n in map(str, range(10, 50)))  # every size a symbol

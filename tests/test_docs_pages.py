@@ -208,6 +208,18 @@ def test_the_diagram_is_valid_svg_linking_only_existing_pages() -> None:
     assert links == ["../spec/one_hot/", "../spec/softmax/"]  # the others have no page here
     labels = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
     assert {"text", "tokenizer", "causal multi-head attention", "next-token distribution"} <= labels
+    # the view is the drawing's extent: nothing cut off, no wide empty margin on a side
+    x0, _, width, _ = (float(v) for v in svg.get("viewBox").split())
+    lefts, rights = [], []
+    for el in svg.iter():
+        tag = el.tag.rsplit("}", 1)[-1]
+        if tag == "rect" and el.get("x") is not None:
+            lefts.append(float(el.get("x")))
+            rights.append(float(el.get("x")) + float(el.get("width")))
+        elif tag == "text" and el.get("class") in ("gs-shape", "gs-frame-label"):
+            lefts.append(float(el.get("x")))  # drawn from x on, about 7 px a character
+            rights.append(float(el.get("x")) + 7 * len(el.text or ""))
+    assert x0 <= min(lefts) <= x0 + 20 and x0 + width - 20 <= max(rights) <= x0 + width
 
 
 # --- worked examples and the Verification page (generated from the real project) ---------

@@ -746,6 +746,25 @@ def test_the_generation_guide_writes_temperature_as_tau(site: Path) -> None:
     assert divisors and set(divisors) == {"\\tau"}, divisors
 
 
+def test_the_guides_write_the_head_width_d_k(site: Path) -> None:
+    """The guides' prose names the head width as the equations do, d_k (the Notes' d_H
+    and GPT-3's d_head only in Notation's crosswalk; ``config.d_head`` is code). The model
+    page and the tables generated from gptspec.spec.config are not read yet."""
+    wrong = []
+    for page in GUIDES:
+        if page == "model/":  # its presets' decisions (gptspec.spec.config) still say d_H
+            continue
+        article = _article(site, page.rstrip("/") or ".")
+        if page == "notation/":
+            article = re.sub(r'<h2 id="how-each-documents.*?(?=<h2 )', "", article, flags=re.S)
+        # its paragraphs and lists (the tables read from gptspec.spec.config's comments)
+        prose = re.sub(r"<code>.*?</code>|<pre.*?</pre>|<table.*?</table>", "", article,
+                       flags=re.S)
+        wrong += [f"{page or 'home'}: {m.group(0)}"
+                  for m in re.finditer(r"\bd_H\b|\bd_\{?H\}?(?![a-z])", prose)]
+    assert wrong == []
+
+
 def test_losses_are_in_one_unit_and_each_answer_reads_one_evaluation(site: Path) -> None:
     """Figures and Open questions give losses in bits per byte; the head-width answer leads
     with the like-for-like arms (h·d_k = d_model, same width and steps); each learning-curve

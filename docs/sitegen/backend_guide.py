@@ -16,9 +16,9 @@ from gptspec.spec.config import FFNS, NORMS, ConfigError, GPTConfig
 from gptspec.spec.parameters import parameter_schema
 
 # A configuration whose sizes are all different numbers, so that each shape reads back
-# as symbols: d_H = 7 is free (h·d_H = 14 ≠ d_model = 10)
+# as symbols: d_k = 7 is free (h·d_k = 14 ≠ d_model = 10)
 SIZES = dict(vocab_size=11, n_ctx=13, d_model=10, n_layers=1, n_heads=2, d_ff=12, d_head=7)
-SYMBOLS = {11: "V", 13: "n_ctx", 10: "d_model", 12: "d_ff", 14: "h·d_H", 42: "3·h·d_H"}
+SYMBOLS = {11: "V", 13: "n_ctx", 10: "d_model", 12: "d_ff", 14: "h·d_k", 42: "3·h·d_k"}
 EVERYTHING = dict(attn_bias=True, ffn_bias=True, positional_embedding=True, final_norm=True,
                   tied_embeddings=False, output_bias=True)
 # each switch turned the other way, one at a time, from EVERYTHING (pre-LN blocks), and
@@ -96,7 +96,7 @@ def _names(**switches: Any) -> dict[str, tuple[int, ...]]:
 
 
 def schema_shapes() -> str:
-    """The schema of one block with every switch on and a free d_H, as a Markdown table:
+    """The schema of one block with every switch on and a free d_k, as a Markdown table:
     each name, its shape in symbols, and the switch that removes or adds it."""
     everything = _names()
     present_when = {}

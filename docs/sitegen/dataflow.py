@@ -16,6 +16,10 @@ WIDTH = 680
 BOX_H = 44
 GAP = 26
 CENTER = WIDTH // 2
+# What the drawing covers: the block's frame from CENTER - 230, the "residual" labels to
+# about CENTER + 275. The view is cut to it, so that a phone, where the diagram keeps its
+# size and scrolls, opens on the boxes rather than on an empty margin.
+VIEW_X, VIEW_W = CENTER - 240, 525
 
 
 @dataclass(frozen=True)
@@ -162,4 +166,4 @@ def svg(href_for: Callable[[str], str | None]) -> str:
             '<path d="M 0 0 L 10 5 L 0 10 z" class="gs-arrowhead"/></marker></defs>')
     return (f'<div class="gs-dataflow"><svg xmlns="http://www.w3.org/2000/svg" role="img" '
             f'aria-label="Data flow of a GPT, from text to the next-token distribution" '
-            f'viewBox="0 0 {WIDTH} {height}" width="{WIDTH}">{defs}{"".join(parts)}</svg></div>')
+            f'viewBox="{VIEW_X} 0 {VIEW_W} {height}" width="{VIEW_W}">{defs}{"".join(parts)}</svg></div>')
