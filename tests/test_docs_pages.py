@@ -517,6 +517,34 @@ def test_the_conformance_page_marks_a_report_of_another_suite(tmp_path: Path) ->
     assert "0123456789" in page
 
 
+
+def test_a_report_of_one_area_is_compared_with_that_area_s_checks(tmp_path: Path) -> None:
+    """``--area forward`` runs the forward checks only (the docs session's 16-bit reports
+    do): the others missing is what was asked for, not stale evidence; a forward check
+    missing still is."""
+    run = {"backend": {"name": "torch", "version": "2.13.0", "device": "cpu", "dtype": "float16"},
+           "settings": {"profile": "quick", "area": "forward"},
+           "checks": [{"id": "scale.differential", "entries": ["scale"], "status": "pass",
+                       "worst_fraction": 0.5}]}
+    report = tmp_path / "forward.json"
+    report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 3,
+                                  "runs": [run]}))
+    suite = {"scale.differential", "scale.trained", "scale.other"}
+    areas = {"scale.differential": "forward", "scale.trained": "training",
+             "scale.other": "forward"}
+    page = spec_pages.conformance_page(load_report(report), suite, areas=areas)
+    assert page.count("gs-stale") == 1 and "area forward" in page
+    assert "<code>scale.other</code>" in page and "scale.trained" not in page
+    areas["scale.other"] = "training"
+    assert "gs-stale" not in spec_pages.conformance_page(load_report(report), suite, areas=areas)
+    # a report of every area is compared with the whole suite
+    run["settings"]["area"] = "all"
+    report.write_text(json.dumps({"schema": "gptspec-conformance", "version": 3,
+                                  "runs": [run]}))
+    assert "<code>scale.trained</code>" in spec_pages.conformance_page(
+        load_report(report), suite, areas=areas)
+
+
 def test_the_keyhole_section_counts_what_the_saved_run_measured(tmp_path: Path) -> None:
     from sitegen.verification import keyhole_section, load_keyhole_results
 

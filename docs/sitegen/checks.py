@@ -20,6 +20,7 @@ class CheckInfo:
     budget: str  # how the check's tolerance is derived, in words or LaTeX
     description: str = ""
     ops: tuple[str, ...] = ()  # the backend operations it calls
+    area: str = ""  # the suite it belongs to ("forward", "training", …), where known
 
 
 def is_direct(entry_id: str, check: Any) -> bool:
@@ -53,7 +54,7 @@ def _info(check: Any) -> CheckInfo:
         if description:
             break
     return CheckInfo(id=str(check.id), budget=budget, description=description,
-                     ops=tuple(getattr(check, "ops", ())))
+                     ops=tuple(getattr(check, "ops", ())), area=str(getattr(check, "area", "")))
 
 
 def first_paragraph(doc: str) -> str:

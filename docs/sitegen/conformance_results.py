@@ -43,6 +43,7 @@ class BackendReport:
     results: tuple[CheckResult, ...] = field(default=())
     provenance: str = ""  # "commit …, date, machine, CPU; profile …, device …, dtype …"
     commit: str = ""  # the commit that produced it, where the report records one
+    area: str = ""  # the one area it ran (--area), "" for every area
 
     def for_entry(self, entry_id: str) -> list[CheckResult]:
         return [r for r in self.results if entry_id in r.entries]
@@ -93,6 +94,11 @@ def _describe_provenance(data: dict, run: dict) -> str:
              f"profile {settings.get('profile', '?')}",
              f"device {backend.get('device', '?')}", f"dtype {backend.get('dtype', '?')}"]
     return "; ".join(parts)
+
+
+def _area(settings: Any) -> str:
+    area = settings.get("area") if isinstance(settings, dict) else None
+    return area if isinstance(area, str) and area != "all" else ""
 
 
 def _commit(data: dict) -> str:
@@ -151,6 +157,7 @@ def load_report(path: Path) -> list[BackendReport]:
             results=tuple(_check_result(c, path) for c in checks),
             provenance=_describe_provenance(data, run),
             commit=_commit(data),
+            area=_area(run.get("settings")),
         ))
     return reports
 

@@ -13,7 +13,7 @@ import html
 import inspect
 import re
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -476,9 +476,10 @@ def index_page(views: Sequence[EntryView], groups: Sequence[str]) -> str:
 
 def conformance_page(reports: Sequence[BackendReport],
                      suite_ids: AbstractSet[str] | None = None, head: str = "",
-                     root: Path | None = None) -> str:
+                     root: Path | None = None, areas: Mapping[str, str] | None = None) -> str:
     """``suite_ids``: the suite's checks, which each report is compared with (None: not
-    compared); ``head``: the commit the site is built from, ``root`` the checkout."""
+    compared; a report of one area (--area) with that area's checks, by ``areas``: check
+    id → area); ``head``: the commit the site is built from, ``root`` the checkout."""
     parts = ["# Conformance results\n",
              "The latest results of the built-in backends, read from the JSON reports of "
              "`gptspec conformance --report FILE` when the site was built.\n"]
@@ -489,8 +490,11 @@ def conformance_page(reports: Sequence[BackendReport],
     for report in reports:
         parts.append(f"## {esc(report.backend)}\n")
         if suite_ids is not None:
-            parts.append(stale_banner(f"This report ({report.path.name})",
-                                      (r.check_id for r in report.results), suite_ids,
+            expected, what = suite_ids, f"This report ({report.path.name})"
+            if report.area and areas:  # the checks it was asked for, not those of every area
+                expected = {i for i in suite_ids if areas.get(i) in (report.area, "", None)}
+                what = f"This report ({report.path.name}, area {report.area})"
+            parts.append(stale_banner(what, (r.check_id for r in report.results), expected,
                                       report.commit, head, root))
         if report.settings:
             parts.append(f"Settings: {esc(report.settings)}.\n")
@@ -653,7 +657,8 @@ def render_pages(views: Sequence[EntryView], groups: Sequence[str],
     pages[f"{SPEC_DIR}/index.md"] = index_page(views, groups)
     # every check covers an entry, so the views hold the suite's checks
     pages[f"{SPEC_DIR}/conformance.md"] = conformance_page(
-        reports, {c.id for v in views for c in v.checks}, head, root)
+        reports, {c.id for v in views for c in v.checks}, head, root,
+        {c.id: c.area for v in views for c in v.checks})
     pages[f"{SPEC_DIR}/traceability.md"] = traceability_page(views, set(pages))
     return pages
 
