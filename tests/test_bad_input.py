@@ -163,7 +163,8 @@ for damage, needle in [
     ("field-unknown", "state.json: unknown field 'steps'"),
     ("history-nan", "nan is not a json number"),
     ("history-infinity", "-infinity is not a json number"),
-    ("history-overflowing-loss", "holds the loss inf at step 1"),
+    ("history-overflowing-loss", "the number 1e400 is beyond a float's range"),
+    ("step-5000-digits", "a number of 5000 digits"),
     ("history-step-twice", "has step 2 after step 2"),
     ("history-steps-backwards", "has step 1 after step 2"),
     ("history-past-the-step", "has step 99, not a step of this run (0 … 2)"),
@@ -597,6 +598,8 @@ def _damage_runs(world: Path) -> None:
         doc["history"]["train"][0][1] = "LOSS"
         file.write_text(json.dumps(doc).replace('"LOSS"', "1e400"))
     damaged("history-overflowing-loss", overflowing_loss)
+    damaged("step-5000-digits", lambda r: (r / "checkpoint" / "state.json").write_text(
+        '{"step": ' + "9" * 5000 + "}"))  # Python's own message advised set_int_max_str_digits
     def other_tokenizer(run: Path) -> None:  # as valid, as large, another byte order
         file = run / "checkpoint" / "tokenizer.json"
         doc = json.loads(file.read_text())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,13 +43,30 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"not valid JSON ({name} is not a JSON number)")
 
 
+def _int(digits: str) -> int:
+    # Python refuses to read more than 4300 digits, with advice meant for programmers
+    n = len(digits.lstrip("-"))
+    if n > 4300:
+        raise ValueError(f"a number of {n} digits (no number gptspec reads has so many)")
+    return int(digits)
+
+
+def _float(text: str) -> float:
+    value = float(text)  # 1e400 reads as inf: a NaN or infinity by another name
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond a float's range")
+    return value
+
+
 def parse_json(text: str | bytes) -> Any:
     """``json.loads`` for the files gptspec reads (configs, state.json, tokenizers): a key
     given twice, NaN or ±Infinity (not JSON, though Python's json accepts them) and
-    nesting deeper than Python's parser can follow are ValueErrors with
-    a one-line message (the caller names the file), like any other syntax error."""
+    nesting deeper than Python's parser can follow, a number beyond a float's range (1e400)
+    or of more than 4300 digits are ValueErrors with a one-line message (the caller names
+    the file), like any other syntax error."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                          parse_int=_int, parse_float=_float)
     except json.JSONDecodeError as err:
         raise ValueError(f"not valid JSON ({err.msg} at line {err.lineno}, column "
                          f"{err.colno})") from None
