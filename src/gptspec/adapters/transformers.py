@@ -1,5 +1,4 @@
-"""transformers' ``GPT2LMHeadModel`` as a conformance backend: an engine this project did
-not write, validated as it is.
+"""transformers' ``GPT2LMHeadModel`` as a conformance backend, validated as it is.
 
 Two backends, one per attention implementation: ``hf-eager`` and ``hf-sdpa`` (PyTorch's
 fused ``scaled_dot_product_attention``), in float32 or bfloat16 on the CPU, built from
