@@ -76,7 +76,7 @@ def flops(backend, ctx):
 
     For every configuration and batch B of full-context sequences (T = n_ctx), the
     FLOPs the backend performs in a forward pass equal
-    B·T·forward_flops_per_token + B·2·L·T²·h·d_H: the spec counts attention over the
+    B·T·forward_flops_per_token + B·2·L·T²·h·d_k: the spec counts attention over the
     causal window (on average half of the T × T products), while a dense kernel also
     computes the masked half. The projections alone are 2·B·T·matmul_weights_per_token.
     A forward and backward pass performs exactly training_flops_per_token/
@@ -86,7 +86,7 @@ def flops(backend, ctx):
                               max_vocab=40), batch=st.integers(1, 3))
     def _(config, batch):
         T, L = config.n_ctx, config.n_layers
-        a = config.n_heads * config.d_head  # the width of Q, K, V: d_model unless d_H is free
+        a = config.n_heads * config.d_head  # the width of Q, K, V: d_model unless d_k is free
         forward = ctx.op("count_flops")(config, batch, T)
         want = batch * T * ref.forward_flops_per_token(config) + batch * 2 * L * T * T * a
         ctx.require(forward == want, f"forward: backend counts {forward} FLOPs, spec gives "

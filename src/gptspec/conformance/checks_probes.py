@@ -347,7 +347,7 @@ def _attention_case(data, dtype, *, zero_scores: bool = False, score_scale: floa
                      **fixed)
     params = _silence(_random(data, config, dtype), ffn=True)
     w_qkv = params["blocks.0.attn.w_qkv"]
-    width = config.d_attn  # h·d_H: the columns of W_Q, then of W_K
+    width = config.d_attn  # h·d_k: the columns of W_Q, then of W_K
     if zero_scores:  # W_Q = W_K = 0: every score 0, each row averages its visible values
         w_qkv[:, : 2 * width] = 0.0
         if "blocks.0.attn.b_qkv" in params:
@@ -428,7 +428,7 @@ def _qkv_projection(data, dtype):
                                                           "multi_head_attention_head_sum"),
        silences=("ffn",))
 def _multi_head_attention(data, dtype):
-    """a free head width (h·d_H ≠ d_model) and the FFN silenced: W_O maps the concatenated
+    """a free head width (h·d_k ≠ d_model) and the FFN silenced: W_O maps the concatenated
     heads back to d_model."""
     config = _config(data, n_ctx=8, attn_bias=data.draw(st.booleans()))
     d_head = data.draw(st.integers(1, 6), label="d_head")

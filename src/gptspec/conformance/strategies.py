@@ -212,8 +212,8 @@ def configs(draw, max_layers: int = 2, max_heads: int = 3, max_d_head: int = 6,
     """Configurations of every variant: small ones, and with probability ``share`` (None:
     BIG_SHARE) one that is big in one of MODEL_CONCERNS: n_ctx one of BOUNDARY_LENGTHS; or one or two
     heads of a width in HEAD_WIDTHS with n_ctx up to 129; or a vocabulary in VOCAB_SIZES.
-    A quarter of the small ones have a free head width (h·d_H ≠ d_model in general, the
-    Notes' d_H and GPT-3's XL and 13B rows), and a quarter no positional embedding (the
+    A quarter of the small ones have a free head width (h·d_k ≠ d_model in general, the
+    Notes' d_k and GPT-3's XL and 13B rows), and a quarter no positional embedding (the
     Guide); attention and FFN biases are drawn apart (the Blueprint has only the FFN's)."""
     concern = None
     if share != 0 and draw(big(share), label="a big configuration"):

@@ -70,7 +70,7 @@ class Attention(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        d, a = config.d_model, config.d_attn  # a = h·d_H (d unless the head width is free)
+        d, a = config.d_model, config.d_attn  # a = h·d_k (d unless the head width is free)
         self.n_heads = config.n_heads
         self.w_qkv = _empty(d, 3 * a)
         self.b_qkv = _empty(3 * a) if config.attn_bias else None

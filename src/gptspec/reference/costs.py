@@ -37,7 +37,7 @@ def param_count_positional_embedding(config: GPTConfig) -> int:
 
 
 def param_count_attention(config: GPTConfig) -> int:
-    """[W_Q | W_K | W_V] (d × 3a), W_O (a × d), and their biases (3a, d), a = h·d_H."""
+    """[W_Q | W_K | W_V] (d × 3a), W_O (a × d), and their biases (3a, d), a = h·d_k."""
     d, a = config.d_model, config.d_attn
     return d * 3 * a + a * d + (3 * a + d if config.attn_bias else 0)
 
@@ -79,7 +79,7 @@ def param_count_total(config: GPTConfig) -> int:
 
 
 def matmul_weights_per_token(config: GPTConfig) -> int:
-    """Q, K, V, O (4 d·h·d_H), W_1 and W_2 in each block, and the unembedding d·V."""
+    """Q, K, V, O (4 d·h·d_k), W_1 and W_2 in each block, and the unembedding d·V."""
     d, f, a = config.d_model, config.d_ff, config.d_attn
     w_2_rows = d if config.ffn == "guide_product" else f
     return config.n_layers * (4 * d * a + d * f + w_2_rows * d) + d * config.vocab_size
@@ -97,7 +97,7 @@ def training_flops_per_token(config: GPTConfig) -> int:
 
 
 def kv_cache_bytes(config: GPTConfig, batch: int = 1, bytes_per_element: int = 2) -> int:
-    """K and V, each (B, h, n_ctx, d_H), in every layer."""
+    """K and V, each (B, h, n_ctx, d_k), in every layer."""
     per_layer = 2 * batch * config.n_ctx * config.d_attn
     return config.n_layers * per_layer * bytes_per_element
 

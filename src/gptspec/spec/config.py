@@ -82,7 +82,7 @@ class GPTConfig:
     n_layers: int  # L, the number of blocks
     n_heads: int  # h, the number of attention heads
     d_ff: int  # the FFN's hidden width
-    d_head: int | None = None  # d_H, each head's width; None: d_model / n_heads (must divide)
+    d_head: int | None = None  # d_k, each head's width; None: d_model / n_heads (must divide)
     norm: str = "pre"  # "pre" (GPT-2/3), "post" (Blueprint eqs 7-8), "guide" (Guide sec. 5)
     ffn: str = "gelu_tanh"  # "relu" (Blueprint eq 6), "gelu", "gelu_tanh" (GPT-2/3), "guide_product"
     tied_embeddings: bool = True  # Blueprint eq 9; False: the Guide's W, b
@@ -131,13 +131,13 @@ class GPTConfig:
 
     @property
     def d_attn(self) -> int:
-        """h·d_H: the width of Q, K, V and of W_O's input (d_model unless d_H is free)."""
+        """h·d_k: the width of Q, K, V and of W_O's input (d_model unless d_k is free)."""
         assert self.d_head is not None  # resolved in __post_init__
         return self.n_heads * self.d_head
 
     @property
     def head_width_is_derived(self) -> bool:
-        """Whether d_H = d_model / h (the default), so that h·d_H = d_model."""
+        """Whether d_k = d_model / h (the default), so that h·d_k = d_model."""
         return self.d_attn == self.d_model
 
     def replace(self, **changes: Any) -> GPTConfig:
@@ -249,7 +249,7 @@ PRESETS: dict[str, GPTConfig] = {
                                   n_heads=8, d_ff=512, norm="guide", ffn="guide_product",
                                   tied_embeddings=False, output_bias=True, final_norm=False,
                                   attn_bias=False),
-    # The Notes' GPT-3-style model with the head width d_H free: h·d_H = 384 ≠ d_model.
+    # The Notes' GPT-3-style model with the head width d_k free: h·d_k = 384 ≠ d_model.
     "notes": GPTConfig(vocab_size=50257, n_ctx=2048, d_model=512, n_layers=6, n_heads=6,
                        d_ff=2048, d_head=64),
     # Small models for tests and for CPU training.
@@ -294,21 +294,21 @@ PRESET_DECISIONS: dict[str, Decision] = {
             "training runs that want the Guide's block with positions.",
     ),
     "notes": Decision(
-        question="Is the head width d_H tied to d_model?",
+        question="Is the head width d_k (the Notes' d_H) tied to d_model?",
         readings=(
             Reading(Source(NOTES, "sec. 3.1"), "d_H is a parameter of its own (the attention "
                     "head dimension), with W_O mapping the h concatenated heads back to d"),
             Reading(Source(BLUEPRINT, "eq 2"), "W_Q ∈ R^{d_model × d_k}, d_k not fixed further"),
             Reading(Source(RADFORD_2019, "sec. 2.3"), "GPT-2: d_k = d_model / h"),
         ),
-        decision="d_head is a configuration field (default d_model / h); W_qkv is "
-                 "(d_model, 3·h·d_H), W_O is (h·d_H, d_model). The `notes` preset takes "
-                 "h = 6, d_H = 64 with d_model = 512 (h·d_H = 384), other sizes GPT-3's.",
+        decision="d_k is a configuration field, d_head (default d_model / h); W_qkv is "
+                 "(d_model, 3·h·d_k), W_O is (h·d_k, d_model). The `notes` preset takes "
+                 "h = 6, d_k = 64 with d_model = 512 (h·d_k = 384), other sizes GPT-3's.",
         why="The Notes treat d_H as free, and GPT-3's own table needs it (XL, 13B). The Notes "
             "fix no sizes; ours are small and chosen so that h does not divide d_model.",
     ),
     "gpt3-table": Decision(
-        question="Two rows of GPT-3's Table 2.1 do not satisfy h·d_H = d_model: XL "
+        question="Two rows of GPT-3's Table 2.1 do not satisfy h·d_k = d_model: XL "
                  "(24 × 128 = 3072 ≠ 2048) and 13B (40 × 128 = 5120 ≠ 5140). What do "
                  "their presets use?",
         readings=(
@@ -316,8 +316,8 @@ PRESET_DECISIONS: dict[str, Decision] = {
                     "1.3B parameters; 13B: d_model 5140, 40 heads, d_head 128, 13.0B"),
             Reading(Source(NOTES, "sec. 3.1"), "d_H is free; W_O maps h·d_H back to d_model"),
         ),
-        decision="The table's columns as printed, with d_head free: gpt3-xl has h·d_H = 3072, "
-                 "gpt3-13b has h·d_H = 5120.",
+        decision="The table's columns as printed, with d_head free: gpt3-xl has h·d_k = 3072, "
+                 "gpt3-13b has h·d_k = 5120.",
         why="With a free head width every printed column is expressible, so no column has to "
             "be corrected by guesswork. The cost is visible in the parameter-count table: "
             "gpt3-13b lands within 0.5% of 13.0B either way, while gpt3-xl counts about "

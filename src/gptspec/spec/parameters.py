@@ -1,9 +1,9 @@
 """The canonical parameter schema: every backend's parameters, by name and shape.
 
 Convention: row vectors. A linear map is x ↦ x W + b with W of shape (in, out), so
-``blocks.{l}.attn.w_qkv`` holds [W_Q | W_K | W_V] side by side, each h·d_H wide, and head
-i of W_Q is its columns i·d_H … (i+1)·d_H − 1 (the same layout as GPT-2's own files);
-W_O is (h·d_H, d_model). h·d_H = d_model unless the head width is free.
+``blocks.{l}.attn.w_qkv`` holds [W_Q | W_K | W_V] side by side, each h·d_k wide, and head
+i of W_Q is its columns i·d_k … (i+1)·d_k − 1 (the same layout as GPT-2's own files);
+W_O is (h·d_k, d_model). h·d_k = d_model unless the head width is free.
 """
 
 from __future__ import annotations
