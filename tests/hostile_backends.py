@@ -237,3 +237,32 @@ class BlocksTheTimerOnStart(Honest):
 
         signal.signal(signal.SIGALRM, signal.SIG_IGN)
         time.sleep(3600)
+
+
+class PatchesTheReference(Honest):
+    """Wrong logits (+1), and a constructor that rewrites the reference they are compared
+    with to match: isolated, this forged a pass (issue 29)."""
+
+    def __init__(self) -> None:
+        import gptspec.reference.output as output
+
+        self._right = output.gpt_forward
+        output.gpt_forward = self.forward
+        for module in list(sys.modules.values()):
+            if getattr(module, "gpt_forward", None) is self._right:
+                module.gpt_forward = self.forward
+
+    def forward(self, tokens, params, config):
+        return self._right(tokens, params, config) + 1.0
+
+
+class RewritesTheReferenceLater(Honest):
+    """Wrong logits, with the reference's code swapped during its first call, so that
+    later checks compare against the backend itself."""
+
+    def forward(self, tokens, params, config):
+        import gptspec.reference.output as output
+
+        right = gpt_forward(tokens, params, config)
+        output.gpt_forward.__code__ = (lambda tokens, params, config: None).__code__
+        return right + 1.0

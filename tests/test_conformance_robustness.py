@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from gptspec.cli.in_process import GRACE_S
 from gptspec.conformance.isolation import run_isolated
@@ -290,6 +291,9 @@ def test_a_grandchild_out_of_the_group_does_not_hold_the_callers_pipes(tmp_path)
                             "--timeout", "60", GPTSPEC_TEST_PID_FILE=str(pid_file))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert time.monotonic() - started < 60
+        # and it does not outlive the run (to rewrite its report, say): the judge adopts
+        # the orphans of its workers and ends them with the run (issue 29)
+        assert not _alive(int(pid_file.read_text()))
     finally:
         if pid_file.exists() and _alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), 9)
@@ -355,6 +359,16 @@ def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path):
     assert "backend output" not in proc.stdout and proc.stdout.count("0 not implemented") == 1
     assert "  backend output: \\x1b[2J\\x1b[HPASS  gpt_forward.differential" in proc.stderr
     assert "  backend output: 97 passed, 0 failed" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["PatchesTheReference", "RewritesTheReferenceLater"])
+def test_a_backend_that_patches_the_reference_gets_no_pass(tmp_path, name):
+    # isolated, the reference runs in the backend's process: a patch there forged a pass
+    proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{name}",
+                        "--check", "gpt_forward.*")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "PASS" not in proc.stdout and "Traceback" not in proc.stderr
+    assert "the backend changed the judge's own code (gptspec.reference.output" in proc.stdout
 
 
 def test_no_isolate_keeps_the_working_directory_where_the_files_are_written(tmp_path):

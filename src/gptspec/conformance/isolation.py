@@ -84,6 +84,42 @@ def _die_with_the_judge() -> None:
         os._exit(1)
 
 
+_JUDGE = ("gptspec.spec", "gptspec.reference", "gptspec.conformance", "numpy", "hypothesis",
+          "math", "builtins", "operator")
+
+
+def judge_fingerprint() -> dict[str, tuple[Any, Any]]:
+    """Every function and class of the judge's loaded modules (and of their classes), with
+    its code object: held, so that none is collected and its id reused."""
+    prints: dict[str, tuple[Any, Any]] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not any(name == p or name.startswith(p + ".") for p in _JUDGE):
+            continue
+        for attr, value in list(getattr(module, "__dict__", {}).items()):
+            if not callable(value):
+                continue
+            prints[f"{name}.{attr}"] = (value, getattr(value, "__code__", None))
+            if isinstance(value, type) and value.__module__ == name:
+                for key, method in list(vars(value).items()):
+                    if callable(method):
+                        prints[f"{name}.{attr}.{key}"] = (method,
+                                                          getattr(method, "__code__", None))
+    return prints
+
+
+def tampered(before: dict[str, tuple[Any, Any]]) -> str:
+    """Why the judge's code is no longer what ``before`` recorded (the first function a
+    backend replaced or rewrote), or "". Isolation keeps a backend from hanging or ending
+    the run; the reference still runs in the backend's process, so one that patched it
+    could forge a pass: this catches the patch, not a backend that hides it better."""
+    now = judge_fingerprint()
+    for key, (value, code) in before.items():
+        if key in now and (now[key][0] is not value or now[key][1] is not code):
+            return (f"the backend changed the judge's own code ({key}): no check of this run "
+                    "can be trusted")
+    return ""
+
+
 def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
             seed: int, save_failures: str | None, plain: str | None, output: str) -> None:
     # first, before any backend code runs: a session (and process group) of its own, which
@@ -106,10 +142,12 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     # Ctrl-C reaches every process of the terminal's group: the parent handles it (and
     # stops this one); here it would only print a traceback from inside the backend
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    all_checks()  # every check module loaded (CHECKS filled) before the backend's code runs
+    judge = judge_fingerprint()
     try:
         backend = load_backend(spec, device=device, dtype=dtype)
         precision, mismatch = judged_precision(backend, dtype)
-        mismatch = mismatch or device_mismatch(backend, device)
+        mismatch = tampered(judge) or mismatch or device_mismatch(backend, device)
         described = describe_backend(backend)
     except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
         message = (str(err) if isinstance(err, BackendError) else
@@ -142,6 +180,10 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
             result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
                                  f"the backend raised {type(err).__name__}: {err}".rstrip(": "),
                                  0, 0, 0.0, check.budget)
+        if not mismatch:  # a verdict reached with the judge patched is no verdict
+            mismatch = tampered(judge)
+            if mismatch:
+                result = dtype_error(check, mismatch)
         conn.send_bytes(json.dumps(result.to_dict(), default=str).encode())
 
 
@@ -283,6 +325,57 @@ class _Worker:
             self.process.kill()
 
 
+def _children() -> set[int]:
+    """Linux: the pids of this process's children (none where /proc cannot be read)."""
+    me, kids = os.getpid(), set[int]()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return kids
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == me:
+                    kids.add(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return kids
+
+
+def _adopt_orphans() -> set[int] | None:
+    """Linux: make the judge the subreaper of its descendants, so that a process a backend
+    left behind in a session of its own becomes the judge's child (not init's) and can be
+    ended with the run; the children the judge has already (None: not possible here)."""
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(36, 1) != 0:  # PR_SET_CHILD_SUBREAPER
+            return None
+    except (OSError, AttributeError):
+        return None
+    return _children()
+
+
+def _end_orphans(before: set[int] | None) -> None:
+    """Kill (and reap) the children the judge adopted during the run: what a backend
+    started and left, which would otherwise outlive the run (and, say, rewrite its report)."""
+    if before is None:
+        return
+    from multiprocessing import resource_tracker
+
+    keep = before | {getattr(resource_tracker._resource_tracker, "_pid", None) or -1}
+    for _ in range(20):  # one that forks while being killed leaves a new orphan
+        stray = _children() - keep
+        if not stray:
+            return
+        for pid in stray:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
+
 def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = None,
                  profile: str = "default", seed: int = 0,
                  select: Callable[[Check], bool] | None = None, area: str | None = "forward",
@@ -294,8 +387,13 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
     """``run_suite`` for the backend named by ``spec``, each check in a worker process.
     Raises BackendError only if the backend cannot be built at all."""
     start_timeout = START_TIMEOUT if timeout is None else timeout
-    worker: _Worker | None = _Worker(spec, device, dtype, profile, seed, save_failures,
-                                     start_timeout, plain)
+    adopted = _adopt_orphans()
+    try:
+        worker: _Worker | None = _Worker(spec, device, dtype, profile, seed, save_failures,
+                                         start_timeout, plain)
+    except BaseException:
+        _end_orphans(adopted)
+        raise
     assert worker is not None
     suite = SuiteResult(dict(worker.backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=True))
@@ -329,4 +427,5 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
     finally:
         if worker is not None:
             worker.stop()
+        _end_orphans(adopted)
     return suite
