@@ -676,3 +676,40 @@ def test_an_entry_page_shows_its_results_as_one_matrix(tmp_path: Path) -> None:
     assert "pass</span> 25%</td><td>" in results and "pass</span> 50%</td>" in results
     assert "[1] torch 2 · cpu · float32 (profile quick" in results
     assert "[2] torch 2 · cpu · bfloat16 (profile quick" in results
+
+
+def test_the_compatibility_page_opens_with_a_matrix_of_checks_by_engine_and_dtype() -> None:
+    """Over the committed reports: each group's matrix has a column per report (engine ·
+    dtype) and a row per check its reports hold, each cell the report's status and share
+    of the budget; a check a report does not hold, an empty cell."""
+    import hooks
+
+    page = hooks._compatibility_page(ROOT)
+    reports = {}
+    for path in sorted((ROOT / "docs" / "ecosystem").glob("*.json")):
+        for run in json.loads(path.read_text())["runs"]:
+            reports[(run["backend"]["name"], run["backend"]["dtype"])] = {
+                c["id"]: c for c in run["checks"]}
+    matrices = re.findall(r'<div class="gs-results gs-matrix">(.*?)</table>', page, re.S)
+    assert len(matrices) >= 2 and page.index("gs-matrix") < page.index("\n## ")
+    seen = set()
+    for matrix in matrices:
+        head, *rows = re.findall(r"<tr>(.*?)</tr>", matrix, re.S)
+        columns = [tuple(re.sub(r"<[^>]+>", "", h).split(" · "))
+                   for h in re.findall(r"<th>(.*?)</th>", head)[1:]]
+        seen.update(columns)
+        checks = {c for col in columns for c in reports[col]}
+        ids = [re.search(r"<code>(.*?)</code>", r).group(1) for r in rows]
+        assert sorted(ids) == sorted(checks)
+        for check, row in zip(ids, rows, strict=True):
+            cells = re.findall(r"<td>(.*?)</td>", row, re.S)[1:]
+            for col, cell in zip(columns, cells, strict=True):
+                c = reports[col].get(check)
+                if c is None:
+                    assert cell == "", (col, check)
+                    continue
+                assert f'class="gs-status gs-{c["status"]}"' in cell, (col, check, cell)
+                f = c.get("worst_fraction")
+                if isinstance(f, (int, float)) and f != float("inf"):
+                    assert cell.endswith(f" {spec_pages.percent(f)}"), (col, check, cell)
+    assert seen == set(reports)

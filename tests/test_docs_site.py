@@ -225,6 +225,44 @@ def test_no_page_scrolls_sideways_on_a_phone(served: tuple[SiteServer, Browser],
     assert not wrong, f"{len(wrong)} at {PHONE_WIDTH} px:\n" + "\n".join(wrong[:40])
 
 
+STATEMENTS_OUT_OF_VIEW_JS = """(() => {
+  const out = [];
+  for (const row of document.querySelectorAll('.gs-checks tbody tr')) {
+    const cell = row.querySelector('td:last-child');
+    const r = cell.getBoundingClientRect();
+    let scrolled = 0;
+    for (let el = cell; el; el = el.parentElement) scrolled += el.scrollLeft;
+    if (!cell.innerText.trim() || r.width < 100 || r.left < 0
+        || r.right > document.documentElement.clientWidth + 1 || scrolled)
+      out.push(row.querySelector('td').innerText + ': ' + Math.round(r.left) + '..' +
+               Math.round(r.right));
+  }
+  return [document.querySelectorAll('.gs-checks tbody tr').length, out];
+})()"""
+
+
+def test_check_statements_are_in_view_on_a_phone(served: tuple[SiteServer, Browser],
+                                                 entries: list) -> None:
+    """At 390 px every row of an entry page's checks table shows its statement ("What it
+    checks") inside the window, with nothing scrolled: in three columns it sat off to the
+    right and the rows looked empty until the table was scrolled."""
+    server, browser = served
+    wrong, rows = [], 0
+    try:
+        browser.set_width(PHONE_WIDTH)
+        for page in sorted(f"spec/{e.id}/" for e in entries):
+            browser.navigate(server.url + page)
+            _typeset(browser, page)
+            n, out = browser.evaluate(STATEMENTS_OUT_OF_VIEW_JS)
+            rows += n
+            wrong += [f"{page} {w}" for w in out]
+    finally:
+        browser.set_width(1280)
+    assert rows > len(entries), rows
+    assert not wrong, f"{len(wrong)} statements out of view at {PHONE_WIDTH} px:\n" + \
+        "\n".join(wrong[:40])
+
+
 def test_screenshot_of_an_equation_page(served: tuple[SiteServer, Browser], entries: list
                                         ) -> None:
     """Multi-head attention's page at 1400 px: its equation is the longest of the forward

@@ -1,11 +1,12 @@
 """The Compatibility page: what each engine of the ecosystem passes, from the reports that
 ``nox -s ecosystem`` writes to ``docs/ecosystem/`` (one per engine × dtype).
 
-For each engine and dtype: counts per check area (pass, fail, not applicable, not
-implemented, blocked), the worst budget use, the provenance of the run, and every failure
-with its adjudication from ``docs/ecosystem/adjudications.toml``. A failure that no
-adjudication covers is an error (:class:`CompatibilityError`), so the site cannot publish
-a failure unexplained.
+Each group of engines opens with a matrix of checks × engine and dtype (drawn as the
+Conformance results page draws its own); then for each engine and dtype: counts per check
+area (pass, fail, not applicable, not implemented, blocked), the worst budget use, the
+provenance of the run, and every failure with its adjudication from
+``docs/ecosystem/adjudications.toml``. A failure that no adjudication covers is an error
+(:class:`CompatibilityError`), so the site cannot publish a failure unexplained.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from sitegen.evidence import stale_banner
 from sitegen.markup import code, esc, table
-from sitegen.spec_pages import percent
+from sitegen.spec_pages import MATRIX_LEGEND, percent, status_matrix
 
 AREA_ORDER = ("forward", "tokenizer", "training", "generation", "costs")
 COUNTED = ("pass", "fail", "not-applicable", "not-implemented", "blocked", "error")
@@ -166,6 +167,21 @@ def _dtype_rank(engines: Sequence[Any], run: EngineRun) -> int:
     return dtypes.index(run.dtype) if run.dtype in dtypes else len(dtypes)
 
 
+def _matrix(runs: Sequence[EngineRun]) -> str:
+    """Checks × these runs (engine · dtype), as the Conformance results page draws them;
+    every failure and error is adjudicated (the page does not build otherwise), marked †."""
+    def fraction(c: Mapping[str, Any]) -> float | None:
+        f = c.get("worst_fraction")
+        return float(f) if isinstance(f, (int, float)) else None
+
+    matrix = status_matrix([f"{code(r.engine)} · {esc(r.dtype)}" for r in runs],
+                           [[(str(c.get("id")), str(c.get("status")), fraction(c))
+                             for c in r.checks] for r in runs],
+                           {"fail": "†", "error": "†"})
+    return (matrix + f"\n<p><small>{esc(MATRIX_LEGEND)} †: adjudicated in the engine's "
+            "section below.</small></p>\n")
+
+
 def _groups(runs: Sequence[EngineRun], independent: Sequence[Any],
             rewritten: Sequence[Any]) -> str:
     """The summary: one table of the independent implementations (engines nobody here
@@ -192,12 +208,14 @@ def _groups(runs: Sequence[EngineRun], independent: Sequence[Any],
         mine = [r for r in runs if r.engine in names]
         parts.append(f"**{title}.** {esc(lead)}\n")
         if mine:
+            parts.append(_matrix(mine))
             parts.append(table(["engine, dtype", *HEADER],
                                [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
                                 for r in mine], "gs-compat"))
     if unlisted:
         mine = [r for r in runs if r.engine in unlisted]
         parts.append("**Engines outside the ecosystem's table.**\n")
+        parts.append(_matrix(mine))
         parts.append(table(["engine, dtype", *HEADER],
                            [_counts_row(f"{code(r.engine)} {esc(r.dtype)}", r.checks)
                             for r in mine], "gs-compat"))

@@ -521,30 +521,44 @@ def _counts(results: Sequence[Any]) -> str:
                      sorted(tally.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+MATRIX_WORDS = {"not-implemented": "n/i", "not-applicable": "n/a"}
+MATRIX_LEGEND = ("A cell is the check's status — pass, fail, error, blocked (a check it "
+                 "depends on failed), n/i (not implemented), n/a (not applicable) — "
+                 "and its worst error as a share of its budget where it compared anything; "
+                 "an empty cell, a check not in that report.")
+
+
+def status_matrix(columns: Sequence[str],
+                  runs: Sequence[Sequence[tuple[str, str, float | None]]],
+                  marks: Mapping[str, str] | None = None) -> str:
+    """Checks × runs, shared by the Conformance results and Compatibility summaries:
+    ``columns`` the runs' headings (HTML), ``runs`` each one's (check id, status, worst
+    fraction) in its order; a row per check in first-seen order, each cell the status
+    (``marks`` may append a sign to a status, as Compatibility's † on an adjudicated
+    failure) and the share of the budget, empty where the run has no such check."""
+    order: dict[str, dict[int, str]] = {}
+    for i, results in enumerate(runs):
+        for check_id, status, fraction in results:
+            share = percent(fraction)
+            order.setdefault(check_id, {})[i] = (
+                f'<span class="gs-status gs-{esc(status)}">'
+                f"{esc(MATRIX_WORDS.get(status, status))}{(marks or {}).get(status, '')}"
+                "</span>" + (f" {share}" if share != "—" else ""))
+    rows = [[code(check)] + [cells.get(i, "") for i in range(len(runs))]
+            for check, cells in order.items()]
+    return table(["Check", *columns], rows, "gs-results gs-matrix")
+
+
 def summary_matrix(reports: Sequence[BackendReport]) -> str:
-    """Checks × reports on one screen-width table: each cell the status and the worst
-    error as a share of the budget; empty where a report did not run the check. The
-    reports' own sections below give the provenance and the spec entries."""
-    columns = [esc(r.backend) for r in reports]
-    order: list[str] = []
-    cells: dict[str, dict[int, str]] = {}
-    for i, report in enumerate(reports):
-        for r in report.results:
-            if r.check_id not in cells:
-                order.append(r.check_id)
-                cells[r.check_id] = {}
-            share = percent(r.budget_fraction)
-            cells[r.check_id][i] = (f'<span class="gs-status gs-{esc(r.status)}">'
-                                    f"{esc(r.status)}</span>"
-                                    + (f" {share}" if share != "—" else ""))
-    rows = [[code(check)] + [cells[check].get(i, "") for i in range(len(reports))]
-            for check in order]
+    """Checks × reports on one screen-width table (:func:`status_matrix`). The reports'
+    own sections below give the provenance and the spec entries."""
     totals = "; ".join(f"{esc(r.backend)}: {esc(_counts(r.results))}" for r in reports)
-    return ("## Summary\n\n" + f"<p>{totals}.</p>\n"
-            + table(["Check", *columns], rows, "gs-results gs-matrix")
-            + "\n<p><small>A cell is the check's status and its worst error as a share of "
-              "its budget; an empty cell, a check that report did not run. Each report's "
-              "section below says what produced it.</small></p>\n")
+    matrix = status_matrix([esc(r.backend) for r in reports],
+                           [[(r.check_id, r.status, r.budget_fraction) for r in report.results]
+                            for report in reports])
+    return ("## Summary\n\n" + f"<p>{totals}.</p>\n" + matrix
+            + f"\n<p><small>{esc(MATRIX_LEGEND)} Each report's section below says what "
+              "produced it.</small></p>\n")
 
 
 def presets_table(presets: dict[str, Any], parameter_count: Callable[[Any], int]) -> str:
