@@ -371,6 +371,18 @@ def test_a_backend_that_patches_the_reference_gets_no_pass(tmp_path, name):
     assert "the backend changed the judge's own code (gptspec.reference.output" in proc.stdout
 
 
+def test_a_report_onto_the_backends_own_file_is_refused(tmp_path):
+    # --report (or --markdown) naming the backend's module replaced its source (issue 29)
+    module = tmp_path / "mine.py"
+    source = "from hostile_backends import Honest\n"
+    module.write_text(source)
+    for flag in ("--report", "--markdown"):
+        proc = _hostile_cli(tmp_path, "--backend", "mine:Honest", flag, "./mine.py",
+                            PYTHONPATH=f"{tmp_path}{os.pathsep}{TESTS}")
+        assert proc.returncode == 2 and "is the --backend mine:Honest file" in proc.stderr
+        assert module.read_text() == source
+
+
 def test_no_isolate_keeps_the_working_directory_where_the_files_are_written(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -100,19 +100,23 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None
     return targets
 
 
-def _locate_backends(args: argparse.Namespace) -> None:
+def _locate_backends(args: argparse.Namespace) -> dict[str, Path | None]:
     """Every backend module the command line names exists, before any check runs: a typo
-    in --adjudicate-with would otherwise surface only as a note on the first failure."""
+    in --adjudicate-with would otherwise surface only as a note on the first failure.
+    Returns their files, which no output may replace."""
     from gptspec.conformance.discovery import BackendError, locate
 
     specs = [("--backend", spec) for spec in args.backend or []]
     if args.adjudicate_with not in ("none", "torch"):  # torch: the built-in, this package's
         specs.append(("--adjudicate-with", args.adjudicate_with))
+    files: dict[str, Path | None] = {}
     for flag, spec in specs:
         try:
-            locate(spec)
+            origin = locate(spec)
         except BackendError as err:
             raise CLIError(f"{flag} {spec}: {err}") from None
+        files[f"{flag} {spec}"] = Path(origin) if origin else None
+    return files
 
 
 def _cuda() -> bool:
@@ -161,10 +165,11 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--check {' '.join(args.check)} matches no check"
                        f"{'' if area is None else f' in area {args.area!r}'} "
                        "(gptspec conformance --list-checks lists them)")
-    _locate_backends(args)
+    backend_files = _locate_backends(args)
     for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
         if path is not None:
             checks.output_file(path, flag)
+            checks.not_an_input(Path(path), flag, backend_files)
     if args.report is not None and args.markdown is not None and (
             Path(args.report).absolute() == Path(args.markdown).absolute() or
             checks.same_file(Path(args.report), Path(args.markdown))):

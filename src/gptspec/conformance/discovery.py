@@ -52,10 +52,11 @@ def _target(spec: str) -> tuple[str, str]:
     return module_name, attr
 
 
-def locate(spec: str) -> None:
+def locate(spec: str) -> str | None:
     """Raise BackendError, in one line, when ``spec`` names a module that does not exist,
     without running any of its code (the backend may only run isolated): each package
-    on the way is looked up on its parent's path, not imported."""
+    on the way is looked up on its parent's path, not imported. Returns the module's file
+    where it has one."""
     module_name, _ = _target(spec)
     parts = module_name.split(".")
     if not all(part.isidentifier() for part in parts):
@@ -68,10 +69,11 @@ def locate(spec: str) -> None:
             found = importlib.machinery.PathFinder.find_spec(
                 ".".join(parts[: depth + 1]), list(found.submodule_search_locations))
     except (ImportError, ValueError, OSError):
-        return  # the import, when the run makes it, says what is wrong
+        return None  # the import, when the run makes it, says what is wrong
     if found is None:
         raise BackendError(f"cannot import backend module {module_name!r}: no module named "
                            f"{module_name!r}")
+    return found.origin if found.has_location else None
 
 
 def _resolve(spec: str) -> Any:
