@@ -441,6 +441,11 @@ case("experiment-data-empty", ["experiment", "vocab", "--quick", "--data", "",
                                "--out", "{w}/exp"], "empty")
 case("experiment-data-ends-in-slash", ["experiment", "vocab", "--quick", "--data",
                                        "{w}/text.txt/", "--out", "{w}/exp"], "ends in '/'")
+# --plan took any --data and --out silently: the plan is of the command as given
+case("experiment-plan-data-not-a-file", ["experiment", "tying", "--plan", "--quick", "--data",
+                                         "/dev/zero"], "not a regular file")
+case("experiment-plan-out-not-a-folder", ["experiment", "tying", "--plan", "--quick", "--out",
+                                          "/dev/full"], "not a directory")
 case("train-data-too-short-to-split", _with(TRAIN, "--data", "{w}/two-bytes.txt"), "too short")
 # counts no run could reach were taken: each ran until stopped (or spawned a process a run)
 case("train-steps-more-than-memory-holds", _with(TRAIN, "--steps", str(10**15)), "memory")

@@ -51,9 +51,7 @@ def _check(args: argparse.Namespace) -> None:
         checks.jobs(args.jobs)
     if args.seeds is not None:
         checks.integer(args.seeds, "--seeds", low=1, high=MAX_SEEDS)
-    if args.plan:
-        return
-    if args.data is not None:
+    if args.data is not None:  # under --plan too: the plan is of this command
         checks.input_file(args.data, "--data")
         if args.data.suffix in (".bin", ".npy"):
             raise CLIError(f"--data: {args.data} looks like token ids; the studies need text "
@@ -63,6 +61,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.quick and out.resolve() == FULL_OUT.resolve():
         raise CLIError(f"--out {out}: quick results answer nothing and are not written where "
                        "the site reads its answers; choose another folder")
+    if args.plan:
+        return
     if importlib.util.find_spec("matplotlib") is None:
         raise CLIError("the studies draw their figures with matplotlib, which is not "
                        "installed: pip install 'gptspec[experiments]'")
