@@ -38,7 +38,8 @@ from gptspec.conformance.strategies import (
 
 EXACT = "exact: the map does no arithmetic, so any rounding is a bug"
 LINEAR = "λ·(√n·u·(|x||W| + |b|) ⊕ u|y|), n = d_in (+1 for the bias)"
-SOFTMAX = "λ·y·((4 + √n)·u ⊕ u|z − max z|), n = row length"
+SOFTMAX = ("λ·y·((4 + s(n))·u ⊕ u|z − max z|), n = row length, s(n) = max(√n, (n − 1)/λ) "
+           "(a sum of n terms of one sign)")
 
 
 # Row-wise maps are cheap at any size: they draw a boundary shape half the time.
@@ -380,7 +381,9 @@ def multi_head_attention_head_sum(backend, ctx):
 
 
 @check("layer_norm.differential", entries="layer_norm", ops=("layer_norm",),
-       budget="λ·(δx̂ from μ's, σ²'s and the root's roundings, √n·u each) (budgets.layer_norm_bound)")
+       budget="λ·(δx̂ from the roundings of μ and σ², s(n)·u each with s(n) = max(√n, "
+              "(n − 1)/λ), and of the root) "
+              "(budgets.layer_norm_bound)")
 def layer_norm(backend, ctx):
     """γ ⊙ (x − μ)/√(σ² + ε) + β, tiny variances included, rows longer than 1024, and
     magnitudes up to the edge of the dtype's range (float16: 65504) and down to its
@@ -503,7 +506,7 @@ def next_token_distribution(backend, ctx):
 
 @check("sequence_log_probability.differential", entries="sequence_log_probability",
        ops=("sequence_log_probability",),
-       budget="λ·(√Σ_t (u(|z_t − max| + lse + 4) + s(V))² + s(T)·Σ|log p| ⊕ u·|y|), "
+       budget="λ·(√Σ_t (u(|z_t − max| + lse + 4) + s(V))² + s(T − 1)·Σ|log p| ⊕ u·|y|), "
               "s(n) a sum of n terms of one sign")
 def sequence_log_probability(backend, ctx):
     """Σ_{t≥2} log softmax(z_{t−1})[x_t], conditioned on the first token."""

@@ -130,7 +130,7 @@ def long_batch_gradients(backend, ctx):
 @check("cross_entropy_mean.differential", entries=("cross_entropy_mean", "cross_entropy_sum",
                                                   "log_softmax"),
        ops=("gpt_backward",), depends_on=("gpt_forward.differential",), area="training",
-       budget="(2·max(logit error) + √(N·V)·u_acc·|L|) ⊕ u·|L|")
+       budget="λ·((2·max(logit error) + √(N·V)·u_acc·|L|) ⊕ u·|L|)")
 def loss(backend, ctx):
     """The loss equals −log of the reference's probabilities: the backend's mean
     cross-entropy equals −(1/N) Σ_t log P_ref(y_t | x_≤t), with P_ref the reference's
@@ -402,9 +402,10 @@ def lr_in_the_loop(backend, ctx):
        ops=("train_loop",), area="training",
        depends_on=("gpt_backward.differential", "cross_entropy_mean.differential",
                    "lr_schedule.in_the_loop"),
-       budget="per step at the backend's state: the loss 2·max(logit error) + √(N·V)·u_acc·|L|; "
-              "θ: η·(largest change of m̂/(√v̂+ε) over the moments' error box) + "
-              "λ·√10·u·(|θ| + η|update|)")
+       budget="per step at the backend's state: the loss λ·(the micro-batches' mean of "
+              "2·max(logit error) + √(N·V)·u_acc·|L| + (√k·u_acc + u)·|L|); θ: η·(largest "
+              "change of m̂/(√v̂+ε) over the moments' error box) + "
+              "λ·√10·u·(|θ| + η(|update| + λ_wd|θ|))")
 def loop_matches_reference(backend, ctx):
     """The backend's own training loop takes the reference's steps: run for 2–6 steps from
     the same parameters on the same token stream, each step's loss and the parameters

@@ -44,9 +44,10 @@ def _each_row(b: sp.Matrix, rows: int) -> sp.Matrix:
     reference="linear",
     tolerance=Tolerance(r"\lambda\left(\sqrt{n}\,u\,(|x|\,|W| + |b|) \oplus u\,|y|\right)",
                         reduction="n",
-                        note="Higham & Mary 2019: each inner product of length n (+1 for the "
-                             "bias) carries a probabilistic error of λ√n u times the sum of "
-                             "|x_i W_ij|; storing y rounds it once more (u|y|)"),
+                        note="Higham & Mary 2019: each inner product of length n (+1 for the bias) "
+                             "carries a probabilistic error of λ√n u times the sum of |x_i W_ij|; "
+                             "storing y rounds it once more (u|y|); its check: λ·(√n·u·(|x||W| + |b|) ⊕ "
+                             "u|y|), n = d_in (+1 for the bias)"),
     decisions=(ROW_VECTORS,),
     sympy_inputs=(("x", "(T, n)"), ("W", "(n, m)"), ("b", "(1, m)")),
 )
@@ -110,7 +111,10 @@ HEAD_WIDTH = Decision(
     reference="qkv_projection",
     tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,(|H|\,|W_{QKV}| + "
                         r"|b_{QKV}|) \oplus u\,|[\,Q \mid K \mid V\,]|\right)",
-                        reduction="d_model", note="linear's budget, n = d_model"),
+                        reduction="d_model",
+                        note="linear's budget with x = H, W = W_QKV, b = b_QKV and y = [Q | K | V], n = "
+                             "d_model; its check: λ·(√n·u·(|x||W| + |b|) ⊕ u|y|), n = d_in (+1 for the "
+                             "bias)"),
     decisions=(QKV_BIASES, ROW_VECTORS, HEAD_WIDTH),
     sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*h*d_k)"),
                   ("b_qkv", "(1, 3*h*d_k)")),
@@ -256,12 +260,17 @@ SOFTMAX_RANGE = Decision(
     sources=(Source(BLUEPRINT, "eqs 3, 9"), Source(GUIDE, "sec. 3, sec. 6"),
              Source(NOTES, "sec. 3.1"), Source(VASWANI_2017, "sec. 3.2.1")),
     reference="softmax",
-    tolerance=Tolerance(r"\lambda\,\operatorname{softmax}(z)_i\left((4 + \sqrt{n})\,u \oplus "
-                        r"u\,|z_i - \max_j z_j|\right)", reduction="n",
-                        note="relative per entry: the sum of n exponentials (√n·u), the exponential, the "
-                             "subtraction and the division (4u), and the rounding of the argument "
+    tolerance=Tolerance(r"\lambda\,\operatorname{softmax}(z)_i\left((4 + s_n)\,u \oplus u\,|z_i "
+                        r"- \max_j z_j|\right)",
+                        reduction="n",
+                        note="relative per entry: the sum of n exponentials (s_n·u), the exponential, "
+                             "the subtraction and the division (4u), and the rounding of the argument "
                              "z_i − max z, which exp turns into a relative error u|z_i − max z|; "
-                             "independent errors add in quadrature (⊕)"),
+                             "independent errors add in quadrature (⊕); s_n = max(√n, (n − 1)/λ) is the "
+                             "error scale of a sum of n terms of one sign (a sequential sum of nearly "
+                             "equal terms rounds the same way at every step); its check: λ·y·((4 + "
+                             "s(n))·u ⊕ u|z − max z|), n = row length, s(n) = max(√n, (n − 1)/λ) (a sum "
+                             "of n terms of one sign)"),
     notes=r"Entries equal to $-\infty$ contribute $e^{-\infty} = 0$; a row needs one finite entry.",
     decisions=(SOFTMAX_RANGE,),
     sympy_inputs=(("z", "(m, n)"),),
@@ -283,9 +292,12 @@ def softmax(z: sp.Matrix) -> sp.Matrix:
     ),
     sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1")),
     reference="softmax_shifted",
-    tolerance=Tolerance(r"\lambda\,\operatorname{softmax}(z)_i\left((4 + \sqrt{n})\,u \oplus "
-                        r"u\,|z_i - c|\right)", reduction="n",
-                        note="softmax's budget with z − c in place of z − max z"),
+    tolerance=Tolerance(r"\lambda\,\operatorname{softmax}(z)_i\left((4 + s_n)\,u \oplus u\,|z_i "
+                        r"- c|\right)",
+                        reduction="n",
+                        note="softmax's budget with z − c in place of z − max z; its check: λ·y·((4 + "
+                             "s(n))·u ⊕ u|z − max z|), n = row length, s(n) = max(√n, (n − 1)/λ) (a sum "
+                             "of n terms of one sign), with z − c in place of z − max z"),
     notes="The identity holds because e^{−c} cancels between numerator and denominator; with "
           "c = max z every exponent is ≤ 0 and nothing overflows. The sympy form is the left "
           "side; the tests compare it with softmax symbolically too.",
@@ -356,10 +368,14 @@ SCORES_RANGE = Decision(
     sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1, eq 1"),
              Source(GUIDE, "sec. 3")),
     reference="attention_scores",
-    tolerance=Tolerance(r"\lambda\left(\sqrt{d_k}\,u\,\frac{|Q|\,|K|^\top}{\sqrt{d_k}} "
-                        r"\oplus u\,|S|\right)", reduction="d_k",
-                        note="Q Kᵀ sums d_k products; storing S rounds it once; masked "
-                             "entries are exactly −∞"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_k}\,u\,\frac{|Q|\,|K|^\top}{\sqrt{d_k}} \oplus "
+                        r"u\,|S|\right)",
+                        reduction="d_k",
+                        note="Q Kᵀ sums d_k products; storing S rounds it once; masked entries are "
+                             "exactly −∞; for a backend that scales Q and K by d_k^(−1/4) before the "
+                             "product (as fused kernels do) two more roundings, 2u|Q||K|ᵀ/√d_k, are "
+                             "allowed in quadrature; its check: λ·(√d_k·u·|Q||K|ᵀ/√d_k ⊕ u|S|); masked "
+                             "entries exactly −∞"),
     decisions=(MASK_PLACEMENT, SCORES_RANGE),
     sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("M", "(T, T) mask")),
 )
@@ -383,11 +399,21 @@ def attention_scores(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
     sources=(Source(BLUEPRINT, "eq 3"), Source(VASWANI_2017, "sec. 3.2.1"),
              Source(NOTES, "sec. 3.1")),
     reference="attention_weights",
-    tolerance=Tolerance(r"A_{ij}\left(\delta_{ij} + \sum_k A_{ik}\,\delta_{ik} + \lambda\sqrt{T}\,u"
-                        r"\right),\quad \delta = \lambda\sqrt{d_k}\,u\,"
-                        r"\frac{|Q|\,|K|^\top}{\sqrt{d_k}} + u\,|S|",
+    tolerance=Tolerance(r"\lambda\left(A_{ij}\sqrt{\delta_{ij}^2 + \textstyle\sum_k "
+                        r"A_{ik}^2\,\delta_{ik}^2} \oplus (4 + s_T)\,u\,A_{ij} \oplus "
+                        r"u\,|A_{ij}|\right),\quad \delta_{ij} = \varepsilon_{S,ij} \oplus "
+                        r"u\,|S_{ij} - \max_k S_{ik}|",
                         reduction="T",
-                        note="the score error δ passes through softmax as a relative error"),
+                        note="to first order, a score error δ_ij moves exp(S_ij) by the relative error "
+                             "δ_ij and the normaliser by √(Σ_k (A_ik δ_ik)²), adding in quadrature; ε_S "
+                             "is the scores' error scale (attention_scores' budget without λ) and the "
+                             "shift S − max S rounds once more; the exponentials, their sum and the "
+                             "division add softmax's (4 + s_T)u (s_n as in softmax's budget), and "
+                             "storing A rounds once. budgets.softmax_bound carries δ through exp exactly "
+                             "((e^{λδ} − 1)/λ in place of δ) and caps a weight whose row is only known "
+                             "to lie in [0, 1] at max(A_ij, 1 − A_ij)/λ; masked weights are exactly 0; "
+                             "its check: the scores' error propagated through softmax "
+                             "(budgets.attention_bound)"),
     decisions=(MODIFIED_SOFTMAX, MASK_PLACEMENT),
     sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("M", "(T, T) mask")),
 )
@@ -411,9 +437,15 @@ def attention_weights(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
     sources=(Source(BLUEPRINT, "eq 3"), Source(GUIDE, "sec. 3"),
              Source(VASWANI_2017, "sec. 3.2.1, eq 1"), Source(NOTES, "sec. 3.1")),
     reference="scaled_dot_product_attention",
-    tolerance=Tolerance(r"\lambda\sqrt{T}\,u\,A\,|V| + \varepsilon_A\,|V|", reduction="T",
-                        note="ε_A is attention_weights' budget: the scores' error passed through "
-                             "softmax; the product A V then sums T terms"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{T}\,u\,A\,|V| \oplus \sqrt{\varepsilon_A^2\,V^2} "
+                        r"\oplus u\,|O|\right)",
+                        reduction="T",
+                        note="ε_A is attention_weights' error scale (its budget without λ), carried "
+                             "through the product A V with squares taken entry by entry; the product "
+                             "sums T terms (√T·u) and storing O rounds once; where a row's weights are "
+                             "only known to lie in [0, 1], the range of V over the visible keys bounds "
+                             "that row's output instead; its check: scores → softmax → A V, propagated "
+                             "(budgets.attention_bound)"),
     decisions=(MASK_PLACEMENT, MODIFIED_SOFTMAX),
     sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("V", "(T, d_k)"),
                   ("M", "(T, T) mask")),
@@ -469,11 +501,16 @@ MULTI_HEAD = Decision(
              Source(NOTES, "sec. 3.1"), Source(RADFORD_2019, "sec. 2.3"),
              Source(BROWN_2020, "sec. 2.1")),
     reference="multi_head_attention",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,|\operatorname{Concat}|\,|W_O|"
-                        r" + \varepsilon_{\mathrm{Attention}}\,|W_O| + u\,|b_O|",
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,(|\operatorname{Concat}|\,|W_O| "
+                        r"+ |b_O|) \oplus \sqrt{\varepsilon_{\mathrm{Concat}}^2\,W_O^2} \oplus "
+                        r"u\,|\operatorname{MultiHead}(H)|\right)",
                         reduction="d_model",
-                        note="the projection, scores, softmax and A V budgets compounded through "
-                             "W_O; the longest inner sum is over d_model (or T if longer)"),
+                        note="linear's budget for the output projection (n = h·d_k = d_model, +1 for the "
+                             "bias), with ε_Concat the heads' error scales: the QKV projection's budget "
+                             "carried through the scores, softmax and A V stages "
+                             "(budgets.multi_head_attention_bound), squares entry by entry; the longest "
+                             "inner sum is over d_model (or T if longer); its check: projection → "
+                             "attention per head → W_O, propagated"),
     decisions=(MULTI_HEAD, QKV_BIASES, MODIFIED_SOFTMAX, HEAD_WIDTH),
     sympy_inputs=(("H", "(T, d_model)"), ("W_qkv", "(d_model, 3*h*d_k)"),
                   ("b_qkv", "(1, 3*h*d_k)"), ("W_O", "(h*d_k, d_model)"),
@@ -504,9 +541,14 @@ def multi_head_attention(H: sp.Matrix, W_qkv: sp.Matrix, b_qkv: sp.Matrix | None
     sources=(Source(NOTES, "sec. 3.1 (each head writes into the residual stream)"),
              Source(BLUEPRINT, "eq 4"), Source(VASWANI_2017, "sec. 3.2.2")),
     reference="multi_head_attention_head_sum",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,\sum_i |\mathrm{head}_i|\,"
-                        r"|W_O^{(i)}| + \varepsilon_{\mathrm{Attention}}\,|W_O| + u\,|b_O|",
-                        reduction="d_model"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,\big(\textstyle\sum_i "
+                        r"|\mathrm{head}_i|\,|W_O^{(i)}| + |b_O|\big) \oplus "
+                        r"\sqrt{\varepsilon_{\mathrm{Concat}}^2\,W_O^2} \oplus "
+                        r"u\,|\operatorname{MultiHead}(H)|\right)",
+                        reduction="d_model",
+                        note="multi_head_attention's budget: the sum of the row blocks' products is the "
+                             "product with the concatenation, with the same inner lengths; its check: as "
+                             "multi_head_attention (the per-head sum has the same inner lengths)"),
     notes="Equal to multi_head_attention: multiplying the concatenation [head_1 | … | head_h] "
           "by W_O cut into h row blocks is the sum of the block products. The Notes read each "
           "head as adding its own contribution to the residual stream.",

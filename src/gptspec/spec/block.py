@@ -70,11 +70,21 @@ LAYER_NORM_FORM = Decision(
              Source(GUIDE, "sec. 5"), Source(NOTES, "sec. 4.1"),
              Source(RADFORD_2019, "sec. 2.3")),
     reference="layer_norm",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,"
-                        r"\frac{\max_i |x_i|}{\sqrt{\sigma^2 + \varepsilon}}\,|\gamma| + u\,|\beta|",
+    tolerance=Tolerance(r"\lambda\left(|\gamma|\,\delta\hat x \oplus u\,(|\gamma\,\hat x| + "
+                        r"|\beta|) \oplus u\,|y|\right),\quad \delta\hat x = \frac{u\,|x - \mu| "
+                        r"\oplus s_n\,\overline{|x|}}{\rho} \oplus |\hat x|\left(\frac{(s_n + "
+                        r"2u)\,\sigma^2}{2\rho^2} \oplus 2u\right) \oplus u\,|\hat x|,\quad \rho "
+                        r"= \sqrt{\sigma^2 + \varepsilon}",
                         reduction="d_model",
-                        note="the mean and variance are sums of d terms; the error of x − μ is "
-                             "relative to max|x|, then divided by the standard deviation"),
+                        note="for an exact input (the check's): μ and σ² are sums of n = d_model terms "
+                             "of one sign, each rounding with scale s_n = max(√n, (n − 1)/λ)·u, since a "
+                             "sequential sum of nearly equal terms rounds the same way at every step; x "
+                             "− μ, ε's addition, the root and the division round once each, and σ²'s "
+                             "relative error halves through the root; γ scales x̂'s error, the product "
+                             "and the sum round, and storing y rounds once (budgets.layer_norm_bound, "
+                             "which also carries an input's error through to first order); its check: "
+                             "λ·(δx̂ from the roundings of μ and σ², s(n)·u each with s(n) = max(√n, (n "
+                             "− 1)/λ), and of the root) (budgets.layer_norm_bound)"),
     decisions=(LAYER_NORM_FORM,),
     sympy_inputs=(("x", "(T, d_model)"), ("gamma", "(1, d_model)"), ("beta", "(1, d_model)"),
                   ("eps", "() > 0")),
@@ -143,7 +153,12 @@ ACTIVATION = Decision(
     sources=(Source(BLUEPRINT, "eq 6"), Source(VASWANI_2017, "sec. 3.3, eq 2"),
              Source(GUIDE, "sec. 4")),
     reference="relu",
-    tolerance=Tolerance(r"u\,|x|", reduction="1", note="exact up to input rounding"),
+    tolerance=Tolerance(r"\lambda\,u\,|y|",
+                        reduction="1",
+                        note="ReLU does no arithmetic (0 roundings of its own): only storing y rounds; "
+                             "an input's error would pass through the slope, 1 within λ times that error "
+                             "of the kink (budgets.activation_bound); its check: λ·0·u(|x| + |y|) (its "
+                             "evaluation's roundings) ⊕ u|y|"),
     decisions=(ACTIVATION,),
     sympy_inputs=(("x", "(m, n)"),),
 )
@@ -161,8 +176,13 @@ def relu(x: sp.Matrix) -> sp.Matrix:
              Symbol(r"\Phi", "()", "the standard normal distribution function, elementwise")),
     sources=(Source(HENDRYCKS_2016, "sec. 2"), Source(GUIDE, "sec. 4")),
     reference="gelu",
-    tolerance=Tolerance(r"\lambda\,u\,(1 + |x|)\,|x|", reduction="1",
-                        note="elementwise; the input's rounding is amplified by the slope"),
+    tolerance=Tolerance(r"\lambda\left(6\,u\,(|x| + |y|) \oplus u\,|y|\right)",
+                        reduction="1",
+                        note="its evaluation rounds 6 times (x/√2, erf, 1 +, ·x, ·½ and the result), "
+                             "each relative to at most |x| + |y|, and storing y once more; an input's "
+                             "error would pass through the slope |Φ(x) + xφ(x)| "
+                             "(budgets.activation_bound); its check: λ·6·u(|x| + |y|) (its evaluation's "
+                             "roundings) ⊕ u|y|"),
     decisions=(ACTIVATION,),
     sympy_inputs=(("x", "(m, n)"),),
 )
@@ -180,8 +200,12 @@ def gelu(x: sp.Matrix) -> sp.Matrix:
     sources=(Source(HENDRYCKS_2016, "sec. 2"), Source(RADFORD_2019, "sec. 2.3"),
              Source(BROWN_2020, "sec. 2.1")),
     reference="gelu_tanh",
-    tolerance=Tolerance(r"\lambda\,u\,(1 + |x|^3)\,|x|", reduction="1",
-                        note="elementwise; the cube amplifies the input's rounding"),
+    tolerance=Tolerance(r"\lambda\left(10\,u\,(|x| + |y|) \oplus u\,|y|\right)",
+                        reduction="1",
+                        note="its evaluation rounds 10 times (x³, ·c, +x, ·√(2/π), tanh, 1 +, ·x, ·½), "
+                             "each relative to at most |x| + |y|, and storing y once more; an input's "
+                             "error would pass through the slope (budgets.activation_bound); its check: "
+                             "λ·10·u(|x| + |y|) (its evaluation's roundings) ⊕ u|y|"),
     decisions=(ACTIVATION,),
     sympy_inputs=(("x", "(m, n)"),),
 )
@@ -199,13 +223,19 @@ _FFN_SYMBOLS = (
 )
 _FFN_INPUTS = (("x", "(T, d_model)"), ("W_1", "(d_model, d_ff)"), ("b_1", "(1, d_ff)"),
                ("W_2", "(d_ff, d_model)"), ("b_2", "(1, d_model)"))
-_FFN_TOLERANCE = Tolerance(
-    r"\lambda u\left(L_\sigma\sqrt{d_{\mathrm{model}}}\,|x|\,|W_1|\,|W_2| + \sqrt{d_{\mathrm{ff}}}"
-    r"\,|\sigma(x W_1 + b_1)|\,|W_2|\right) + u\,|b_2|",
-    reduction="d_ff",
-    note="the first product's error passes through σ (slope at most L_σ ≈ 1.13) and W_2; "
-         "the second product sums d_ff terms",
-)
+_FFN_TOLERANCE = Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{ff}}}\,u\,(|g|\,|W_2| + |b_2|) \oplus "
+                           r"\sqrt{\varepsilon_g^2\,W_2^2} \oplus u\,|y|\right),\quad \varepsilon_g "
+                           r"= |\sigma'(a)|\,\varepsilon_a \oplus R_\sigma\,u\,(|a| + |g|) \oplus "
+                           r"u\,|g|,\quad \varepsilon_a = \sqrt{d_{\mathrm{model}}}\,u\,(|x|\,|W_1| "
+                           r"+ |b_1|) \oplus u\,|a|",
+                           reduction="d_ff",
+                           note="a = x W_1 + b_1 and g = σ(a): linear's budget for the first product, "
+                                "carried through σ by its slope (widened by the curvature, and by ReLU's "
+                                "kink) beside σ's own R_σ roundings (0 for ReLU, 6 for GELU, 10 for its "
+                                "tanh form), then through W_2 (squares entry by entry) beside the second "
+                                "product's own √d_ff·u (budgets.ffn_bound); each inner length counts the "
+                                "bias (+1); its check: W_1 → activation → W_2 (or the product), "
+                                "propagated (budgets.ffn_bound)")
 
 
 def _ffn(x: sp.Matrix, W_1: sp.Matrix, b_1: sp.Matrix | None, W_2: sp.Matrix,
@@ -281,10 +311,18 @@ def ffn_gelu_tanh(x: sp.Matrix, W_1: sp.Matrix, b_1: sp.Matrix | None, W_2: sp.M
     ),
     sources=(Source(GUIDE, "sec. 4"),),
     reference="ffn_guide_product",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,\left(|x|\,|W_1| \odot |a_2| + "
-                        r"|a_1| \odot |x|\,|W_2|\right) + u\,|a_1 \odot a_2|",
+    tolerance=Tolerance(r"\lambda\left(\varepsilon_{a_1} \odot |a_2| \oplus |a_1| \odot "
+                        r"\varepsilon_{a_2} \oplus \varepsilon_{a_1} \odot \varepsilon_{a_2} "
+                        r"\oplus u\,|a_1 \odot a_2|\right),\quad \varepsilon_{a_k} = "
+                        r"|\sigma'(z_k)|\,\varepsilon_{z_k} \oplus u\,|a_k|,\quad "
+                        r"\varepsilon_{z_k} = \sqrt{d_{\mathrm{model}}}\,u\,(|x|\,|W_k| + |b_k|) "
+                        r"\oplus u\,|z_k|",
                         reduction="d_model",
-                        note="a_k = ReLU(x W_k + b_k); each factor's error is scaled by the other"),
+                        note="z_k = x W_k + b_k and a_k = ReLU(z_k): each linear map's budget carried "
+                             "through ReLU (slope 0 or 1, and 1 near the kink), then each factor's error "
+                             "scaled by the other, with their product and the stored result "
+                             "(budgets.ffn_bound); its check: W_1 → activation → W_2 (or the product), "
+                             "propagated (budgets.ffn_bound)"),
     decisions=(
         Decision(
             question=r"What is $\sigma(W_1 x + b_1) \times \sigma(W_2 x + b_2)$?",
@@ -373,14 +411,20 @@ _BLOCK_SYMBOLS = (
     Symbol(r"H_{\mathrm{out}}", "(T, d_model)", "the residual stream leaving the block"),
 )
 _BLOCK_INPUTS = (("H", "(T, d_model)"), ("p", "block params"), ("config", "config"))
-_BLOCK_TOLERANCE = Tolerance(
-    r"\varepsilon_{H_{\mathrm{out}}} = (1 + \|J_{\mathrm{FFN}}\|)\,\varepsilon_{H'} + "
-    r"\varepsilon_{\mathrm{FFN}} + u\,|H_{\mathrm{out}}|, \quad "
-    r"\varepsilon_{H'} = \varepsilon_{\mathrm{MultiHead}} + u\,|H'|",
-    reduction="d_ff",
-    note="the sub-layers' budgets compounded: an error entering a sub-layer is carried through "
-         "its Jacobian J (LayerNorm's scaled by |γ|/σ), and each residual addition rounds once",
-)
+_BLOCK_TOLERANCE = Tolerance(r"\lambda\,\varepsilon_{H_{\mathrm{out}}},\quad "
+                             r"\varepsilon_{H_{\mathrm{out}}} = \varepsilon_{H'} \oplus "
+                             r"\varepsilon_{\mathrm{FFN}} \oplus u\,|H_{\mathrm{out}}|, \quad "
+                             r"\varepsilon_{H'} = \varepsilon_H \oplus "
+                             r"\varepsilon_{\mathrm{MultiHead}} \oplus u\,|H'|",
+                             reduction="d_ff",
+                             note="as written for pre-LN: each residual sum adds its operands' error "
+                                  "scales in quadrature and rounds once; ε_MultiHead and ε_FFN are those "
+                                  "sub-layers' error scales given their inputs' (a LayerNorm's output "
+                                  "error from layer_norm's budget), so an error entering a sub-layer is "
+                                  "carried through its weights rather than bounded by a Jacobian's norm; "
+                                  "post-LN and the Guide pass each sum through LayerNorm's budget "
+                                  "instead (budgets.block_bound); its check: LayerNorm, attention and "
+                                  "FFN budgets propagated through the block")
 
 
 @equation(

@@ -105,9 +105,10 @@ EMBEDDING_DIMENSIONS = Decision(
         Source(BLUEPRINT, "sec. 2.1, item 1"),
     ),
     reference="token_embedding_one_hot",
-    tolerance=Tolerance(r"u\,|W_E|", reduction="1",
-                        note="one non-zero summand per output: only the rounding of W_E to the "
-                             "working precision remains"),
+    tolerance=Tolerance(r"0",
+                        reduction="1",
+                        note="one non-zero summand per output, every other product an exact zero: the "
+                             "result is a copy of a row of W_E, exact"),
     decisions=(ROW_VECTORS, EMBEDDING_DIMENSIONS),
     sympy_inputs=(("X", "(T, V)"), ("W_E", "(V, d_model)")),
 )
@@ -135,7 +136,9 @@ def token_embedding_one_hot(X: sp.Matrix, W_E: sp.Matrix) -> sp.Matrix:
         Source(RADFORD_2019, "sec. 2.3"),
     ),
     reference="token_embedding",
-    tolerance=Tolerance(r"u\,|W_E|", reduction="1", note="a copy: exact up to input rounding"),
+    tolerance=Tolerance(r"0",
+                        reduction="1",
+                        note="a copy of a row of W_E: no arithmetic, so exact"),
     decisions=(
         EMBEDDING_DIMENSIONS,
         Decision(
@@ -176,7 +179,9 @@ def token_embedding(x: Sequence[int], W_E: sp.Matrix) -> sp.Matrix:
         Source(VASWANI_2017, "sec. 3.5"),
     ),
     reference="positional_embedding",
-    tolerance=Tolerance(r"u\,|W_P|", reduction="1", note="a copy: exact up to input rounding"),
+    tolerance=Tolerance(r"0",
+                        reduction="1",
+                        note="a copy of the first T rows of W_P: no arithmetic, so exact"),
     decisions=(
         Decision(
             question="Learned or fixed positional encodings, and does every document have them?",
@@ -218,7 +223,9 @@ def positional_embedding(T: int, W_P: sp.Matrix) -> sp.Matrix:
     sources=(Source(BLUEPRINT, "sec. 2.1"), Source(RADFORD_2019, "sec. 2.3"),
              Source(VASWANI_2017, "sec. 3.5")),
     reference="input_representation",
-    tolerance=Tolerance(r"\lambda\,u\,|E + P|", reduction="1", note="one addition per entry"),
+    tolerance=Tolerance(r"\lambda\,u\,|E + P|",
+                        reduction="1",
+                        note="one addition per entry; its check: λ·u|e + p| (one rounding)"),
     sympy_inputs=(("E", "(T, d_model)"), ("P", "(T, d_model)")),
 )
 def input_representation(E: sp.Matrix, P: sp.Matrix) -> sp.Matrix:

@@ -722,13 +722,20 @@ FFN_BACKWARD = {"relu": ffn_relu_backward, "gelu": ffn_gelu_backward,
                     "the forward pass")),
     sources=(Source(BLUEPRINT, "eq 10"), Source(BLUEPRINT, "sec. 3.2")),
     reference="gpt_backward",
-    tolerance=Tolerance(r"\lambda \sqrt{D n}\,u_{acc} \max|g|", reduction="T * V",
-                        note="the backward pass's D stages in sequence: at each, the upstream "
-                             "gradient's error and the forward activations' errors are carried "
-                             "through the equation to first order, each reduction of length n "
-                             "adds √n·u_acc·Σ|terms| and each stored result u|g|; LayerNorm's "
-                             "backward amplifies what reaches it by |γ|/√(σ² + ε), compounding "
-                             "through the layers (gradient_budgets.gpt_backward_bound)"),
+    tolerance=Tolerance(r"\lambda\,\varepsilon_{g},\quad \varepsilon_{g_s} = "
+                        r"\varepsilon_{g_{s+1}}\text{ and the activations' errors carried "
+                        r"through stage } s \oplus "
+                        r"\sqrt{n_s}\,u_{\mathrm{acc}}\textstyle\sum|\text{terms}_s| \oplus "
+                        r"u\,|g_s|",
+                        reduction="T * V",
+                        note="the backward pass's D stages in sequence: at each, the upstream gradient's "
+                             "error and the forward activations' errors are carried through the equation "
+                             "to first order, each reduction of length n adds √n·u_acc·Σ|terms| and each "
+                             "stored result u|g|; LayerNorm's backward amplifies what reaches it by "
+                             "|γ|/√(σ² + ε), compounding through the layers "
+                             "(gradient_budgets.gpt_backward_bound); its check: λ × the error scale "
+                             "propagated through the reference's backward pass stage by stage "
+                             "(gradient_budgets.gpt_backward_bound)"),
     notes="The meaning is the derivative itself: with symbolic parameters, sympy "
           "differentiates the mean cross-entropy of gpt_forward. The reference computes the "
           "same numbers by hand, entry by entry, and returns (loss, gradients by name).",

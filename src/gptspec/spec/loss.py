@@ -90,7 +90,14 @@ def cross_entropy_sum(Z, Y):
     ),
     sources=(Source(BLUEPRINT, "eq 10"),),
     reference="cross_entropy_mean",
-    tolerance=Tolerance(r"\lambda \sqrt{T V}\,u", reduction="T * V"),
+    tolerance=Tolerance(r"\lambda\left(\big(2\max|\varepsilon_Z| + \sqrt{N "
+                        r"V}\,u_{\mathrm{acc}}\,|L|\big) \oplus u\,|L|\right)",
+                        reduction="T * V",
+                        note="ε_Z is the logits' error scale (gpt_forward's budget without λ), which "
+                             "moves each log-softmax entry by at most twice its largest value; the "
+                             "log-softmax sums over N positions and V logits add √(N V)·u_acc relative "
+                             "to the loss, and the loss may be stored in the dtype (u|L|); its check: "
+                             "λ·((2·max(logit error) + √(N·V)·u_acc·|L|) ⊕ u·|L|)"),
     decisions=(
         Decision(
             question="Train on the sum of eq 10 or on its mean per token?",

@@ -33,15 +33,19 @@ DECAY = sp.Rational(1, 10)  # the trainer's default weight decay
     sources=(Source(BLUEPRINT, "sec. 3.2"), Source(LOSHCHILOV_2019, "Algorithm 2"),
              Source(KINGMA_2015, "Algorithm 1")),
     reference="adamw_step",
-    tolerance=Tolerance(
-        r"\lambda\left(\sqrt{10k}\,u_{\mathrm{acc}}\big(|\theta_k| + \textstyle\sum_t \eta_t"
-        r"(|\mathrm{update}_t| + \lambda_{\mathrm{wd}}|\theta_t|)\big) \oplus u\sqrt{\textstyle\sum_t "
-        r"\theta_t^2}\right)", reduction="1",
-        note="after k steps, update_t the step's update m̂/(√v̂ + ε): about 10 roundings per element "
-             "per step (the two moment updates, the two bias corrections, the square root, the "
-             "division, the decay and the subtraction), float32 roundings (u_acc) in every "
-             "dtype, adding in quadrature over the steps; a 16-bit backend also stores θ in its "
-             "dtype, one rounding u|θ_t| per step (the second term, 16 bit only)"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{10k}\,u_{\mathrm{acc}}\big(|\theta_k| + "
+                        r"\textstyle\sum_t \eta_t(|\mathrm{update}_t| + "
+                        r"\lambda_{\mathrm{wd}}|\theta_t|)\big) \oplus u\sqrt{\textstyle\sum_t "
+                        r"\theta_t^2}\right)",
+                        reduction="1",
+                        note="after k steps, update_t the step's update m̂/(√v̂ + ε): about 10 roundings "
+                             "per element per step (the two moment updates, the two bias corrections, "
+                             "the square root, the division, the decay and the subtraction), float32 "
+                             "roundings (u_acc) in every dtype, adding in quadrature over the steps; a "
+                             "16-bit backend also stores θ in its dtype, one rounding u|θ_t| per step "
+                             "(the second term, 16 bit only); its check: λ·(√(10·k)·u_acc·(|θ_k| + Σ_t "
+                             "η_t(|update_t| + λ_wd|θ_t|)) ⊕ u·√(Σ_t θ_t²)) after k steps (the second "
+                             "term in 16 bit only)"),
     decisions=(
         Decision(
             question="How is the weight decay scaled?",
@@ -114,7 +118,14 @@ def adamw_step(theta, g, m, v, t=1, lr=LR, beta1=BETA1, beta2=BETA2, eps=EPS, we
              Symbol(r"\varepsilon", "()", "10⁻⁶, keeps the ratio finite")),
     sources=(Source(BLUEPRINT, "sec. 3.2"),),
     reference="clip_grad_norm",
-    tolerance=Tolerance(r"\lambda \sqrt{n}\,u", reduction="n"),
+    tolerance=Tolerance(r"\lambda\,|g'_i|\,(\sqrt{N}\,u_{\mathrm{acc}} + 3u)\ \text{for each "
+                        r"clipped entry } g'_i,\qquad \lambda\,(\sqrt{N}\,u_{\mathrm{acc}} + "
+                        r"u)\,\|g\|\ \text{for the norm}",
+                        reduction="n",
+                        note="N = n entries in all: the norm is a sum of N squares (√N·u_acc relative) "
+                             "and is stored once; a clipped entry is scaled by c/‖g‖, which adds the "
+                             "norm's relative error and the division's and the product's roundings; its "
+                             "check: λ·|g'|·(√N·u_acc + 3u) for each clipped entry; λ·(√N·u_acc + u)·‖g‖"),
     decisions=(
         Decision(
             question="Is clipping part of the optimizer?",
@@ -146,7 +157,11 @@ def clip_grad_norm(g, max_norm=1, eps=CLIP_EPS):
              Symbol(r"\eta(s)", "()", "the learning rate at step s")),
     sources=(Source(LOSHCHILOV_2019, "sec. 3, schedule multiplier"), Source(BLUEPRINT, "sec. 3.2")),
     reference="lr_schedule",
-    tolerance=Tolerance(r"\lambda u", reduction="1"),
+    tolerance=Tolerance(r"\lambda\sqrt{8}\,u\,\eta_{\max}",
+                        reduction="1",
+                        note="the warm-up's or the cosine's few operations, about 8 independent "
+                             "roundings, each relative to at most η_max; its check: λ·√8·u·η_max (the "
+                             "schedule's roundings)"),
     notes="The warm-up starts at η_max/W, not 0, so the first step moves the parameters.",
 )
 def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
@@ -193,11 +208,22 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
     sources=(Source(BLUEPRINT, "sec. 3.2"), Source(LOSHCHILOV_2019, "Algorithm 2"),
              Source(KINGMA_2015, "Algorithm 1")),
     reference="train_loop",
-    tolerance=Tolerance(r"\eta_s \cdot \max_{\text{box}} \left|\frac{\hat m'}{\sqrt{\hat v'} "
-                        r"+ \varepsilon} - \frac{\hat m}{\sqrt{\hat v} + \varepsilon}\right| "
-                        r"+ \lambda \sqrt{10}\, u\, |\theta|", reduction="1",
-                        note="per step, at the backend's own state; the box is the moments' "
-                             "error propagated from the gradient budget"),
+    tolerance=Tolerance(r"\text{loss: } \lambda\Big(\overline{2\max|\varepsilon_Z| + \sqrt{N "
+                        r"V}\,u_{\mathrm{acc}}\,|L_i|} + (\sqrt{k}\,u_{\mathrm{acc}} + "
+                        r"u)\,|L|\Big);\quad \theta\text{: } \eta_s \cdot \max_{\text{box}} "
+                        r"\left|\frac{\hat m'}{\sqrt{\hat v'} + \varepsilon} - \frac{\hat "
+                        r"m}{\sqrt{\hat v} + \varepsilon}\right| + \lambda \sqrt{10}\, "
+                        r"u\,\big(|\theta| + \eta_s(|\mathrm{update}| + "
+                        r"\lambda_{\mathrm{wd}}|\theta_{s-1}|)\big)",
+                        reduction="1",
+                        note="per step, at the backend's own state; the box is the moments' error "
+                             "propagated from the gradient budget; the loss's scale is "
+                             "cross_entropy_mean's for each of the k micro-batches (L_i), their mean "
+                             "(the bar), and the mean's own k-term sum; its check: per step at the "
+                             "backend's state: the loss λ·(the micro-batches' mean of 2·max(logit error) "
+                             "+ √(N·V)·u_acc·|L| + (√k·u_acc + u)·|L|); θ: η·(largest change of "
+                             "m̂/(√v̂+ε) over the moments' error box) + λ·√10·u·(|θ| + η(|update| + "
+                             "λ_wd|θ|))"),
     decisions=(
         Decision(
             question="Which batches does step s train on?",

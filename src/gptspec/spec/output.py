@@ -66,10 +66,13 @@ FINAL_NORM = Decision(
     sources=(Source(RADFORD_2019, "sec. 2.3"), Source(BROWN_2020, "sec. 2.1"),
              Source(NOTES, "sec. 4.1")),
     reference="final_layer_norm",
-    tolerance=Tolerance(r"\lambda\sqrt{d_{\mathrm{model}}}\,u\,"
-                        r"\frac{\max_i |x_i|}{\sqrt{\sigma^2 + \varepsilon}}\,|\gamma_f| + "
-                        r"u\,|\beta_f|",
-                        reduction="d_model"),
+    tolerance=Tolerance(r"\lambda\left(|\gamma_f|\,\delta\hat x \oplus u\,(|\gamma_f\,\hat x| + "
+                        r"|\beta_f|) \oplus u\,|y|\right),\quad \delta\hat x = \frac{u\,|x - "
+                        r"\mu| \oplus s_n\,\overline{|x|}}{\rho} \oplus |\hat x|\left(\frac{(s_n "
+                        r"+ 2u)\,\sigma^2}{2\rho^2} \oplus 2u\right) \oplus u\,|\hat x|,\quad "
+                        r"\rho = \sqrt{\sigma^2 + \varepsilon}",
+                        reduction="d_model",
+                        note="layer_norm's budget with γ_f and β_f; its check: as layer_norm"),
     decisions=(FINAL_NORM,),
     sympy_inputs=(("H", "(T, d_model)"), ("gamma", "(1, d_model)"), ("beta", "(1, d_model)"),
                   ("eps", "() > 0")),
@@ -113,9 +116,12 @@ TYING = Decision(
     sources=(Source(BLUEPRINT, "eq 9"), Source(NOTES, "sec. 1.2"),
              Source(VASWANI_2017, "sec. 3.4"), Source(RADFORD_2019, "sec. 2.3")),
     reference="unembed_tied",
-    tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,|H_f|\,|W_E|^\top "
-                        r"\oplus u\,|Z|\right)", reduction="d_model",
-                        note="linear's budget with W = W_Eᵀ and no bias, n = d_model"),
+    tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,|H_f|\,|W_E|^\top \oplus "
+                        r"u\,|Z|\right)",
+                        reduction="d_model",
+                        note="linear's budget with x = H_f, W = W_Eᵀ, no bias and y = Z, n = d_model; "
+                             "its check: λ·(√n·u·(|x||W| + |b|) ⊕ u|y|), n = d_in (+1 for the bias), W = "
+                             "W_Eᵀ"),
     decisions=(TYING, EMBEDDING_DIMENSIONS),
     sympy_inputs=(("H", "(T, d_model)"), ("W_E", "(V, d_model)")),
 )
@@ -156,8 +162,10 @@ GUIDE_OUTPUT = Decision(
     sources=(Source(GUIDE, "sec. 6"), Source(NOTES, "sec. 1.2 (unembedding)")),
     reference="unembed_untied",
     tolerance=Tolerance(r"\lambda\left(\sqrt{d_{\mathrm{model}}}\,u\,(|H_f|\,|W_U| + |b_U|) "
-                        r"\oplus u\,|Z|\right)", reduction="d_model",
-                        note="linear's budget, n = d_model"),
+                        r"\oplus u\,|Z|\right)",
+                        reduction="d_model",
+                        note="linear's budget with x = H_f, W = W_U, b = b_U and y = Z, n = d_model; its "
+                             "check: λ·(√n·u·(|x||W| + |b|) ⊕ u|y|), n = d_in (+1 for the bias)"),
     decisions=(GUIDE_OUTPUT, TYING, ROW_VECTORS),
     sympy_inputs=(("H", "(T, d_model)"), ("W_U", "(d_model, V)"), ("b_U", "(1, V)")),
 )
@@ -178,9 +186,12 @@ def unembed_untied(H: sp.Matrix, W_U: sp.Matrix, b_U: sp.Matrix | None = None) -
     sources=(Source(BLUEPRINT, "eq 9"), Source(GUIDE, "sec. 6"), Source(NOTES, "sec. 1.2"),
              Source(RADFORD_2019, "sec. 2")),
     reference="next_token_distribution",
-    tolerance=Tolerance(r"\lambda\,P_{t v}\left((4 + \sqrt{V})\,u \oplus "
-                        r"u\,|Z_{t v} - \max_{v'} Z_{t v'}|\right)", reduction="V",
-                        note="softmax's budget over a row of V logits"),
+    tolerance=Tolerance(r"\lambda\,P_{t v}\left((4 + s_V)\,u \oplus u\,|Z_{t v} - \max_{v'} Z_{t "
+                        r"v'}|\right)",
+                        reduction="V",
+                        note="softmax's budget over a row of V logits; its check: λ·y·((4 + s(n))·u ⊕ "
+                             "u|z − max z|), n = row length, s(n) = max(√n, (n − 1)/λ) (a sum of n terms "
+                             "of one sign)"),
     decisions=(
         GUIDE_OUTPUT,
         SOFTMAX_RANGE,
@@ -219,10 +230,17 @@ def next_token_distribution(Z: sp.Matrix) -> sp.Matrix:
     sources=(Source(BLUEPRINT, "eq 1"), Source(GUIDE, "sec. 7"),
              Source(RADFORD_2019, "sec. 2")),
     reference="sequence_log_probability",
-    tolerance=Tolerance(r"\lambda\sqrt{T}\,u\sum_{t=2}^{T}\left(|\log P(x_t \mid x_{<t})| + "
-                        r"\lambda\sqrt{V} + 2\max_v |Z_{t-1, v}|\right)",
+    tolerance=Tolerance(r"\lambda\left(\sqrt{\textstyle\sum_{t=2}^{T}\big(u\,(|Z_{t-1, x_t} - "
+                        r"m_{t-1}| + \ell_{t-1} + 4) + s_V\big)^2} + s_{T-1}\sum_{t=2}^{T} |\log "
+                        r"P(x_t \mid x_{<t})| \oplus u\,|y|\right)",
                         reduction="V",
-                        note="each log-softmax sums V exponentials; T − 1 terms are then added"),
+                        note="m_t is row t's largest logit and ℓ_t = log Σ_v exp(Z_{t v} − m_t); each "
+                             "log P rounds in the shift, the exponentials, the logarithm and the "
+                             "subtraction, and its normaliser is a sum of V positive terms; the sum over "
+                             "t adds T − 1 terms of one sign; s_n = max(√n, (n − 1)/λ)·u is the error "
+                             "scale of such a sum of n terms; y may be stored in the dtype; its check: "
+                             "λ·(√Σ_t (u(|z_t − max| + lse + 4) + s(V))² + s(T − 1)·Σ|log p| ⊕ u·|y|), "
+                             "s(n) a sum of n terms of one sign"),
     decisions=(
         Decision(
             question="Is the first token predicted?",
@@ -275,12 +293,17 @@ def _block_parameters(params: dict[str, sp.Matrix], layer: int) -> dict[str, sp.
              Source(NOTES, "Architecture Onboarding: component map"),
              Source(RADFORD_2019, "sec. 2.3"), Source(BROWN_2020, "sec. 2.1")),
     reference="gpt_forward",
-    tolerance=Tolerance(r"\varepsilon_Z = \lambda\sqrt{d_{\mathrm{model}}}\,u\,|H_f|\,|W_U|"
-                        r" + |W_U|\,\|J_{\mathrm{LN}_f}\|\,\varepsilon_{H^{(L)}},\quad"
-                        r" \varepsilon_{H^{(l)}} = \|J_{\mathrm{Block}_l}\|\,"
-                        r"\varepsilon_{H^{(l-1)}} + \varepsilon_{\mathrm{Block}_l}",
+    tolerance=Tolerance(r"\lambda\,\varepsilon_Z,\quad \varepsilon_Z = "
+                        r"\sqrt{d_{\mathrm{model}}}\,u\,(|H_f|\,|W_U| + |b_U|) \oplus "
+                        r"\sqrt{\varepsilon_{H_f}^2\,W_U^2} \oplus u\,|Z|,\quad "
+                        r"\varepsilon_{H^{(l)}} = \varepsilon_{\mathrm{Block}_l}(H^{(l-1)}, "
+                        r"\varepsilon_{H^{(l-1)}}),\quad \varepsilon_{H^{(0)}} = u\,|E + P|",
                         reduction="d_ff",
-                        note="the blocks' budgets compounded layer by layer"),
+                        note="every stage's error scale: the input sum's rounding, each block's budget "
+                             "given its input's error (block_pre_ln's), the final LayerNorm's, then the "
+                             "unembedding's (linear's budget, W_U = W_Eᵀ without a bias when tied); the "
+                             "multiplier λ applies once, to the logits' scale; its check: every stage's "
+                             "roundings propagated through the model (budgets.gpt_forward_bound)"),
     decisions=(FINAL_NORM, TYING),
     notes="Block_l is block_pre_ln, block_post_ln or block_guide (config.norm); P only with "
           "config.positional_embedding (H⁽⁰⁾ = E without it: the Guide); LN_f only with "

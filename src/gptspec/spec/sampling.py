@@ -225,9 +225,13 @@ def nucleus_filter(z, p=1):
     sources=(Source(BLUEPRINT, "sec. 4, steps 2–3"), Source(HOLTZMAN_2020, "sec. 3"),
              Source(RADFORD_2019, "sec. 3 (top-k sampling with k = 40 for samples)")),
     reference="sampling_distribution",
-    tolerance=Tolerance(r"\lambda \sqrt{V}\,u", reduction="vocab_size",
-                        note="off the filters' boundaries, a softmax; the kept set itself is "
-                             "exact away from ties and from cumulative mass within rounding of p"),
+    tolerance=Tolerance(r"\lambda\,p_v\left((4 + s_V)\,u \oplus u\,\left|\frac{z_v - \max_{v'} "
+                        r"z_{v'}}{\tau}\right|\right)\ \text{off the filters' boundaries}",
+                        reduction="vocab_size",
+                        note="off the filters' boundaries, softmax's budget over the kept logits divided "
+                             "by τ; the kept set itself is exact away from ties and from cumulative mass "
+                             "within rounding of p, where a token may go either way; its check: the "
+                             "filters: exact off rounding-close boundaries; the values: softmax budget"),
     decisions=(
         Decision(
             question="In which order do temperature, top-k and nucleus apply when combined?",
@@ -315,8 +319,12 @@ def sample_token(q, u=sp.S.Half):
     ),
     sources=(Source(BLUEPRINT, "eq 3 and sec. 4, step 4"), Source(VASWANI_2017, "sec. 3.2.1")),
     reference="kv_cache_attention",
-    tolerance=Tolerance(r"\lambda (d_k + T) u", reduction="n_ctx",
-                        note="a different summation order from full attention, same bound"),
+    tolerance=Tolerance(r"2\lambda\,\varepsilon_Z",
+                        reduction="n_ctx",
+                        note="ε_Z is gpt_forward's error scale at each step's context: the cached and "
+                             "the uncached paths each lie within λ·ε_Z of the same exact logits, "
+                             "whatever their summation orders; its check: twice the model's budget: both "
+                             "paths are within it of the same exact logits"),
     notes="Row t of masked attention reads only keys and values of positions ≤ t (M sets the "
           "others' weights to exp(−∞) = 0), and the keys and values of a position depend only "
           "on tokens at or before it (causality of every layer). So a generation step may keep "
