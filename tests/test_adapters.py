@@ -100,6 +100,28 @@ def test_jax_passes_a_quick_subset(dtype):
     assert not failed
 
 
+def test_jax_sums_a_token_embeddings_gradient_in_float32_in_bfloat16():
+    """∂W_E of the row selection adds one row of the incoming gradient per repeat of a
+    token. In bfloat16 the sum of 1024 repeats must be rounded once (found by
+    gpt_backward.long_batch at 339 % of its budget when the scatter-add ran in bfloat16):
+    within one unit roundoff of the exact sum of the same bfloat16 inputs."""
+    import jax
+    import jax.numpy as jnp
+
+    from gptspec.adapters.jax import ops
+
+    rng = np.random.default_rng(0)
+    W_E = jnp.asarray(rng.normal(0, 0.02, (4, 8)), jnp.bfloat16)
+    tokens = jnp.asarray(np.full(1024, 2), jnp.int32)
+    G = jnp.asarray(rng.uniform(0.5, 1.5, (1024, 8)), jnp.bfloat16)  # one sign: no cancellation
+    grad = jax.grad(lambda w: jnp.sum(ops.token_embedding(tokens, w).astype(jnp.float32)
+                                      * G.astype(jnp.float32)))(W_E)
+    exact = np.asarray(G, np.float64).sum(axis=0)
+    got = np.asarray(grad[2], np.float64)
+    u = 2.0 ** -8  # bfloat16's unit roundoff
+    assert np.all(np.abs(got - exact) <= u * np.abs(exact)), (got, exact)
+
+
 def test_jax_localises_a_planted_bug():
     """The operations are exposed under their reference names: a bug in one is reported
     on that check, and the model's check is blocked by it rather than failing alone."""

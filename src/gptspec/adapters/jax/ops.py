@@ -58,8 +58,11 @@ def token_embedding_one_hot(X: Array, W_E: Array) -> Array:
 
 def token_embedding(tokens: Array, W_E: Array) -> Array:
     """e_t = W_E[x_t]: row selection (ids are checked before they reach a jitted call:
-    jnp's indexing would clamp an id outside [0, V) rather than refuse it)."""
-    return jnp.take(W_E, tokens, axis=0)
+    jnp's indexing would clamp an id outside [0, V) rather than refuse it). Selected from
+    the widened matrix, so that the gradient's scatter-add over a token's repeats runs in
+    the accumulation dtype (in W_E's 16-bit dtype it is one rounding per repeat); the
+    rows themselves are the same numbers."""
+    return _store(jnp.take(_wide(W_E), tokens, axis=0), W_E.dtype)
 
 
 def positional_embedding(T: int, W_P: Array) -> Array:
