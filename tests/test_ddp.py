@@ -87,9 +87,10 @@ def cli_worker(rc_file: str, *argv: str) -> int:
     return rc
 
 
-def nan_on_rank_1_worker(rc_file: str, *argv: str) -> int:
-    """``cli_worker`` with the loss of process 1 made NaN from step 3 on, the way the
-    single-process CLI test makes it NaN; process 0's loss stays finite."""
+def nan_on_rank_1_worker(rc_file: str, *argv: str, validation: bool = False) -> int:
+    """``cli_worker`` with the training loss (or, with ``validation``, the validation loss)
+    of process 1 made NaN from step 3 (its evaluation at step 2) on, the way the
+    single-process CLI test makes it NaN; process 0's losses stay finite."""
     from gptspec.fast import train
 
     if os.environ["RANK"] == "1":
@@ -97,10 +98,15 @@ def nan_on_rank_1_worker(rc_file: str, *argv: str) -> int:
 
         def loss(self, x, y, model=None):
             value = real_loss(self, x, y, model)
-            return value * float("nan") if self.step_count >= 2 else value
+            hit = self.step_count >= 2 and self.model.training != validation
+            return value * float("nan") if hit else value
 
         train.Trainer.loss = loss
     return cli_worker(rc_file, *argv)
+
+
+def nan_val_on_rank_1_worker(rc_file: str, *argv: str) -> int:
+    return nan_on_rank_1_worker(rc_file, *argv, validation=True)
 
 
 def _free_port() -> int:
@@ -153,9 +159,13 @@ def test_ddp_resume_continues_bit_identically(tmp_path, corpus):
             assert np.array_equal(value, theirs[name]), name
 
 
-def test_a_nan_loss_on_one_process_stops_every_process(tmp_path, corpus):
+@pytest.mark.parametrize(("mode", "message", "kept"), [
+    ("nan-on-rank-1", "the loss became nan at step 3 on process 1 of 2", 2),
+    ("nan-val-on-rank-1", "the validation loss became nan at step 2 on process 1 of 2", 0),
+])
+def test_a_nan_loss_on_one_process_stops_every_process(tmp_path, corpus, mode, message, kept):
     out, rc = tmp_path / "out", tmp_path / "rc"
-    done = _torchrun("nan-on-rank-1", str(rc), *TINY, "--data", str(corpus), "--out", str(out),
+    done = _torchrun(mode, str(rc), *TINY, "--data", str(corpus), "--out", str(out),
                      "--steps", "4", check=False)
     assert done.returncode != 0
     # both processes returned from the command (neither hung in a collective, nor was ended
@@ -164,9 +174,12 @@ def test_a_nan_loss_on_one_process_stops_every_process(tmp_path, corpus):
             for r in range(2)] == ["2", "2"], done.stderr
     errors = [line for line in done.stderr.splitlines() if "gptspec train: error:" in line]
     assert len(errors) == 1, done.stderr
-    assert "loss became nan at step 3 on process 1 of 2" in errors[0]
-    assert "last good checkpoint" in errors[0]
-    assert _run_state(out)[2]["step"] == 2  # the checkpoint of step 2 is kept
+    assert message in errors[0]
+    if kept:
+        assert "last good checkpoint" in errors[0]
+        assert _run_state(out)[2]["step"] == kept  # the checkpoint of step 2 is kept
+    else:  # stopped by the evaluation before the first save
+        assert "no checkpoint had been saved yet" in errors[0], errors[0]
 
 
 def test_ddp_step_equals_the_single_process_step_on_the_whole_batch(tmp_path):
@@ -205,4 +218,5 @@ if __name__ == "__main__":
     if mode == "step":
         worker(*rest)
     else:
-        sys.exit({"cli": cli_worker, "nan-on-rank-1": nan_on_rank_1_worker}[mode](*rest))
+        sys.exit({"cli": cli_worker, "nan-on-rank-1": nan_on_rank_1_worker,
+                  "nan-val-on-rank-1": nan_val_on_rank_1_worker}[mode](*rest))

@@ -402,10 +402,12 @@ class Trainer:
         self.step_count += 1
         return total
 
-    def _stop_unless_finite(self, loss: torch.Tensor) -> None:
+    def _stop_unless_finite(self, loss: torch.Tensor, what: str = "loss",
+                            step: int | None = None) -> None:
         """Raise TrainingDiverged if the loss is not finite, under DDP on every process
         together when it is not finite on any one: a process that stopped alone would leave
         the others waiting in the gradient all-reduce."""
+        step = self.step_count + 1 if step is None else step
         value = loss.detach().float()
         where = ""
         if self.world > 1:
@@ -420,8 +422,7 @@ class Trainer:
             value, where = losses[bad[0]], f" on process {bad[0]} of {self.world}"
         elif torch.isfinite(value):
             return
-        raise TrainingDiverged(f"the loss became {float(value)} at step {self.step_count + 1}"
-                               f"{where}")
+        raise TrainingDiverged(f"the {what} became {float(value)} at step {step}{where}")
 
     def next_batches(self) -> list[Batch]:
         s = self.settings
@@ -446,9 +447,9 @@ class Trainer:
             losses.append(float(self.loss(x, y, model=self.model)))
         self.model.train()
         val = sum(losses) / len(losses)
-        if not math.isfinite(val):  # such a model is useless, and NaN is not JSON
-            raise TrainingDiverged(f"the validation loss became {val} at step "
-                                   f"{self.step_count}")
+        # such a model is useless, and NaN is not JSON; every process stops together
+        self._stop_unless_finite(torch.tensor(val, device=s.device), "validation loss",
+                                 self.step_count)
         self.history["val"].append([self.step_count, val])
         return val
 
