@@ -163,29 +163,27 @@ class TorchLRScheduler(_Engine):
 
     def lr_schedule(self, step: int, max_lr: float, min_lr: float, warmup_steps: int,
                     decay_steps: int) -> float:
-        import torch
         from torch.optim import lr_scheduler as sched
 
-        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=max_lr)
-        stages: list[sched.LRScheduler] = []
-        milestones: list[int] = []
-        if warmup_steps > 0:
-            stages.append(sched.LinearLR(opt, start_factor=1 / warmup_steps, end_factor=1.0,
-                                         total_iters=max(warmup_steps - 1, 0)))
-        if decay_steps > warmup_steps:
+        def chained(opt: Any) -> Any:
+            stages: list[sched.LRScheduler] = []
+            milestones: list[int] = []
+            if warmup_steps > 0:
+                stages.append(sched.LinearLR(opt, start_factor=1 / warmup_steps,
+                                             end_factor=1.0,
+                                             total_iters=max(warmup_steps - 1, 0)))
+            if decay_steps > warmup_steps:
+                if stages:
+                    milestones.append(warmup_steps)
+                stages.append(sched.CosineAnnealingLR(opt, T_max=decay_steps - warmup_steps,
+                                                      eta_min=min_lr))
             if stages:
-                milestones.append(warmup_steps)
-            stages.append(sched.CosineAnnealingLR(opt, T_max=decay_steps - warmup_steps,
-                                                  eta_min=min_lr))
-        if stages:
-            milestones.append(max(decay_steps, warmup_steps))
-        stages.append(sched.ConstantLR(opt, factor=min_lr / max_lr, total_iters=10**9))
-        scheduler = stages[0] if len(stages) == 1 else sched.SequentialLR(opt, stages,
-                                                                          milestones)
-        for _ in range(step):
-            opt.step()
-            scheduler.step()
-        return float(opt.param_groups[0]["lr"])
+                milestones.append(max(decay_steps, warmup_steps))
+            stages.append(sched.ConstantLR(opt, factor=min_lr / max_lr, total_iters=10**9))
+            return stages[0] if len(stages) == 1 else sched.SequentialLR(opt, stages,
+                                                                         milestones)
+
+        return _rate_after(chained, max_lr, step)
 
 
 class TransformersSchedule(_Engine):
@@ -204,16 +202,24 @@ class TransformersSchedule(_Engine):
 
     def lr_schedule(self, step: int, max_lr: float, min_lr: float, warmup_steps: int,
                     decay_steps: int) -> float:
-        import torch
         from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
         if decay_steps < warmup_steps:
             raise NotApplicable("transformers' schedule needs the warm-up within the "
                                 "training steps")
-        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=max_lr)
-        scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-            opt, num_warmup_steps=warmup_steps, num_training_steps=decay_steps, min_lr=min_lr)
-        for _ in range(step):
-            opt.step()
-            scheduler.step()
-        return float(opt.param_groups[0]["lr"])
+        return _rate_after(lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
+            opt, num_warmup_steps=warmup_steps, num_training_steps=decay_steps, min_lr=min_lr),
+            max_lr, step)
+
+
+def _rate_after(make_scheduler: Any, max_lr: float, step: int) -> float:
+    """The learning rate a torch scheduler gives after ``step`` calls of ``step()``, read
+    from a one-parameter optimizer started at ``max_lr``, as a training loop reads it."""
+    import torch
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=max_lr)
+    scheduler = make_scheduler(opt)
+    for _ in range(step):
+        opt.step()
+        scheduler.step()
+    return float(opt.param_groups[0]["lr"])
