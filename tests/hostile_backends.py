@@ -78,11 +78,18 @@ class Forks(Honest):
             import os
 
             if os.fork() == 0:
-                with open(os.environ["GPTSPEC_TEST_PID_FILE"], "w") as out:
-                    out.write(str(os.getpid()))
-                time.sleep(600)
+                _write_pid_and_sleep()
                 os._exit(0)
         return super().forward(tokens, params, config)
+
+
+def _write_pid_and_sleep() -> None:
+    """A forked child's life: its pid into GPTSPEC_TEST_PID_FILE, then ten minutes asleep."""
+    import os
+
+    with open(os.environ["GPTSPEC_TEST_PID_FILE"], "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(600)
 
 
 class EscapesItsGroup(Honest):
@@ -100,9 +107,7 @@ class EscapesItsGroup(Honest):
             if os.fork() == 0:
                 os.setsid()
                 if os.fork() == 0:
-                    with open(os.environ["GPTSPEC_TEST_PID_FILE"], "w") as out:
-                        out.write(str(os.getpid()))
-                    time.sleep(600)
+                    _write_pid_and_sleep()
                 os._exit(0)
         return super().forward(tokens, params, config)
 
