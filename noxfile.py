@@ -41,7 +41,7 @@ def install(session: nox.Session, extras: str = "", torch: bool = True) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The project's own tests: spec ↔ reference, traceability, every component."""
-    install(session, "interop,docs,jax,onnx,independent")
+    install(session, "interop,docs,jax,onnx,independent,pytest")  # pytest: xdist, for -n
     session.run("pytest", "tests", *session.posargs)
 
 

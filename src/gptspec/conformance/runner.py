@@ -321,12 +321,30 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
     backend spec (as discovery reads it) a low-precision failure is adjudicated against,
     or None; ``dtype``, ``device``: what was asked, which the backend must declare (and
     compute in; None: the backend's own)."""
-    precision, mismatch = judged_precision(backend, dtype)
-    mismatch = mismatch or device_mismatch(backend, device) or capability_mismatch(backend)
     suite = SuiteResult(describe_backend(backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=False))
     if header:
         header(suite)
+    evaluate, unimplemented = judge(backend, profile=profile, seed=seed, timeout=timeout,
+                                    save_failures=save_failures, origin=origin, plain=plain,
+                                    dtype=dtype, device=device)
+    for result in walk(all_checks(area), select, evaluate, reproduce, seed, unimplemented):
+        suite.results.append(result)
+        if on_result:
+            on_result(result)
+        if stop_on_failure and result.status in ("fail", "error"):
+            break
+    return suite
+
+
+def judge(backend: Any, *, profile: str, seed: int, timeout: float | None = None,
+          save_failures: str | None = None, origin: dict[str, Any] | None = None,
+          plain: str | None = None, dtype: str | None = None, device: str | None = None
+          ) -> tuple[Callable[[Check], CheckResult], Callable[[Check], str]]:
+    """The ``evaluate`` and ``unimplemented`` that :func:`walk` takes for ``backend`` (see
+    run_suite for the arguments): run_suite and the pytest plugin judge a check alike."""
+    precision, mismatch = judged_precision(backend, dtype)
+    mismatch = mismatch or device_mismatch(backend, device) or capability_mismatch(backend)
 
     def evaluate(check: Check) -> CheckResult:
         if mismatch:
@@ -340,13 +358,7 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
     def unimplemented(check: Check) -> str:
         return "" if mismatch else unmet(backend, check)
 
-    for result in walk(all_checks(area), select, evaluate, reproduce, seed, unimplemented):
-        suite.results.append(result)
-        if on_result:
-            on_result(result)
-        if stop_on_failure and result.status in ("fail", "error"):
-            break
-    return suite
+    return evaluate, unimplemented
 
 
 def suite_settings_dict(profile: str, seed: int, area: str | None, timeout: float | None,
@@ -365,12 +377,14 @@ def not_implemented(check: Check, missing: list[str], why: str = "") -> CheckRes
 
 def walk(checks: list[Check], select: Callable[[Check], bool] | None,
          evaluate: Callable[[Check], CheckResult], reproduce: str, seed: int,
-         unimplemented: Callable[[Check], str] | None = None) -> Any:
+         unimplemented: Callable[[Check], str] | None = None,
+         known: dict[str, CheckResult] | None = None) -> Any:
     """Yield each selected check's result in order: blocked by a failed dependency's root
     cause, or ``evaluate(check)``. A check the backend does not implement at all
     (``unimplemented`` gives why) is reported so even when a dependency failed: blocked
-    counts only checks that a failure kept from running."""
-    by_id: dict[str, CheckResult] = {}
+    counts only checks that a failure kept from running. ``known``: results so far, by
+    id, which the walk reads and adds to (the pytest plugin keeps one per process)."""
+    by_id: dict[str, CheckResult] = {} if known is None else known
     for check in checks:
         if select is not None and not select(check):
             continue

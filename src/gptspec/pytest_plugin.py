@@ -1,0 +1,207 @@
+"""The conformance checks as pytest items: ``python -m pytest --pyargs gptspec.conformance
+--gptspec-backend=SPEC`` collects one item per check id (dependencies first). Without
+``--gptspec-backend`` this plugin (an entry point of every pytest run) imports nothing else.
+
+Each item judges its check in the pytest process with :func:`runner.judge` and
+:func:`runner.walk`, as ``gptspec conformance --no-isolate`` does. Results are kept per
+process, and a check whose dependencies have no result there yet runs them first: ``-k``
+and pytest-xdist's ``-n`` give each check the verdict a whole run gives it. pass → passed;
+fail, error → failed, with the console's message and fraction of budget; not implemented,
+not applicable, blocked → skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from gptspec.conformance.registry import Check
+    from gptspec.conformance.runner import CheckResult
+
+# not imported to be found: importing gptspec.conformance loads Hypothesis, NumPy and SciPy
+_REGISTRY = (Path(__file__).parent / "conformance" / "registry.py").resolve()
+DTYPES = ("float64", "float32", "bfloat16", "float16")
+PROFILES = ("quick", "default", "thorough")  # context.PROFILES
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gptspec", "gptspec conformance (--pyargs gptspec.conformance)")
+    group.addoption("--gptspec-backend", metavar="SPEC",
+                    help="module:attr or an installed backend name: collect the conformance "
+                         "checks of gptspec.conformance as items judging it")
+    group.addoption("--gptspec-dtype", choices=DTYPES,
+                    help="the dtype to judge (default: the one the backend declares)")
+    group.addoption("--gptspec-device", metavar="DEVICE",
+                    help="the device to build the backend on (default: its own)")
+    group.addoption("--gptspec-profile", choices=PROFILES, default="default",
+                    help="Hypothesis examples per property: quick 12, default 30, thorough 200")
+    group.addoption("--gptspec-seed", type=int, default=0, help="Hypothesis seed (default 0)")
+    group.addoption("--gptspec-timeout", type=float, default=300.0, metavar="SECONDS",
+                    help="time limit per check, as gptspec conformance's --timeout (default "
+                         "300; 0 for none): it interrupts Python code, not a hung native call "
+                         "(pytest-timeout's --timeout-method=thread ends those)")
+    group.addoption("--gptspec-adjudicate-with", default="torch", metavar="SPEC",
+                    help="the plain backend a low-precision failure is compared with "
+                         "(default torch; none: no adjudication)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    spec = config.getoption("gptspec_backend", None)
+    if not spec:
+        return
+    from gptspec.conformance.discovery import BackendError, locate
+
+    try:  # a misspelt module stops the run at once, in one line, before any item runs
+        locate(spec)
+    except BackendError as err:
+        raise pytest.UsageError(f"--gptspec-backend: {err}") from None
+    timeout = config.getoption("gptspec_timeout")
+    if not timeout >= 0:
+        raise pytest.UsageError(f"--gptspec-timeout must be 0 (none) or more, got {timeout}")
+    config.stash[_JUDGE] = _Judge(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    judge = config.stash.get(_JUDGE, None)
+    return None if judge is None else f"gptspec conformance: {judge.described}"
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    # the suite's items hang off registry.py, where the checks are registered: a file of
+    # the package that --pyargs gptspec.conformance walks, which pytest itself never collects
+    if _JUDGE not in parent.config.stash or file_path.name != _REGISTRY.name \
+            or file_path.resolve() != _REGISTRY:
+        return None
+    return Checks.from_parent(parent, path=file_path)
+
+
+class Checks(pytest.File):
+    """Every check, dependencies before dependents (so one process runs each once)."""
+
+    def collect(self) -> Any:
+        from gptspec.conformance.registry import all_checks
+
+        for check in all_checks(None):
+            yield CheckItem.from_parent(self, name=check.id, check=check)
+
+
+class CheckItem(pytest.Item):
+    def __init__(self, *, check: Check, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check = check
+        self.extra_keyword_matches.add(check.area)  # -k training selects that area's checks
+
+    def runtest(self) -> None:
+        result = self.config.stash[_JUDGE].result(self.check)
+        self.user_properties += [("gptspec_status", result.status),
+                                 ("gptspec_worst_fraction", result.worst_fraction)]
+        from gptspec.conformance import report
+
+        if result.status in ("fail", "error"):
+            # the console's lines, but the first made one line that pytest's summary and a
+            # JUnit message show whole: its fraction of budget and what went wrong
+            fraction = report.fraction_text(result)
+            head = (result.detail if fraction == "-" or "of budget" in result.detail
+                    else f"{fraction} of budget: {result.detail}")
+            pytest.fail("\n".join([f"{result.status}: {head}",
+                                    *report.line(result).split("\n")[2:]]), pytrace=False)
+        reason = {"not-implemented": f"not implemented: {result.detail}",
+                  "not-applicable": f"not applicable: {result.detail}",
+                  "blocked": result.detail}.get(result.status)
+        if reason is not None:  # reported at the check's code (reportinfo), not at this line
+            raise pytest.skip.Exception(reason, _use_item_location=True)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        code = self.check.fn.__code__
+        return Path(code.co_filename), code.co_firstlineno - 1, f"check {self.check.id}"
+
+
+class _Judge:
+    """This process's backend, built at the first item, and the results it has so far."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        option = config.getoption
+        self.spec: str = option("gptspec_backend")
+        self.dtype: str | None = option("gptspec_dtype")
+        self.device: str | None = option("gptspec_device")
+        self.profile: str = option("gptspec_profile")
+        self.seed: int = option("gptspec_seed")
+        self.timeout: float | None = option("gptspec_timeout") or None
+        plain = option("gptspec_adjudicate_with")
+        self.plain: str | None = None if plain == "none" else plain
+        self.known: dict[str, CheckResult] = {}
+        self.started = False
+        self.unusable = ""  # why no check can run: the backend failed to start
+        self.refused = ""  # the backend declined the dtype or device asked
+        self.described = (f"backend {self.spec}, dtype {self.dtype or 'its own'}, device "
+                          f"{self.device or 'its own'}, profile {self.profile}, seed {self.seed}")
+
+    def _start(self) -> None:
+        from gptspec.conformance.context import keeping_cwd
+        from gptspec.conformance.discovery import BackendError, BackendRefused, load_backend
+        from gptspec.conformance.runner import CheckTimeout, _time_limit, judge
+
+        self.started = True
+        try:
+            with keeping_cwd(), _time_limit(self.timeout):
+                backend = load_backend(self.spec, device=self.device, dtype=self.dtype)
+        except CheckTimeout:
+            self.unusable = f"backend {self.spec!r} did not start within {self.timeout:g} s"
+            return
+        except BackendRefused as err:
+            self.refused = err.reason
+            return
+        except BackendError as err:
+            self.unusable = str(err)
+            return
+        origin = {"spec": self.spec, "device": self.device or str(backend.device),
+                  "dtype": self.dtype or str(backend.dtype),
+                  "name": str(getattr(backend, "name", self.spec))}
+        self.evaluate, self.unimplemented = judge(
+            backend, profile=self.profile, seed=self.seed, timeout=self.timeout,
+            origin=origin, plain=self.plain, dtype=self.dtype, device=self.device)
+
+    def result(self, check: Check) -> CheckResult:
+        """``check``'s result, its dependencies judged first where this process has not."""
+        if not self.started:
+            self._start()
+        if self.unusable:
+            pytest.fail(self.unusable, pytrace=False)
+        if self.refused:
+            pytest.skip(f"refused: {self.refused} (nothing was judged)")
+        if check.id not in self.known:
+            from gptspec.conformance.registry import all_checks
+            from gptspec.conformance.runner import walk
+
+            needed = _closure(check)
+            todo = [c for c in all_checks(None) if c.id in needed and c.id not in self.known]
+            for _ in walk(todo, None, self.evaluate, self._reproduce(), self.seed,
+                          self.unimplemented, self.known):
+                pass
+        return self.known[check.id]
+
+    def _reproduce(self) -> str:
+        command = ["gptspec", "conformance", "--backend", self.spec, "--profile", self.profile,
+                   "--area", "all"]
+        command += ["--dtype", self.dtype] if self.dtype else []
+        command += ["--device", self.device] if self.device else []
+        return shlex.join(command)
+
+
+def _closure(check: Check) -> set[str]:
+    from gptspec.conformance.registry import CHECKS
+
+    needed, todo = set(), [check.id]
+    while todo:
+        id_ = todo.pop()
+        if id_ not in needed:
+            needed.add(id_)
+            todo.extend(CHECKS[id_].depends_on)
+    return needed
+
+
+_JUDGE = pytest.StashKey[_Judge]()

@@ -1,0 +1,152 @@
+"""The conformance checks as pytest items (gptspec.pytest_plugin): pytest is run as a
+backend author runs it, in a fresh process, on a few cheap checks of a reference backend
+with planted faults; its verdicts, its JUnit XML, and the same verdicts under
+pytest-xdist's -n 2 as in one process. The plugin is inert without --gptspec-backend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptspec.conformance.protocol import NotApplicable
+from gptspec.reference.backend import ReferenceBackend
+
+HERE = Path(__file__).resolve().parent
+
+
+class Faulty(ReferenceBackend):
+    """softmax wrong (its dependents blocked), no relu (not implemented), gelu declined
+    for every input (not applicable); the other operations the reference's own."""
+
+    relu = None
+
+    def softmax(self, z, axis=-1):
+        z = np.asarray(z, dtype=np.float64)
+        return np.ones_like(z) / z.shape[axis]
+
+    def gelu(self, x):
+        raise NotApplicable("this engine has no erf")
+
+
+# each name selects one check: pytest's -k matches substrings, so the checks whose ids
+# contain another's (ffn_relu, ffn_gelu, token_embedding_one_hot) are left out
+CHECKS = ("causal_mask.differential or (one_hot.differential and not embedding) or "
+          "softmax.differential or attention_weights or (relu.differential and not ffn) or "
+          "(gelu.differential and not ffn)")
+EXPECTED = {
+    "causal_mask.differential": ("passed", ""),
+    "one_hot.differential": ("passed", ""),
+    "softmax.differential": ("failure", "Failed: fail: "),
+    "attention_weights.differential": ("skipped", "blocked by softmax.differential, which failed"),
+    "relu.differential": ("skipped", "not implemented: backend has no operation relu"),
+    "gelu.differential": ("skipped", "not applicable: this engine has no erf"),
+}
+
+
+def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    # in tmp_path, outside this project's pytest configuration, as in a backend's own repo
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=tmp_path,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+def _suite(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    xml = tmp_path / f"{name}.xml"
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance",
+                   "--gptspec-backend=test_pytest_plugin:Faulty", "--gptspec-dtype=float64",
+                   "--gptspec-profile=quick", f"--junitxml={xml}", *args)
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        verdict = [(child.tag, child.get("message", "")) for child in case
+                   if child.tag in ("failure", "error", "skipped")]
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        outcomes[case.get("name")] = (*(verdict[0] if verdict else ("passed", "")),
+                                      properties.get("gptspec_status"))
+    return proc, outcomes
+
+
+def _verdicts(outcomes: dict) -> dict:
+    return {name: (kind, message.splitlines()[0] if message else "")
+            for name, (kind, message, _) in outcomes.items()}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return _suite(tmp_path_factory.mktemp("one"), "one", "-k", CHECKS)
+
+
+def test_each_check_is_an_item_with_the_verdict_of_the_suite(one_process):
+    proc, outcomes = one_process
+    assert proc.returncode == 1, proc.stdout  # softmax failed
+    assert set(outcomes) == set(EXPECTED), proc.stdout
+    for name, (kind, message, _) in outcomes.items():
+        want_kind, want_message = EXPECTED[name]
+        assert kind == want_kind, (name, kind, message)
+        assert message.startswith(want_message) or want_message in message, (name, message)
+    assert {n: o[2] for n, o in outcomes.items()} == {
+        "causal_mask.differential": "pass", "one_hot.differential": "pass",
+        "softmax.differential": "fail", "attention_weights.differential": "blocked",
+        "relu.differential": "not-implemented", "gelu.differential": "not-applicable"}
+    # the console's fraction of budget and message on one line, its example below
+    first, *rest = outcomes["softmax.differential"][1].splitlines()
+    assert first.startswith("Failed: fail: softmax: worst at ") and "of budget)" in first
+    assert any("Falsifying example" in line for line in rest)
+    assert "reproduce: gptspec conformance --backend test_pytest_plugin:Faulty" in proc.stdout
+
+
+def test_two_workers_give_the_verdicts_of_one_process(one_process, tmp_path):
+    pytest.importorskip("xdist")
+    proc, outcomes = _suite(tmp_path, "two", "-n", "2", "-k", CHECKS)
+    assert "2 workers" in proc.stdout or "gw1" in proc.stdout, proc.stdout
+    assert _verdicts(outcomes) == _verdicts(one_process[1]), proc.stdout
+
+
+def test_a_check_selected_without_its_dependency_runs_it_first(tmp_path):
+    # -k leaves softmax.differential out; attention_weights runs it in its own process
+    proc, outcomes = _suite(tmp_path, "alone", "-k", "attention_weights")
+    assert proc.returncode == 0, proc.stdout  # a skip only
+    assert _verdicts(outcomes) == {
+        "attention_weights.differential": EXPECTED["attention_weights.differential"]}
+
+
+def test_the_area_is_a_keyword(tmp_path):
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance", "--gptspec-backend=reference",
+                   "--collect-only", "-q", "-k", "costs")
+    assert proc.returncode == 0, proc.stdout
+    ids = [line.rsplit("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
+    from gptspec.conformance.registry import all_checks
+
+    assert ids == [c.id for c in all_checks("costs")]
+
+
+def test_a_misspelt_backend_stops_the_run_in_one_line(tmp_path):
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance",
+                   "--gptspec-backend=no_such_module_here:Backend")
+    assert proc.returncode == 4, proc.stdout  # a usage error
+    assert "--gptspec-backend: cannot import backend module 'no_such_module_here'" in proc.stdout
+
+
+def test_without_the_option_the_plugin_collects_and_imports_nothing(tmp_path):
+    (tmp_path / "test_other.py").write_text(
+        "import sys\n\n\ndef test_judge_not_imported():\n"
+        "    assert 'gptspec.conformance' not in sys.modules\n")
+    proc = _pytest(tmp_path, "test_other.py", "-q")
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout
+    assert "gptspec-0.1.0" in _pytest(tmp_path, "test_other.py").stdout  # it was loaded
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance", "-q")
+    assert proc.returncode == 5, proc.stdout  # no tests collected
+
+
+def test_the_plugins_profiles_are_the_suites():
+    from gptspec import pytest_plugin
+    from gptspec.conformance.context import PROFILES
+
+    assert pytest_plugin.PROFILES == tuple(PROFILES)
