@@ -157,6 +157,39 @@ def test_a_lock_file_that_is_not_a_file_is_refused_naming_it(tmp_path, corpus, c
     assert not (out / "checkpoint").exists()
 
 
+def test_a_training_run_is_opened_fresh_then_resumed_and_holds_its_lock_throughout(tmp_path):
+    from gptspec.fast.training_run import Corpus, RunError, TrainingRun
+
+    out = tmp_path / "out"
+    corpus = Corpus(None, lambda: (TEXT, "the test text"))
+    changes = {"max_steps": 2, "batch_size": 2, "eval_interval": 2, "eval_batches": 1,
+               "warmup_steps": 1}
+    vetted = []
+    with TrainingRun.fresh(out, CONFIG, changes, corpus,
+                           vet=lambda config, s: vetted.append((config, s.max_steps))) as run:
+        assert vetted == [(CONFIG, 2)]  # the caller's checks ran, before any data was read
+        assert run.train(progress=False) == "done" and run.trainer.step_count == 2
+        for second in (lambda: TrainingRun.resume(out, {"max_steps": 3}),
+                       lambda: TrainingRun.fresh(out, CONFIG, changes, corpus)):
+            with pytest.raises(RunError, match=f"another gptspec train \\(pid {os.getpid()}\\)"):
+                second()
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 2 and state["data"] == {
+        "source": "the test text", "tokens": "tokens.bin", "n_tokens": len(TEXT),
+        "dtype": "uint16"}
+    with pytest.raises(RunError, match="already holds a training run"):
+        TrainingRun.fresh(out, CONFIG, changes, corpus)
+    with pytest.raises(RunError, match="--d-model 16 contradicts the checkpoint"):
+        TrainingRun.resume(out, {}, model={"d_model": 16})
+    with pytest.raises(RunError, match="--steps 1 is below the checkpoint's step 2"):
+        TrainingRun.resume(out, {"max_steps": 1})
+    RunLock(out).release()  # each refusal above let go of the lock it had taken
+    with TrainingRun.resume(out, {"max_steps": 3}) as run:
+        assert (run.trainer.step_count, run.source, run.config) == (2, "the test text", CONFIG)
+        assert run.train(progress=False) == "done"
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
+
+
 # --- readers beside a writer ---------------------------------------------------------------------
 
 

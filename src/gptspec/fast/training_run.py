@@ -1,0 +1,391 @@
+"""A training run's directory (OUT), opened fresh or resumed, and the Trainer that writes it.
+
+:class:`TrainingRun` holds OUT's one-writer lock (``run_lock``) for the run's life, turns
+the data into ``tokens.bin`` on a fresh run and finds it again from state.json on a
+resumed one, checks that what the caller asks for agrees with the checkpoint, and builds
+the :class:`~gptspec.fast.train.Trainer`. What it refuses is a :class:`RunError`, one line.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptspec.fast.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    find_checkpoints,
+    load_training_checkpoint,
+    recover_checkpoint,
+)
+from gptspec.fast.data import DataError, TokenData, open_tokens, write_tokens
+from gptspec.fast.run_lock import RunLock, RunLocked, remove_stale_temporaries
+from gptspec.fast.train import (
+    Interrupted,
+    Trainer,
+    TrainingDiverged,
+    TrainSettings,
+    init_distributed,
+    stop_on_signals,
+)
+from gptspec.spec.config import ConfigError, GPTConfig, preset
+
+TEMPORARY_FILES = ("loss.png", "tokens.bin")  # written beside their targets (atomic_files)
+
+# The caller's checks of the settings against this machine (memory, device), run before
+# any data is read or any model is built; what they raise passes through unchanged.
+Vet = Callable[[GPTConfig, TrainSettings], None]
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or go on, said in one line."""
+
+
+class RunDiverged(RunError):
+    """The loss or the weights stopped being finite; the last good checkpoint is kept."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A fresh run's data: ``file`` holds token ids (.bin, .npy), or else ``read_text``
+    gives (text, its description), called only once OUT is known not to hold a run."""
+
+    file: Path | None
+    read_text: Callable[[], tuple[str, str]]
+    tokenizer: Path | None = None  # a tokenizer file to load
+    train_tokenizer: int | None = None  # or the vocabulary of a BPE tokenizer to train
+
+
+class TrainingRun:
+    """OUT, this process's to write: made by :meth:`fresh` or :meth:`resume`, trained by
+    :meth:`train`, let go by :meth:`close` (or ``with``)."""
+
+    def __init__(self, out: str | os.PathLike[str]) -> None:
+        self.out = Path(out)
+        self.checkpoint = self.out / "checkpoint"
+        self._lock: RunLock | None = None
+        self.config: GPTConfig
+        self.settings: TrainSettings
+        self.trainer: Trainer
+        self.tokens: np.ndarray
+        self.source = ""  # what the tokens were made from, as state.json says
+        self.rank, self.world = 0, 1
+        self.stopped_by = 0  # the signal that interrupted train(), once it has
+
+    def __enter__(self) -> TrainingRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # --- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def fresh(cls, out: str | os.PathLike[str], config: GPTConfig, changes: dict,
+              corpus: Corpus, vet: Vet | None = None) -> TrainingRun:
+        """A new run in OUT (refused if OUT holds one) of the model ``config``, with the
+        default settings but ``changes``, on ``corpus``."""
+        run = cls(out)
+        try:
+            run._fresh(config, changes, corpus, vet)
+        except BaseException:
+            run.close()
+            raise
+        return run
+
+    @classmethod
+    def resume(cls, out: str | os.PathLike[str], changes: dict, model: dict | None = None,
+               preset_name: str | None = None, vet: Vet | None = None) -> TrainingRun:
+        """The run saved in OUT, its settings but ``changes`` (a larger max_steps, say).
+        ``preset_name`` and ``model`` (config fields) may only repeat the saved model."""
+        run = cls(out)
+        try:
+            run._resume(changes, model or {}, preset_name, vet)
+        except BaseException:
+            run.close()
+            raise
+        return run
+
+    def _claim(self, resume: bool = False) -> None:
+        """Make OUT this process's to write (refused if another live run writes it), then
+        remove what killed runs left there; every later write happens under the lock."""
+        out = self.out
+        out.mkdir(parents=True, exist_ok=True)
+        if self._lock is not None or os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 writes
+            return
+        try:
+            self._lock = RunLock(out)
+        except RunLocked as err:
+            raise RunError(str(err)) from None
+        except OSError as err:
+            raise RunError(f"--out: cannot lock {out}: {err.strerror}") from None
+        if not resume and find_checkpoints(self.checkpoint):
+            # a run that ended between the check in _fresh and the lock
+            raise RunError(self._holds_a_run())
+        # under torchrun every rank writes tokens.bin (the same bytes) at this moment: only
+        # the files rank 0 alone writes are a killed run's
+        together = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
+        remove_stale_temporaries(out, ("loss.png",) if together else TEMPORARY_FILES)
+        recover_checkpoint(self.checkpoint)  # the temporary folders of killed saves go
+
+    def _holds_a_run(self) -> str:
+        return (f"{self.out} already holds a training run; pass --resume to continue it or "
+                "choose another --out")
+
+    def _fresh(self, config: GPTConfig, changes: dict, corpus: Corpus, vet: Vet | None) -> None:
+        out, checkpoint = self.out, self.checkpoint
+        if out.is_dir():  # a live writer there is named, whatever it has written yet
+            self._claim()
+        if out.exists() and ((checkpoint / STATE_FILE).exists() or find_checkpoints(checkpoint)):
+            raise RunError(self._holds_a_run())
+        settings = _settings(changes)  # before the data is read: a bad setting costs nothing
+        if vet is not None:
+            vet(config, settings)
+        self.config, tokenizer = self._prepare_data(config, corpus)  # makes OUT
+        self._start(settings)
+        try:
+            data = TokenData.split(self.tokens, self.config.n_ctx)
+        except DataError as err:
+            raise RunError(f"{self.source}: {err}") from None
+        self.trainer = Trainer(self.config, self.settings, data, tokenizer)
+        tokens, mapped = self.tokens, getattr(self.tokens, "filename", None)
+        file = Path(mapped) if mapped else corpus.file
+        self.trainer.extra_state = {"data": {
+            "source": self.source, "tokens": _stored_path(out, file),  # type: ignore[arg-type]
+            "n_tokens": int(len(tokens)), "dtype": str(tokens.dtype)}}
+
+    def _prepare_data(self, config: GPTConfig, corpus: Corpus) -> tuple[GPTConfig, Any]:
+        """(config, tokenizer) of a fresh run; its tokens memory-mapped into self.tokens.
+        Every refusal of the input comes before OUT is made."""
+        if corpus.file is not None and corpus.file.suffix in (".bin", ".npy"):
+            tokenizer = _tokenizer(corpus, None)
+            _fits(tokenizer, config)
+            try:
+                self.tokens = open_tokens(corpus.file, config.vocab_size)
+            except DataError as err:
+                raise RunError(str(err)) from None
+            self._claim()
+            self.source = str(corpus.file)
+            return config, tokenizer
+        text, source = corpus.read_text()
+        if not text:
+            raise RunError(f"the corpus {source} is empty")
+        tokenizer = _tokenizer(corpus, text)
+        _fits(tokenizer, config)
+        ids = _encode(tokenizer, text)
+        try:  # a corpus too short to split is refused before OUT and tokens.bin are made
+            TokenData.split(ids, config.n_ctx)
+        except DataError as err:
+            raise RunError(f"{source}: {err}") from None
+        self._claim()  # makes OUT only now: a refused input leaves no folder
+        written = write_tokens(self.out / "tokens.bin", ids, config.vocab_size)
+        self.tokens, self.source = open_tokens(written, config.vocab_size), source
+        return config, tokenizer
+
+    def _resume(self, changes: dict, model: dict, preset_name: str | None,
+                vet: Vet | None) -> None:
+        out, checkpoint = self.out, self.checkpoint
+        if not out.is_dir() or not (checkpoint.exists() or find_checkpoints(checkpoint)):
+            raise RunError(f"no training checkpoint to resume in {out} ({checkpoint} not "
+                           "found)")
+        self._claim(resume=True)  # before reading: another writer may be mid-save
+        try:
+            config, _, _, state, tokenizer = load_training_checkpoint(checkpoint)
+            _same_model(config, model, preset_name, checkpoint)
+            if tokenizer.vocab_size > config.vocab_size:
+                raise RunError(f"{checkpoint}: the tokenizer has {tokenizer.vocab_size} "
+                               f"tokens, the model only {config.vocab_size}")
+            if "data" not in state:
+                raise RunError(f"{checkpoint}/{STATE_FILE} does not say which data it was "
+                               "trained on")
+            data_state = state["data"]
+            self.tokens = open_tokens(_tokens_path(out, data_state["tokens"]),
+                                      config.vocab_size, data_state.get("dtype"))
+            if len(self.tokens) != data_state["n_tokens"]:
+                raise RunError(f"the token file {data_state['tokens']} changed since the "
+                               "checkpoint was written")
+        except (CheckpointError, DataError) as err:
+            raise RunError(str(err)) from None
+        except KeyError as err:
+            raise RunError(f"{checkpoint}/{STATE_FILE} lacks {err}") from None
+        steps = changes.get("max_steps")
+        if steps is not None and steps < state["step"]:
+            raise RunError(f"--steps {steps} is below the checkpoint's step {state['step']} "
+                           f"({checkpoint}); --resume trains on to a larger --steps")
+        if checkpoint.is_dir():  # before training, not at the first save
+            _writable(checkpoint)
+        settings = _settings({**state["settings"], **changes}, f"{checkpoint / STATE_FILE}: ")
+        if vet is not None:
+            vet(config, settings)
+        self.config, self.source = config, data_state["source"]
+        self._start(settings)
+        try:
+            data = TokenData.split(self.tokens, config.n_ctx)
+            self.trainer = Trainer.resume(checkpoint, data, dict(vars(self.settings)))
+        except (CheckpointError, DataError) as err:
+            raise RunError(str(err)) from None
+        self.trainer.extra_state = {"data": data_state}
+
+    def _start(self, settings: TrainSettings) -> None:
+        """Join torchrun's process group, if any; the device becomes this process's."""
+        self.rank, self.world, settings.device = init_distributed(settings.device)
+        self.settings = settings
+
+    # --- training -----------------------------------------------------------------------
+
+    def train(self, progress: bool = True) -> str:
+        """Train to max_steps: "done", or "interrupted" (a signal, or standard output
+        lost; the checkpoint is saved first). A checkpoint that cannot be written and a
+        run that diverged raise RunError and RunDiverged, each saying what is kept."""
+        try:
+            with stop_on_signals():
+                try:
+                    status = self.trainer.run(self.out, progress=progress)
+                except Interrupted as signal_during_save:  # arrived as a save ended
+                    self.stopped_by = signal_during_save.signum
+                    return "interrupted"
+        except OSError as err:  # disk full, permission lost: what was written before is kept
+            raise RunError(f"cannot write the checkpoint: {err.strerror or err}"
+                           f"{f' ({err.filename})' if err.filename else ''}; "
+                           f"{self._kept('complete')}") from None
+        except TrainingDiverged as err:
+            raise RunDiverged(f"{err}; stopped without saving — {self._kept('good')}"
+                              ) from None
+        if status == "interrupted":
+            self.stopped_by = self.trainer.stopped_by
+        return status
+
+    def wait_for_the_others(self) -> None:
+        """Under torchrun, return once every process has come here."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def _kept(self, what: str) -> str:
+        """What a run that stopped on an error leaves: its last checkpoint, or none (it
+        stopped before the first save, and there is nothing to resume)."""
+        if find_checkpoints(self.checkpoint):
+            return f"the last {what} checkpoint is kept in {self.checkpoint}"
+        return f"no checkpoint had been saved yet in {self.checkpoint}"
+
+    def where_saved(self) -> str:
+        """Where an interrupted run's work is, as it is: saved by this run, kept from an
+        earlier one (no step was taken), or nowhere yet."""
+        checkpoint = self.checkpoint
+        resume = f"continue with: gptspec train --out {self.out} --resume"
+        if self.trainer.saved_at is not None:
+            return f"checkpoint saved in {checkpoint} (step {self.trainer.saved_at}); {resume}"
+        if find_checkpoints(checkpoint):
+            return f"no step was taken; the checkpoint in {checkpoint} is as it was; {resume}"
+        return ("no checkpoint was saved (stopped before the first step); to train, run the "
+                "same command again")
+
+
+# --- the pieces -----------------------------------------------------------------------------
+
+
+def _settings(values: dict, where: str = "") -> TrainSettings:
+    try:
+        return TrainSettings.from_dict(values)
+    except (ValueError, TypeError) as err:  # TypeError: a state.json with odd values
+        raise RunError(f"{where}{err}") from None
+
+
+def _tokenizer(corpus: Corpus, text: str | None) -> Any:
+    from gptspec.fast.tokenizer import Tokenizer
+
+    if corpus.tokenizer is not None and corpus.train_tokenizer is not None:
+        raise RunError("give --tokenizer or --train-tokenizer, not both")
+    if corpus.tokenizer is not None:
+        try:
+            return Tokenizer.load(corpus.tokenizer)
+        except Exception as err:
+            raise RunError(f"cannot load the tokenizer {str(corpus.tokenizer)!r}: {err}"
+                           ) from None
+    if corpus.train_tokenizer is not None:
+        if text is None:
+            raise RunError("--train-tokenizer needs a text corpus, not a token file")
+        try:
+            return Tokenizer.train(text, corpus.train_tokenizer)
+        except ValueError as err:
+            raise RunError(f"cannot train the tokenizer: {err}") from None
+    return Tokenizer.byte_level()
+
+
+def _fits(tokenizer: Any, config: GPTConfig) -> None:
+    if tokenizer.vocab_size > config.vocab_size:
+        raise RunError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                       f"vocab_size is {config.vocab_size}; pass --vocab-size "
+                       f"{tokenizer.vocab_size} or a smaller tokenizer")
+
+
+def _encode(tokenizer: Any, text: str) -> np.ndarray:
+    if not tokenizer.merges and not tokenizer.special_tokens:  # byte level: ids are the bytes
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+    return np.asarray(tokenizer.encode_ordinary(text), dtype=np.int64)
+
+
+def _same_model(config: GPTConfig, model: dict, preset_name: str | None,
+                checkpoint: Path) -> None:
+    """On resume the model is the checkpoint's: a preset and model fields may only repeat
+    it (each refusal names the flag, as ``gptspec train`` spells it)."""
+    if preset_name is not None:
+        try:
+            described = asdict(preset(preset_name).replace(**model))
+        except ConfigError as err:
+            raise RunError(str(err)) from None
+        saved = asdict(config)
+        differ = [k for k, v in saved.items() if described.get(k) != v]
+        if differ:
+            raise RunError(f"--preset {preset_name} contradicts the checkpoint in {checkpoint} "
+                           f"({differ[0]} = {described.get(differ[0])}, the checkpoint's "
+                           f"{saved[differ[0]]}); --resume continues that model")
+    for name, given in model.items():
+        if given != getattr(config, name):
+            raise RunError(f"--{name.replace('_', '-')} {given} contradicts the checkpoint in "
+                           f"{checkpoint} ({name} = {getattr(config, name)}); --resume "
+                           "continues that model")
+
+
+def _writable(folder: Path) -> None:
+    """Try it, as a save will: permission bits say nothing for root or a read-only mount."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".gptspec-write-test.", dir=folder)
+    except OSError as err:
+        raise RunError(f"--out: cannot write into {folder}: {err.strerror} ({folder})"
+                       ) from None
+    os.close(fd)
+    os.unlink(name)
+
+
+def _stored_path(out: Path, file: Path) -> str:
+    """A token file's path as state.json keeps it: relative to the run directory when it
+    lies inside it (so the directory can be moved), else absolute."""
+    full = Path(file).resolve()
+    try:
+        return full.relative_to(Path(out).resolve()).as_posix()
+    except ValueError:
+        return str(full)
+
+
+def _tokens_path(out: Path, stored: str) -> Path:
+    """Where a stored token path is now: relative ones are inside the run directory; an
+    absolute one inside a run directory since moved is looked for in the new one."""
+    path = Path(stored)
+    if not path.is_absolute():
+        return out / path
+    if not path.exists() and (out / path.name).is_file():
+        return out / path.name
+    return path
