@@ -171,16 +171,16 @@ def _train(args: argparse.Namespace, training: TrainingRun) -> int:
         return 2
     if training.rank != 0:
         return 0
-    saved = training.where_saved()
-    if status == "interrupted" and trainer.output_lost is not None:
-        lost = trainer.output_lost
-        error = CLIError(f"cannot write to standard output ({lost.strerror or lost}): "
-                         f"stopped at step {trainer.step_count}; {saved}")
-        if not isinstance(lost, BrokenPipeError):
-            raise error
-        print(error_line("train", error), file=sys.stderr, flush=True)
-        return 128 + signal.SIGPIPE  # 141, what a shell reports for a command its reader left
     if status == "interrupted":
+        saved = training.where_saved()
+        lost = trainer.output_lost
+        if lost is not None:
+            error = CLIError(f"cannot write to standard output ({lost.strerror or lost}): "
+                             f"stopped at step {trainer.step_count}; {saved}")
+            if not isinstance(lost, BrokenPipeError):
+                raise error
+            print(error_line("train", error), file=sys.stderr, flush=True)
+            return 128 + signal.SIGPIPE  # 141, what a shell reports when its reader left
         with writing_stdout():
             print(f"interrupted at step {trainer.step_count}; {saved}", flush=True)
         return 128 + training.stopped_by  # 130 for SIGINT, 143 for SIGTERM, as a shell does

@@ -501,10 +501,11 @@ class Trainer:
 
     @classmethod
     def resume(cls, directory: str | os.PathLike[str], data: TokenData,
-               changes: dict | None = None) -> Trainer:
+               changes: dict | None = None, saved: tuple | None = None) -> Trainer:
         """The trainer as it was when ``directory`` was saved (``changes``: settings to
-        override, e.g. a larger max_steps)."""
-        config, params, optimizer, state, tokenizer = load_training_checkpoint(directory)
+        override, e.g. a larger max_steps; ``saved``: what load_training_checkpoint has
+        read from it already, not read twice)."""
+        config, params, optimizer, state, tokenizer = saved or load_training_checkpoint(directory)
         settings = TrainSettings.from_dict({**state["settings"], **(changes or {})})
         trainer = cls(config, settings, data, tokenizer, params=params)
         trainer.step_count = int(state["step"])

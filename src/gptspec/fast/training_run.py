@@ -201,7 +201,8 @@ class TrainingRun:
                            "found)")
         self._claim(resume=True)  # before reading: another writer may be mid-save
         try:
-            config, _, _, state, tokenizer = load_training_checkpoint(checkpoint)
+            saved = load_training_checkpoint(checkpoint)  # once: the lock keeps it as read
+            config, _, _, state, tokenizer = saved
             _same_model(config, model, preset_name, checkpoint)
             if tokenizer.vocab_size > config.vocab_size:
                 raise RunError(f"{checkpoint}: the tokenizer has {tokenizer.vocab_size} "
@@ -232,7 +233,7 @@ class TrainingRun:
         self._start(settings)
         try:
             data = TokenData.split(self.tokens, config.n_ctx)
-            self.trainer = Trainer.resume(checkpoint, data, dict(vars(self.settings)))
+            self.trainer = Trainer.resume(checkpoint, data, dict(vars(self.settings)), saved)
         except (CheckpointError, DataError) as err:
             raise RunError(str(err)) from None
         self.trainer.extra_state = {"data": data_state}
