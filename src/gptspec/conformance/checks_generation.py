@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
 from gptspec.conformance.budgets import Precision
+from gptspec.conformance.expressible import fit_to_backend
 from gptspec.conformance.protocol import NotApplicable
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import (
@@ -97,6 +98,14 @@ def generation_cases(draw, dtype: str, share: float | None = 0.0):
     return config, params, prompts, max_new, eot
 
 
+def _fitted(backend, case: tuple) -> tuple:
+    """``case`` (config, params, …) with its model in a configuration the backend can
+    express (expressible.fit_to_backend), or NotApplicable: a narrow engine (GPT-2's
+    structure only) is judged on the examples it can hold instead of declining them."""
+    config, params, *rest = case
+    return (*fit_to_backend(config, params, backend), *rest)
+
+
 def _logit_budget(context: list[int], params, config, p: Precision) -> np.ndarray:
     """Budget of the last row of logits of ``context`` (V,)."""
     tokens = np.asarray([context])
@@ -148,7 +157,7 @@ def _greedy_matches_reference(ctx, case, label, through_forward: bool = False) -
     sequence by sequence (``_compare_greedy``); ``label(b, prompts)`` names sequence b.
     ``through_forward``: the backend's tokens are the reference's loop driven by its
     ``forward`` (an engine that returns logits and nothing else)."""
-    config, params, prompts, max_new, eot = case
+    config, params, prompts, max_new, eot = _fitted(ctx.backend, case)
     if through_forward:
         got, got_logits = ref.generate(prompts, params, config, max_new, temperature=0.0,
                                        eot_token=eot, return_logits=True,
@@ -231,7 +240,7 @@ def cache_vs_no_cache(backend, ctx):
     and the greedy token is that forward pass's arg-max (up to a near tie)."""
     @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
-        config, params, prompts, max_new, _ = case
+        config, params, prompts, max_new, _ = _fitted(backend, case)
         got, got_logits = _generate(ctx, prompts, params, config, max_new, temperature=0.0,
                                     return_logits=True)
         for b, prompt in enumerate(prompts):
@@ -255,7 +264,7 @@ def batch_invariance(backend, ctx):
     other lengths) gives the same greedy tokens (up to a near tie of its logits)."""
     @ctx.given(case=generation_cases(ctx.precision.dtype, GENERATION_SHARE))
     def _(case):
-        config, params, prompts, max_new, eot = case
+        config, params, prompts, max_new, eot = _fitted(backend, case)
         together, together_logits = _generate(ctx, prompts, params, config, max_new,
                                               temperature=0.0, eot_token=eot,
                                               return_logits=True)
@@ -330,6 +339,7 @@ def every_variant(backend, ctx):
             params = {k: B.round_to(v, ctx.precision.dtype)
                       for k, v in ParameterRecipe(config, recipe.scale, recipe.seed).make().items()}
             try:
+                config, params = fit_to_backend(config, params, backend)
                 got, got_logits = _generate(ctx, prompts, params, config, max_new,
                                             temperature=0.0, return_logits=True)
             except NotApplicable as err:
@@ -601,7 +611,7 @@ def sampling_through_forward(backend, ctx):
 
     @ctx.given(case=generation_cases(p.dtype), data=st.data())
     def _(case, data):
-        config, params, prompts, _, _ = case
+        config, params, prompts, _, _ = _fitted(backend, case)
         for b, prompt in enumerate(prompts):
             context = ref.crop_context(prompt, config.n_ctx)
             tau, top_k, top_p = data.draw(sampling_settings(config.vocab_size)
@@ -629,7 +639,7 @@ def sample_token_support(backend, ctx):
 
     @ctx.given(case=generation_cases(ctx.precision.dtype), data=st.data())
     def _(case, data):
-        config, params, prompts, max_new, eot = case
+        config, params, prompts, max_new, eot = _fitted(backend, case)
         tau = data.draw(st.sampled_from((0.5, 1.0, 2.0, 0.7, 1.3)), label="temperature")
         # settings that drop tokens (else there is nothing to check)
         top_k, top_p = data.draw(st.tuples(st.one_of(st.none(), st.integers(1, 3)),
@@ -656,7 +666,7 @@ def seeded(backend, ctx):
     same tokens."""
     @ctx.given(case=generation_cases(ctx.precision.dtype), data=st.data())
     def _(case, data):
-        config, params, prompts, max_new, eot = case
+        config, params, prompts, max_new, eot = _fitted(backend, case)
         tau, top_k, top_p = data.draw(sampling_settings(config.vocab_size))
         seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
         options = dict(temperature=tau or 1.0, top_k=top_k, top_p=top_p, eot_token=eot)

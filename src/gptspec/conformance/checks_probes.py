@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.context import declared_support
-from gptspec.conformance.protocol import NotApplicable
+from gptspec.conformance.expressible import fit_to_backend
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import (
     BOUNDARY_LENGTHS,
@@ -147,50 +146,6 @@ def _tiny_variance(data: st.DataObject, W: np.ndarray, eps: float) -> np.ndarray
     return 1.0 + spread * centred / norm
 
 
-# Options an engine may not be able to turn off, and how to turn one on without changing
-# the model's function: its new parameters are zero (a tied read-out becomes W_U = W_Eᵀ).
-# Last, a final LayerNorm of gain 1 and bias 0 where an engine always applies one (GPT-2):
-# that changes the function, so the probe then also judges LayerNorm, but the verdict is
-# still the fitted model against the reference.
-def _fit(config: GPTConfig, params: Params, backend, keep_tied: bool = False
-         ) -> tuple[GPTConfig, Params]:
-    """The same model in a configuration ``backend`` can express (its ``supports``), or
-    NotApplicable naming why none fits."""
-    supports = declared_support(backend)
-    if supports is None or not supports(config):
-        return config, params
-    width, d = config.d_attn, config.d_model
-    options = [("attn_bias", {"attn.b_qkv": (3 * width,), "attn.b_o": (d,)}),
-               ("ffn_bias", {"ffn.b_1": (config.d_ff,), "ffn.b_2": (d,)}),
-               ("positional_embedding", None), ("untie", None), ("final_norm", None)]
-    off = [(name, new) for name, new in options
-           if (name == "untie" and config.tied_embeddings and not keep_tied)
-           or (name != "untie" and not getattr(config, name))]
-    first_reason = supports(config)
-    for chosen in range(1, 2 ** len(off)):
-        turned = [off[i] for i in range(len(off)) if chosen >> i & 1]
-        fields: dict[str, Any] = {name: True for name, _ in turned if name != "untie"}
-        if any(name == "untie" for name, _ in turned):
-            fields["tied_embeddings"] = False
-        candidate = dataclasses.replace(config, **fields)
-        if supports(candidate):
-            continue
-        fitted = dict(params)
-        for name, new in turned:
-            if name == "positional_embedding":
-                fitted["wpe"] = np.zeros((config.n_ctx, d))
-            elif name == "final_norm":
-                fitted["ln_f.weight"], fitted["ln_f.bias"] = np.ones(d), np.zeros(d)
-            elif name == "untie":
-                fitted["w_u"] = np.asarray(params["wte"]).T.copy()
-            else:
-                for layer in range(config.n_layers):
-                    for key, shape in (new or {}).items():
-                        fitted[f"blocks.{layer}.{key}"] = np.zeros(shape)
-        return candidate, fitted
-    raise NotApplicable(first_reason)
-
-
 # A sublayer silenced by a zero W_O (W_2) is silent only where the equation that applies
 # W_O (W_2) is computed: those entries are in the probe's support. Its other entries
 # matter only if they make a non-finite number (Probe.nonfinite).
@@ -229,7 +184,7 @@ def _register_check(p: Probe) -> None:
         @ctx.given(data=st.data())
         def _(data):
             config, params, tokens = build(data, ctx.precision.dtype)
-            config, params = _fit(config, params, backend,
+            config, params = fit_to_backend(config, params, backend,
                                   keep_tied="unembed_untied" not in p.support)
             params = {k: B.round_to(v, ctx.precision.dtype) for k, v in params.items()}
             expected = ref.gpt_forward(tokens, params, config)
@@ -528,7 +483,7 @@ def causality(backend, ctx):
         config = _config(data, norm=norm, n_ctx=max(2, _long_context(data)),
                          ffn=data.draw(st.sampled_from(tuple(FFN_ENTRIES)), label="ffn"),
                          positional_embedding=data.draw(st.booleans()))
-        config, params = _fit(config, _random(data, config, ctx.precision.dtype), backend)
+        config, params = fit_to_backend(config, _random(data, config, ctx.precision.dtype), backend)
         params = {k: B.round_to(v, ctx.precision.dtype) for k, v in params.items()}
         tokens = _tokens(data, config, long=True)
         j = data.draw(st.integers(1, config.n_ctx - 1), label="first changed position")
@@ -559,7 +514,7 @@ def positions_absent(backend, ctx):
     def _(data):
         norm = data.draw(st.sampled_from(("pre", "post", "guide")), label="norm")
         config = _config(data, norm=norm, n_ctx=_long_context(data))
-        config, params = _fit(config, _random(data, config, ctx.precision.dtype), backend)
+        config, params = fit_to_backend(config, _random(data, config, ctx.precision.dtype), backend)
         params = {k: B.round_to(v, ctx.precision.dtype) for k, v in params.items()}
         token = data.draw(st.integers(0, config.vocab_size - 1), label="the token")
         tokens = np.full((1, config.n_ctx), token, dtype=np.int64)
