@@ -58,6 +58,10 @@ ENGINES: tuple[Engine, ...] = (
     Engine("hf-sdpa", ("float32", "bfloat16"), "interop",
            "GPT2LMHeadModel of transformers, PyTorch's fused SDPA attention; as hf-eager "
            "otherwise", areas=("model", "gradients", "sampling")),
+    Engine("hf-logits", ("float32", "bfloat16"), "interop",
+           "GPT2LMHeadModel of transformers (SDPA attention) as most engines are brought: "
+           "logits only; judged through the probes, generation and sampling through its "
+           "forward", areas=("model",)),
     Engine("tiktoken", ("float64",), "",
            "tiktoken's Encoding built from the spec's merges as byte ranks; encodes and decodes "
            "(it has no trainer)", areas=("tokenizer",)),

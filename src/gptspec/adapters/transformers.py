@@ -248,4 +248,26 @@ class SdpaBackend(TransformersBackend):
     attn_implementation = "sdpa"
 
 
-__all__ = ["EagerBackend", "SdpaBackend", "TransformersBackend"]
+class LogitsOnlyBackend:
+    """transformers' GPT-2 as most engines are brought: ``forward`` (logits) and what it can
+    express (``supports``), nothing else. The suite judges it through the probes and drives
+    generation and sampling through its logits (``hf-logits``)."""
+
+    protocol_version = 2
+
+    def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
+        self._engine = SdpaBackend(device, dtype)
+        self.name = "hf-logits"
+        self.version, self.device, self.dtype = (self._engine.version, self._engine.device,
+                                                 self._engine.dtype)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device!r}, dtype={self.dtype!r})"
+
+    supports = staticmethod(TransformersBackend.supports)
+
+    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
+        return self._engine.forward(tokens, params, config)
+
+
+__all__ = ["EagerBackend", "LogitsOnlyBackend", "SdpaBackend", "TransformersBackend"]
