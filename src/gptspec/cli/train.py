@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from gptspec.cli import CLIError, checks, error_line, printable, writing_stdout
 
 if TYPE_CHECKING:  # imported when run: `gptspec train --help` does not pay for torch
+    from gptspec.fast.train import TrainSettings
     from gptspec.fast.training_run import TrainingRun, Vet
+    from gptspec.spec.config import GPTConfig
 
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
                "n_heads": int, "d_ff": int}
@@ -131,7 +133,7 @@ def _vet(args: argparse.Namespace) -> Vet:
     state = args.out / "checkpoint" / "state.json"
     where = f"{state}: " if args.resume else ""
 
-    def vet(config: Any, settings: Any) -> None:
+    def vet(config: GPTConfig, settings: TrainSettings) -> None:
         # the flag is checked up front; a state.json's value here (an evaluation never ending)
         checks.fits_in_memory(EVAL_BYTES_PER_BATCH * settings.eval_batches,
                               f"{where}eval_batches {settings.eval_batches}: the losses an "
