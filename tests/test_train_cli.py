@@ -130,3 +130,15 @@ def test_compile_is_kept_by_the_run_and_its_resume(tmp_path, corpus, monkeypatch
     assert _train(tmp_path, "--resume", "--steps", "3") == 0
     state = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 3 and state["settings"]["compile"] is True and len(compiled) == 2
+
+
+def test_a_data_file_name_with_escape_sequences_is_printed_as_escapes(tmp_path, capsys):
+    """A corpus named with a terminal escape (clear screen) and a line break: the run's
+    header spells them out, in a fresh run as on --resume, so the file name cannot rewrite
+    what the terminal shows."""
+    corpus = tmp_path / "a\x1b[2Jb\nc.txt"
+    corpus.write_text(TEXT)
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 0
+    assert _train(tmp_path, "--resume", "--steps", "3") == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.count("a\\x1b[2Jb\\nc.txt") == 2

@@ -152,7 +152,7 @@ def _train(args: argparse.Namespace, training: TrainingRun) -> int:
 
     trainer, config, world = training.trainer, training.config, training.world
     if training.rank == 0:
-        source = printable(training.source) if args.resume else training.source
+        source = printable(training.source)  # a file name may hold escape sequences
         with writing_stdout():
             print(f"training {config.n_layers} layers × d_model {config.d_model} "
                   f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters) on "
