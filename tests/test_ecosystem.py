@@ -196,3 +196,17 @@ def test_the_guides_smallest_adapter_runs_through_the_suite():
     assert status["model.batch_independence"].status == "pass"
     assert status["softmax.differential"].status == "not-implemented"
     assert status["gpt_forward.differential"].not_applicable > 0  # post-LN, Guide: skipped
+
+
+def test_a_logits_only_engine_nobody_here_wrote_is_judged_on_thirty_checks():
+    """transformers' GPT-2 behind forward alone (hf-logits), as committed by the ecosystem
+    run at the default profile: at least 30 checks reach a verdict (pass, fail or blocked;
+    not "not implemented" or "not applicable") in float32 and in bfloat16, and none fails."""
+    for dtype in ("float32", "bfloat16"):
+        path = ROOT / ecosystem.REPORT_DIR / ecosystem.report_name("hf-logits", dtype)
+        (run,) = json.loads(path.read_text(encoding="utf-8"))["runs"]
+        assert run["settings"]["profile"] == "default"
+        statuses = [c["status"] for c in run["checks"]]
+        judged = [s for s in statuses if s not in ("not-implemented", "not-applicable")]
+        assert len(judged) >= 30, (dtype, len(judged))
+        assert set(judged) == {"pass"}, (dtype, sorted(set(judged)))
