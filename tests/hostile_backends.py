@@ -271,3 +271,98 @@ class RewritesTheReferenceLater(Honest):
         right = gpt_forward(tokens, params, config)
         output.gpt_forward.__code__ = (lambda tokens, params, config: None).__code__
         return right + 1.0
+
+
+class _ItsOwnStop(BaseException):
+    """Neither an Exception nor SystemExit: a handler for those two let it through."""
+
+
+class RaisesItsOwnBaseException(Honest):
+    def __init__(self) -> None:
+        raise _ItsOwnStop("not an Exception")
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no message today")
+
+
+class RaisesUnprintably(Honest):
+    """Raises an exception whose ``__str__`` raises: with --no-isolate the judge's own
+    formatting of it ended the run ("ValueError: no message today")."""
+
+    def forward(self, tokens, params, config):
+        raise _Unprintable()
+
+
+class VersionOfFiveThousandDigits(Honest):
+    protocol_version = 10**5000  # its repr raises: Python prints at most 4300 digits
+
+
+class VersionTrue(Honest):
+    protocol_version = True  # == 1, but no version at all
+
+
+class ForksOnStart(Honest):
+    """Its constructor forks a child that sleeps holding the suite's standard output:
+    with --no-isolate, ``gptspec conformance … | cat`` waited ten minutes for it."""
+
+    def __init__(self) -> None:
+        import os
+
+        if os.fork() == 0:
+            _write_pid_and_sleep()
+            os._exit(0)
+
+
+class SetsTheUmask(Honest):
+    """``os.umask(0o777)`` when built, and wrong logits: the report and the saved failure
+    were written with no permissions at all."""
+
+    def __init__(self) -> None:
+        import os
+
+        os.umask(0o777)
+
+    def forward(self, tokens, params, config):
+        return super().forward(tokens, params, config) + 1.0
+
+
+class _ExitsWhenCollected:
+    def __del__(self) -> None:
+        import os
+
+        os._exit(0)
+
+
+class ExitsInAFinalizer(Honest):
+    """``os._exit(0)`` in a ``__del__``: with --no-isolate the SystemExit it became was
+    swallowed by Python (a traceback) and the check passed."""
+
+    def forward(self, tokens, params, config):
+        _ExitsWhenCollected()
+        return super().forward(tokens, params, config)
+
+
+class ClosesTheJudgesChannel(Honest):
+    """Closes every file descriptor above 2: the worker's channel to the judge with them."""
+
+    def forward(self, tokens, params, config):
+        import os
+
+        os.closerange(3, 4096)
+        return super().forward(tokens, params, config)
+
+
+class ClosesStandardOutput(Honest):
+    def forward(self, tokens, params, config):
+        sys.stdout.close()
+        return super().forward(tokens, params, config)
+
+
+class KillsItself(Honest):
+    def forward(self, tokens, params, config):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

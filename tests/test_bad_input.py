@@ -418,6 +418,15 @@ case("conformance-backend-module-exits-on-import",
      CONF + ["--backend", "hostile_backend_exits_on_import:X", "--no-isolate"], "exit(0)")
 case("conformance-backend-InterruptsOnStart-isolated",
      CONF + ["--backend", "hostile_backends:InterruptsOnStart"], "keyboardinterrupt")
+# a final hostile pass (issue 29): a BaseException of its own (a traceback with
+# --no-isolate), a protocol_version whose repr raises, one that is True (read as 1)
+for isolation in ([], ["--no-isolate"]):
+    for name, needle in [
+        ("RaisesItsOwnBaseException", "failed to start: _itsownstop: not an exception"),
+        ("VersionOfFiveThousandDigits", "protocol_version (a value of type int that cannot"),
+        ("VersionTrue", "declares protocol_version true, which this suite does not know")]:
+        case(f"conformance-backend-{name}{''.join(isolation)}",
+             CONF + ["--backend", f"hostile_backends:{name}", *isolation], needle)
 
 # --- a second attacker's pass ------------------------------------------------------------------
 # a checkpoint or preset named by a path the file system refuses (the error was exit 1 and

@@ -489,3 +489,75 @@ def test_the_dtype_asked_is_judged_in_the_worker_too(tmp_path):
     assert proc.returncode == 1
     assert "ERR   gpt_forward.differential" in proc.stdout
     assert "forward returned a Python list (float64 values)" in proc.stdout
+
+
+# --- a final hostile pass (issue 29) ---------------------------------------------------------
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_an_exception_whose_message_raises_is_its_checks_error(tmp_path, isolation):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:RaisesUnprintably",
+                        *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # was, with --no-isolate, the run's end: "error: ValueError: no message today";
+    # isolated, a false "the backend raised ValueError"
+    assert "raised _Unprintable: (its message cannot be printed" in proc.stdout
+    assert "ValueError" not in proc.stdout + proc.stderr
+
+
+def test_no_isolate_ends_a_child_forked_by_the_constructor(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    try:  # the child slept ten minutes holding the pipes: this call's time limit ran out
+        proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ForksOnStart",
+                            "--no-isolate", GPTSPEC_TEST_PID_FILE=str(pid_file))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert time.monotonic() - started < 60
+        assert not _alive(_wait_for_pid(pid_file, 5))
+    finally:
+        if pid_file.exists() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), 9)
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_a_backends_umask_does_not_reach_the_files_the_judge_writes(tmp_path, isolation):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:SetsTheUmask", *isolation,
+                        "--report", "report.json", "--save-failures", "saved")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    written = [tmp_path / "report.json", tmp_path / "saved", *(tmp_path / "saved").iterdir()]
+    assert len(written) == 4
+    for path in written:  # were mode 000
+        assert path.stat().st_mode & 0o666 == 0o666 & ~umask, path
+
+
+def test_no_isolate_an_os_exit_python_swallowed_is_still_an_error(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsInAFinalizer",
+                        "--no-isolate")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # was 0: PASS
+    assert "ERR   gpt_forward.differential" in proc.stdout
+    assert "the backend called os._exit(0)" in proc.stdout
+    assert "Traceback" not in proc.stderr  # Python's report of the ignored exception
+
+
+def test_a_backend_that_closes_the_workers_channel_gets_no_traceback(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ClosesTheJudgesChannel")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERR   gpt_forward.differential" in proc.stdout
+    assert "Traceback" not in proc.stderr  # was the worker's, relayed as backend output
+    assert "lost its channel to the judge" in proc.stderr
+
+
+def test_no_isolate_verdicts_survive_a_backend_closing_standard_output(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ClosesStandardOutput",
+                        "--no-isolate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # was 1: "I/O operation on closed"
+    assert "PASS  gpt_forward.differential" in proc.stdout
+
+
+def test_a_crashed_check_states_the_time_it_took_not_its_limit(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:KillsItself",
+                        "--timeout", "50")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ERR"))
+    assert float(line.split()[-1].rstrip("s")) < 10, line  # was 50.00s

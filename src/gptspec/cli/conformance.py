@@ -326,7 +326,15 @@ def _announce(suite: Any, started: Callable[[Any], None],
 
 def _result(result: Any, guard: InProcessGuard | None) -> None:
     from gptspec.conformance import report
+    from gptspec.conformance.protocol import shown
 
+    code = guard.take_exit() if guard else None
+    if code is not None and result.status not in ("fail", "error"):
+        # os._exit where Python swallowed its SystemExit (a finalizer): isolated, the
+        # worker would have ended, an error; so here
+        result.status, result.worst_fraction = "error", None
+        result.detail = (f"the backend called os._exit({shown(code)}) in the judge's process "
+                         "(--no-isolate), where Python ignored it (a finalizer)")
     print(report.line(result), flush=True)
     if guard:
         guard.progress()

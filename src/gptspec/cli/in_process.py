@@ -34,6 +34,9 @@ class InProcessGuard:
         self.judge = os.getpid()
         self.real_exit = os._exit
         self.threads_before: set[threading.Thread] = set()
+        self.children_before: set[int] | None = None
+        self.exit_called: object = None  # os._exit's code, until the check's result takes it
+        self.unraisable_before = sys.unraisablehook
 
     def progress(self) -> None:
         self.last = time.monotonic()
@@ -41,10 +44,18 @@ class InProcessGuard:
     def _exit(self, code: int = 0) -> Any:
         if os.getpid() != self.judge:  # a child the backend forked exits as it asks
             self.real_exit(code)
+        # kept: in a finalizer Python ignores the SystemExit, and the check would pass
+        self.exit_called = code
         raise SystemExit(f"os._exit({code!r}) was called in the judge's process (--no-isolate)")
 
     def __enter__(self) -> InProcessGuard:
+        from gptspec.conformance.isolation import _adopt_orphans
+
         self.threads_before = set(threading.enumerate())
+        # the processes the backend forks (and those they leave in sessions of their own)
+        # are the judge's to end: one asleep with our stdout open kept `… | cat` waiting
+        self.children_before = _adopt_orphans()
+        sys.unraisablehook = self._unraisable
         os._exit = posix._exit = self._exit  # type: ignore[assignment]
         self.progress()
         if self.timeout is not None:
@@ -54,6 +65,32 @@ class InProcessGuard:
     def __exit__(self, *exc: object) -> None:
         self.done.set()
         os._exit = posix._exit = self.real_exit
+        sys.unraisablehook = self.unraisable_before
+        self.end_children()
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """What a backend raised where Python ignores it (a finalizer): one escaped line
+        marked as the backend's, where Python would print a traceback."""
+        from gptspec.conformance.protocol import shown
+
+        err = unraisable.exc_value
+        if isinstance(err, KeyboardInterrupt):  # Ctrl-C or SIGTERM: the command's to handle
+            self.unraisable_before(unraisable)
+            return
+        what = shown(unraisable.exc_type.__name__)
+        message = shown(err) if err is not None else ""
+        print(f"  backend output: {what}{': ' + message if message else ''} "
+              "(raised in a finalizer: Python ignores it)", file=sys.stderr)
+
+    def take_exit(self) -> object:
+        """The code of an os._exit the backend called since the last look (None: none)."""
+        code, self.exit_called = self.exit_called, None
+        return code
+
+    def end_children(self) -> None:
+        from gptspec.conformance.isolation import _end_orphans
+
+        _end_orphans(self.children_before)
 
     def _watch(self) -> None:
         assert self.timeout is not None
@@ -64,6 +101,7 @@ class InProcessGuard:
                 try:
                     self.on_expiry(waited)
                 finally:
+                    self.end_children()
                     for stream in (sys.stdout, sys.stderr):
                         try:
                             stream.flush()

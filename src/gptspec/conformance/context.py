@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from gptspec.conformance import budgets
 from gptspec.conformance.budgets import Comparison, Precision
-from gptspec.conformance.protocol import NotApplicable, capability_problem
+from gptspec.conformance.protocol import NotApplicable, capability_problem, shown
 from gptspec.spec.config import GPTConfig
 
 PROFILES = {"quick": 12, "default": 30, "thorough": 200}
@@ -129,20 +130,52 @@ _KEEP_CALLS = 16  # calls kept per example (a check makes a handful)
 
 @contextlib.contextmanager
 def keeping_cwd() -> Any:
-    """The working directory as it was before a backend ran in this process: a backend's
-    ``os.chdir`` must not move the files the judge writes (reports, saved failures)."""
+    """The working directory and umask as they were before a backend ran in this process:
+    a backend's ``os.chdir`` must not move the files the judge writes (reports, saved
+    failures), nor its ``os.umask(0o777)`` make them unreadable."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    streams = (sys.stdout, sys.stderr)
+    fds = (_fileno(sys.stdout), _fileno(sys.stderr))
     try:
         here = os.open(".", os.O_RDONLY)
     except OSError:  # no readable working directory: nothing to keep
-        yield
+        try:
+            yield
+        finally:
+            os.umask(umask)
+            _restore_streams(streams, fds)
         return
     try:
         yield
     finally:
+        os.umask(umask)
+        _restore_streams(streams, fds)
         try:
             os.fchdir(here)
         finally:
             os.close(here)
+
+
+def _restore_streams(streams: tuple[Any, Any], fds: tuple[int | None, int | None]) -> None:
+    """``sys.stdout`` and ``sys.stderr`` as they were (a backend may replace or close them:
+    the judge's verdict lines went after them); a closed one is opened again on its file
+    descriptor."""
+    for name, stream, fd in zip(("stdout", "stderr"), streams, fds, strict=True):
+        if getattr(stream, "closed", False) and fd is not None:
+            try:
+                stream = open(fd, "w", encoding=stream.encoding, errors=stream.errors,
+                              buffering=1, closefd=False)
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue
+        setattr(sys, name, stream)
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return int(stream.fileno())
+    except Exception:  # noqa: BLE001 — a stream without a descriptor (captured output)
+        return None
 
 
 class RecordingBackend:
@@ -254,7 +287,7 @@ class CheckContext:
 
     def _not_applicable(self, err: NotApplicable) -> None:
         self.not_applicable += 1
-        self.not_applicable_reason = self.not_applicable_reason or str(err)
+        self.not_applicable_reason = self.not_applicable_reason or shown(err)
         hypothesis.reject()
 
     def op(self, name: str) -> Callable[..., Any]:

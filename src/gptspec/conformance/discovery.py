@@ -7,12 +7,14 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import numbers
 from importlib.metadata import entry_points
 from typing import Any
 
 from gptspec.conformance.protocol import (
     PROTOCOL_HISTORY,
     PROTOCOL_VERSION,
+    CheckTimeout,
     NotApplicable,
     capability_problem,
     shown,
@@ -80,9 +82,11 @@ def _resolve(spec: str) -> Any:
     module_name, attr = _target(spec)
     try:
         module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as err:  # noqa: BLE001 — any import failure, in one line
+    except (KeyboardInterrupt, CheckTimeout):
+        raise
+    except BaseException as err:  # noqa: BLE001 — any import failure, in one line
         # SystemExit too: a module calling sys.exit(0) on import must not end the run as
-        # if every check had passed
+        # if every check had passed; and a BaseException of its own
         raise BackendError(f"cannot import backend module {module_name!r}: "
                            f"{_what_raised(err)}") from None
     obj: Any = module
@@ -97,10 +101,20 @@ def _resolve(spec: str) -> Any:
     return obj
 
 
+def _repr(value: object) -> str:
+    """``repr(value)`` as the judge shows a backend's string; a repr that raises (an int of
+    more digits than Python prints, a hostile ``__repr__``) is named, not raised."""
+    try:
+        return shown(repr(value))
+    except Exception:  # noqa: BLE001
+        return f"(a value of type {shown(type(value).__name__)} that cannot be printed)"
+
+
 def _what_raised(err: BaseException) -> str:
     if isinstance(err, SystemExit):
-        return f"it called exit({err.code!r})"
-    return shown(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+        return f"it called exit({_repr(err.code)})"
+    message = shown(err)  # "(unprintable)" where its __str__ raises
+    return f"{shown(type(err).__name__)}: {message}" if message else shown(type(err).__name__)
 
 
 def load_backend(spec: str, device: str | None = None, dtype: str | None = None) -> Any:
@@ -115,7 +129,9 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
             obj = obj(**kwargs)
         except NotApplicable as err:  # it declines the dtype or device asked, in one line
             raise BackendRefused(spec, shown(err)) from None
-        except (Exception, SystemExit) as err:  # noqa: BLE001
+        except (KeyboardInterrupt, CheckTimeout):
+            raise
+        except BaseException as err:  # noqa: BLE001 — SystemExit, a BaseException of its own
             raise BackendError(f"backend {spec!r} failed to start: {_what_raised(err)}"
                                ) from None
         if obj is None:  # a factory that forgot its return: no protocol version to speak of
@@ -162,16 +178,19 @@ def check_protocol_version(spec: str, backend: Any) -> None:
     would take the arguments in another order. No ``protocol_version`` means version 1,
     which predates the attribute."""
     declared = getattr(backend, "protocol_version", 1)
-    if declared == PROTOCOL_VERSION:
+    # a number, compared as one: True is not version 1, nor an array or an object whose
+    # __eq__ says anything version 2
+    number = isinstance(declared, numbers.Real) and not isinstance(declared, bool)
+    if number and declared == PROTOCOL_VERSION:
         return
     ours = f"protocol {PROTOCOL_VERSION} ({PROTOCOL_HISTORY[PROTOCOL_VERSION]})"
-    if declared in PROTOCOL_HISTORY:
-        theirs = f"protocol {declared} ({PROTOCOL_HISTORY[declared]})"
+    if number and declared in PROTOCOL_HISTORY:
+        theirs = f"protocol {int(declared)} ({PROTOCOL_HISTORY[int(declared)]})"
         if declared < PROTOCOL_VERSION:
             raise BackendError(f"backend {spec!r} speaks conformance {theirs}; this suite "
                                f"speaks {ours}: reorder the arguments and set "
                                f"protocol_version = {PROTOCOL_VERSION}")
     else:
-        theirs = f"protocol_version {declared!r}, which this suite does not know"
+        theirs = f"protocol_version {_repr(declared)}, which this suite does not know"
     raise BackendError(f"backend {spec!r} declares {theirs}; this suite speaks {ours}: "
                        "use the gptspec its protocol came with")

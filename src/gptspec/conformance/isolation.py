@@ -18,8 +18,9 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gptspec.conformance.discovery import BackendError, BackendRefused
 from gptspec.conformance.protocol import shown
@@ -144,8 +145,11 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     all_checks()  # every check module loaded (CHECKS filled) before the backend's code runs
     judge = judge_fingerprint()
+    umask = os.umask(0o022)  # the judge's, for the failures it saves (keeping_cwd: each check)
+    os.umask(umask)
     try:
         backend = load_backend(spec, device=device, dtype=dtype)
+        os.umask(umask)
         precision, mismatch = judged_precision(backend, dtype)
         mismatch = tampered(judge) or mismatch or device_mismatch(backend, device)
         described = describe_backend(backend)
@@ -153,7 +157,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
         message = (str(err) if isinstance(err, BackendError) else
                    f"backend {spec!r} failed to start: {type(err).__name__} {err}".rstrip())
         refused = {"refused": err.reason} if isinstance(err, BackendRefused) else {}
-        conn.send_bytes(json.dumps({"load_error": message, **refused}).encode())
+        _send(conn, json.dumps({"load_error": message, **refused}).encode())
         return
     origin = {**described, "spec": spec, "device": device or described["device"],
               "dtype": dtype or described["dtype"]}
@@ -161,12 +165,14 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     # them as blocked (runner.walk)
     unmet_by_id = {} if mismatch else {c.id: why for c in all_checks()
                                        if (why := unmet(backend, c))}
-    conn.send_bytes(json.dumps({"backend": described, "unmet": unmet_by_id}).encode())
+    _send(conn, json.dumps({"backend": described, "unmet": unmet_by_id}).encode())
     while True:
         try:
             check_id = conn.recv_bytes().decode()
         except EOFError:
             return
+        except OSError as err:
+            _channel_lost(err)
         if check_id == "":
             return
         check = CHECKS[check_id]
@@ -184,7 +190,23 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
             mismatch = tampered(judge)
             if mismatch:
                 result = dtype_error(check, mismatch)
-        conn.send_bytes(json.dumps(result.to_dict(), default=str).encode())
+        _send(conn, json.dumps(result.to_dict(), default=str).encode())
+
+
+def _channel_lost(err: OSError) -> NoReturn:
+    """The backend closed (or reused) the file descriptor of the worker's channel to the
+    judge: said in one line, not in a traceback of the judge's code, and the worker ends
+    (the judge reports its exit)."""
+    print(f"the worker lost its channel to the judge ({err.strerror or err}): the backend "
+          "closed or reused its file descriptor", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def _send(conn: Any, data: bytes) -> None:
+    try:
+        conn.send_bytes(data)
+    except OSError as err:
+        _channel_lost(err)
 
 
 def _death(process: Any) -> str:
@@ -250,19 +272,24 @@ class _Worker:
                                "unreadable greeting") from None
 
     def run(self, check: Check, timeout: float | None) -> CheckResult:
-        def error(detail: str) -> CheckResult:
+        begun = time.monotonic()
+
+        def error(detail: str, ended: float | None = None) -> CheckResult:
+            # the time the check took, not the limit it had
+            took = (ended or time.monotonic()) - begun
             return CheckResult(check.id, list(check.entries), check.kind, "error", None,
-                               detail, 0, 0, 0.0 if timeout is None else float(timeout),
-                               check.budget)
+                               detail, 0, 0, took, check.budget)
 
         try:
             self.conn.send_bytes(check.id.encode())
             if not self.conn.poll(timeout):
+                ended = time.monotonic()
                 self.stop()
-                return error(f"timed out after {timeout:g} s (the worker was stopped)")
+                return error(f"timed out after {timeout:g} s (the worker was stopped)", ended)
             answer = self.conn.recv_bytes()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            return error(_death(self.process))
+            ended = time.monotonic()  # before waiting for the worker's exit status
+            return error(_death(self.process), ended)
         finally:
             self.relay()
         try:

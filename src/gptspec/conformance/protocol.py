@@ -100,6 +100,12 @@ def capability_problem(declared: object) -> str:
     return ""
 
 
+class CheckTimeout(BaseException):
+    """The check ran past its time limit (a BaseException, so that Hypothesis does not
+    take it for a failure to shrink). Here, beside the protocol, so that code catching
+    whatever a backend raises can let the judge's own timer through."""
+
+
 class NotApplicable(Exception):
     """Raised by a backend for an input its engine cannot express (e.g. a post-LN block in
     an engine whose model is pre-LN); the message says why, in one line."""

@@ -32,7 +32,13 @@ from gptspec.conformance.context import (
     keeping_cwd,
     suite_settings,
 )
-from gptspec.conformance.protocol import SHOWN_LIMIT, NotApplicable, capability_problem, shown
+from gptspec.conformance.protocol import (
+    SHOWN_LIMIT,
+    CheckTimeout,
+    NotApplicable,
+    capability_problem,
+    shown,
+)
 from gptspec.conformance.registry import Check, all_checks
 
 STATUSES = ("pass", "fail", "not-implemented", "not-applicable", "blocked", "error")
@@ -185,13 +191,11 @@ def _stop_within(err: BaseException) -> KeyboardInterrupt | None:
 
 
 def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
+    try:
+        text = str(err).strip().splitlines()
+    except Exception:  # noqa: BLE001 — a backend's exception whose __str__ raises
+        text = ["(its message cannot be printed: its __str__ raised)"]
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-class CheckTimeout(BaseException):
-    """The check ran past its time limit (a BaseException, so that Hypothesis does not
-    take it for a failure to shrink)."""
 
 
 @contextlib.contextmanager
@@ -259,7 +263,7 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
                 isinstance(err, hypothesis.errors.Unsatisfiable) and ctx.not_applicable):
             # every example was one the backend cannot express
             status = "not-applicable"
-            detail = str(err) if isinstance(err, NotApplicable) else ctx.not_applicable_reason
+            detail = shown(err) if isinstance(err, NotApplicable) else ctx.not_applicable_reason
         elif isinstance(err, CheckFailure):
             status, detail = "fail", str(err)
         else:
