@@ -8,7 +8,8 @@ do the probes (gptspec.conformance.checks_probes.localise) point at the entry it
 Localised: localise() names the mutant's entry first, or in a tie of two (a suspect
 "a / b", entries the probes cannot tell apart, counts once). A mutant whose logits equal
 the built-in backend's bit for bit on every variant breaks an operation the forward never
-calls: n/a, except a bug inside attention, also planted on the forward path.
+calls: n/a, except a bug inside attention or in the head-sum form, also planted on the
+forward path (on_the_forward_path).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from meta.mutants import BY_NAME, MUTANTS
 
 # the operations inside attention the fused kernel replaces
 ATTENTION_PARTS = {"causal_mask", "attention_scores", "softmax", "attention_weights"}
+# operations the built-in forward does not call, which another engine's forward would
+ON_ANOTHER_PATH = ATTENTION_PARTS | {"multi_head_attention_head_sum"}
 
 
 class LogitsOnly:
@@ -74,6 +77,10 @@ WHY_NOT_LOCALISED: dict[str, str] = {
                                "function as attention_scores with that scale: only the probe "
                                "with real head widths (attention_scores') fails, and the "
                                "probes name the equation whose value is wrong.",
+    "head_sum_w_o_by_columns": "W_O is applied in every attention probe, as are the QKV "
+                               "projection and the head split: a wrong W_O⁽ⁱ⁾ fails exactly "
+                               "the probes any attention bug fails, and the tie goes to the "
+                               "entry the smallest of them isolates (qkv_projection).",
     "pre_ln_residual_from_input": "Taking the FFN's residual from the block input drops the "
                                   "attention's output from the residual stream: every pre-LN "
                                   "probe with attention active fails, and only the post-LN and "
@@ -112,6 +119,7 @@ def changes_forward(mutant: Any) -> bool:
                            positional_embedding=True, **fields)
         params = {s.name: rng.normal(0, 0.5, s.shape) for s in parameter_schema(config)}
         tokens = rng.integers(0, config.vocab_size, (2, config.n_ctx))
+        tokens[:, -1] = config.vocab_size - 1  # the largest id: past 2¹⁶ in the big vocabulary
         try:
             got = np.asarray(buggy.forward(tokens, params, config))
         except Exception:  # noqa: BLE001 — a forward that raises has changed
@@ -134,12 +142,18 @@ def _explicit_attention(Q: Any, K: Any, V: Any, M: Any = None, *, is_causal: boo
 
 
 def on_the_forward_path(mutant: Any) -> Any:
-    """A mutant of an operation the built-in forward does not call (its attention is a
-    fused kernel), planted where an engine that composes attention would carry it: the
-    same buggy operation, now reached by the model through explicit attention."""
+    """A mutant of an operation the built-in forward does not call, planted where an
+    engine that computes it would carry it: inside attention (the built-in one is a fused
+    kernel), the same buggy operation reached through explicit attention; the Notes'
+    head-sum form of multi-head attention, the buggy form computing the model's
+    attention."""
     import dataclasses
 
-    patches = {**mutant.patches, "scaled_dot_product_attention": _explicit_attention}
+    if "multi_head_attention_head_sum" in mutant.patches:
+        patches = {**mutant.patches,
+                   "multi_head_attention": mutant.patches["multi_head_attention_head_sum"]}
+    else:
+        patches = {**mutant.patches, "scaled_dot_product_attention": _explicit_attention}
     return dataclasses.replace(mutant, patches=patches)
 
 
@@ -149,9 +163,10 @@ def run_one(name: str, profile: str = "quick", seed: int = 0) -> dict:
     start = time.perf_counter()
     mutant = BY_NAME[name]
     why = WHY_NOT_LOCALISED.get(name, "")
-    if not changes_forward(mutant) and set(mutant.patches) & ATTENTION_PARTS:
+    if not changes_forward(mutant) and set(mutant.patches) & ON_ANOTHER_PATH:
         mutant = on_the_forward_path(mutant)
-        name = f"{name} (explicit attention)"
+        name += (" (head-sum attention)" if "multi_head_attention_head_sum" in mutant.patches
+                 else " (explicit attention)")
     if not changes_forward(mutant):
         return asdict(KeyholeResult(name, list(mutant.breaks), [], [], False, False, False))
     # no shrinking: the verdicts and where they point are the same, a minimal failing
