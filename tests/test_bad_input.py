@@ -900,3 +900,17 @@ def test_a_run_that_diverges_before_its_first_save_says_no_checkpoint_was_kept(t
     assert status == 2 and len(lines) == 1, lines
     assert "no checkpoint had been saved yet" in lines[0], lines[0]
     assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_a_tokenizer_file_with_a_byte_order_mark_is_read(tmp_path):
+    """A legal input (a Windows editor's UTF-8 byte order mark before the JSON) was refused
+    as "line 1 is not 'base64 rank'": read as a tiktoken file."""
+    from gptspec.fast import tokenizer_files
+    from gptspec.fast.tokenizer import Tokenizer
+
+    plain = tmp_path / "tok.json"
+    tokenizer_files.save(Tokenizer.train("hello hello world", 260), plain)
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert tokenizer_files.load(marked).encode("hello") == tokenizer_files.load(plain).encode(
+        "hello")

@@ -106,6 +106,8 @@ def load(path: str | Path, format: str | None = None, **options: Any) -> Tokeniz
     default) and ``special_tokens`` (default: <|endoftext|> right after the ranks)."""
     path = Path(path)
     data = _read(path)
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (Windows editors write
+        data = data[3:]                    # one): not part of the JSON or the ranks
     if not data.strip():
         raise TokenizerFileError(f"{path}: the file is empty")
     format = format or detect_format(data)
