@@ -240,6 +240,66 @@ def test_transformers_modules_and_gradients_pass_in_float32():
     assert {k: v.status for k, v in status.items()} == {k: "pass" for k in ids}
 
 
+GPT2_MODULE_CHECKS = {"multi_head_attention.differential", "block_pre_ln.differential",
+                      "scaled_dot_product_attention.differential", "linear.differential",
+                      "gelu.differential", "relu.differential", "ffn_gelu.differential",
+                      "ffn_relu.differential"}
+
+
+@pytest.mark.parametrize("name", ["EagerBackend", "SdpaBackend"])
+def test_transformers_attention_and_block_modules_pass_in_float32(name):
+    """GPT2Attention, GPT2Block, the attention function, Conv1D and GPT2MLP's other
+    activations, each transformers' own module holding the drawn weights."""
+    from gptspec.adapters import transformers as hf
+
+    status = _statuses(getattr(hf, name)(dtype="float32"), GPT2_MODULE_CHECKS, dtype="float32")
+    assert {k: v.status for k, v in status.items()} == {k: "pass" for k in GPT2_MODULE_CHECKS}
+
+
+def test_transformers_attention_module_refuses_what_gpt2_cannot_express():
+    from gptspec.adapters.transformers import EagerBackend
+
+    backend, rng = EagerBackend(dtype="float32"), np.random.default_rng(0)
+    H, W, W_O = rng.normal(size=(3, 4)), rng.normal(size=(4, 12)), rng.normal(size=(4, 4))
+    with pytest.raises(protocol.NotApplicable, match="without biases"):
+        backend.multi_head_attention(H, W, None, W_O, None, 2)
+    with pytest.raises(protocol.NotApplicable, match="n_embd / n_head"):  # d_k = 3, not 4/2
+        backend.multi_head_attention(H, rng.normal(size=(4, 18)), np.zeros(18),
+                                     rng.normal(size=(6, 4)), np.zeros(4), 2)
+
+
+def _planted(kind):
+    """The EagerBackend with a bug an adapter author could make: c_proj's bias left at zero,
+    or GPT2Attention called alone, without the causal mask GPT2Model builds for it (eager
+    attention then attends to every position)."""
+    from gptspec.adapters.transformers import EagerBackend
+
+    class Planted(EagerBackend):
+        def multi_head_attention(self, H, W_qkv, b_qkv, W_O, b_O, n_heads):
+            if kind == "drops b_O" and b_O is not None:
+                b_O = np.zeros_like(b_O)
+            return super().multi_head_attention(H, W_qkv, b_qkv, W_O, b_O, n_heads)
+
+        def _sequences(self, module, hf_config, H):
+            if kind != "no causal mask":
+                return super()._sequences(module, hf_config, H)
+            x = self._tensor(H)
+            out = module(x.reshape(-1, *x.shape[-2:]), attention_mask=None)
+            return (out[0] if isinstance(out, tuple) else out).reshape(x.shape).double().numpy()
+
+    return Planted(dtype="float32")
+
+
+@pytest.mark.parametrize("kind", ["drops b_O", "no causal mask"])
+def test_a_planted_bug_in_the_transformers_attention_fails_its_check(kind):
+    backend = _planted(kind)
+    status = _statuses(backend, {"multi_head_attention.differential"}, dtype="float32")
+    assert status["multi_head_attention.differential"].status == "fail"
+    if kind == "no causal mask":  # the block's own attention too (run alone: not blocked)
+        status = _statuses(backend, {"block_pre_ln.differential"}, dtype="float32")
+        assert status["block_pre_ln.differential"].status == "fail"
+
+
 def test_transformers_gelu_new_cancels_in_bfloat16():
     """Adjudicated: gelu_new evaluated op by op in bfloat16 loses the negative tail, where
     1 + tanh(·) cancels (x = −4: 0 instead of −7.0e-5)."""

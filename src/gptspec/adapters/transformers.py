@@ -4,12 +4,12 @@ Two backends, one per attention implementation: ``hf-eager`` and ``hf-sdpa`` (Py
 fused ``scaled_dot_product_attention``), in float32 or bfloat16 on the CPU, built from
 the schema parameters by ``gptspec.fast.hf_interop`` (weights handed over unchanged). It
 offers ``forward``, ``generate`` through the engine's own ``generate()``,
-``sampling_distribution`` (what transformers' processors define), GPT-2's own modules
-where one computes a spec entry alone (gelu_new, LayerNorm, GPT2MLP) and ``gpt_backward``
-(transformers' loss, torch's autograd). What GPT-2 cannot express it declares
-(``supports``) and refuses with a one-line reason (``NotApplicable``): another block,
-FFN, norm or output structure, or generation past n_positions (it cannot crop).
-"""
+``sampling_distribution`` (transformers' processors), ``gpt_backward`` (its loss, torch's
+autograd) and GPT-2's own modules wherever one computes a spec entry: GPT2Block, GPT2Attention
+(under GPT2Model's causal mask) and its attention function, GPT2MLP, Conv1D, LayerNorm, the
+activations. What GPT-2 cannot express it declares (``supports``) and refuses with a one-line
+reason (``NotApplicable``): another block, FFN, norm or output structure, biases off, a free
+head width, or generation past n_positions (it cannot crop)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class TransformersBackend:
     protocol_version = 2  # gptspec.conformance.protocol: forward(tokens, params, config)
     attn_implementation = "eager"
     KEEP_MODELS = 4
+    KEEP_MODULES = 8
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
         import transformers
@@ -48,6 +49,7 @@ class TransformersBackend:
                         f"(attn_implementation={self.attn_implementation!r}), "
                         f"torch {torch.__version__}")
         self._models: dict[tuple[GPTConfig, Any], Any] = {}
+        self._modules: dict[tuple[Any, ...], Any] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r}, dtype={self.dtype!r})"
@@ -102,11 +104,35 @@ class TransformersBackend:
         return torch.as_tensor(np.asarray(a, dtype=np.float64)).to(self.torch_dtype)
 
     @torch.no_grad()
-    def gelu_tanh(self, x: Any) -> np.ndarray:
-        """GPT-2's activation, transformers' own ``ACT2FN["gelu_new"]``."""
+    def _activation(self, name: str, x: Any) -> np.ndarray:
         from transformers.activations import ACT2FN
 
-        return ACT2FN["gelu_new"](self._tensor(x)).double().numpy()
+        return ACT2FN[name](self._tensor(x)).double().numpy()
+
+    def gelu_tanh(self, x: Any) -> np.ndarray:
+        """GPT-2's activation, transformers' own ``ACT2FN["gelu_new"]``."""
+        return self._activation("gelu_new", x)
+
+    def gelu(self, x: Any) -> np.ndarray:
+        """GPT-2's ``activation_function="gelu"``: transformers' ``ACT2FN["gelu"]``."""
+        return self._activation("gelu", x)
+
+    def relu(self, x: Any) -> np.ndarray:
+        """GPT-2's ``activation_function="relu"``: transformers' ``ACT2FN["relu"]``."""
+        return self._activation("relu", x)
+
+    @torch.no_grad()
+    def linear(self, x: Any, W: Any, b: Any = None) -> np.ndarray:
+        """transformers' ``Conv1D``, GPT-2's every projection: x W + b with W stored (in, out),
+        the schema's layout. It always has a bias."""
+        from transformers.pytorch_utils import Conv1D
+
+        if b is None:
+            raise NotApplicable("transformers' Conv1D cannot express a linear map without bias")
+        n_in, n_out = np.shape(W)
+        conv = self._module(("conv1d", n_in, n_out), lambda: Conv1D(n_out, n_in),
+                            {"weight": W, "bias": b})
+        return conv(self._tensor(x)).double().numpy()
 
     @torch.no_grad()
     def layer_norm(self, x: Any, gamma: Any, beta: Any, eps: float) -> np.ndarray:
@@ -122,19 +148,136 @@ class TransformersBackend:
         return self.layer_norm(H, gamma, beta, eps)
 
     @torch.no_grad()
-    def ffn_gelu_tanh(self, x: Any, W_1: Any, b_1: Any, W_2: Any, b_2: Any) -> np.ndarray:
-        """transformers' ``GPT2MLP`` (Conv1D c_fc, gelu_new, Conv1D c_proj) holding these
+    def _mlp(self, activation: str, x: Any, W_1: Any, b_1: Any, W_2: Any, b_2: Any
+             ) -> np.ndarray:
+        """transformers' ``GPT2MLP`` (Conv1D c_fc, the activation, Conv1D c_proj) holding these
         weights: Conv1D stores (in, out), the schema's layout."""
-        from transformers import GPT2Config
         from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
         d, d_ff = np.shape(W_1)
-        mlp = GPT2MLP(d_ff, GPT2Config(n_embd=d, n_inner=d_ff, activation_function="gelu_new",
-                                       resid_pdrop=0.0)).to(self.torch_dtype).eval()
-        for module, w, b in ((mlp.c_fc, W_1, b_1), (mlp.c_proj, W_2, b_2)):
-            module.weight.copy_(self._tensor(w))
-            module.bias.copy_(self._tensor(b))
+        mlp = self._module(
+            ("mlp", d, d_ff, activation),
+            lambda: GPT2MLP(d_ff, self._gpt2_config(d, 1, d_ff, activation)),
+            {"c_fc.weight": W_1, "c_fc.bias": b_1, "c_proj.weight": W_2, "c_proj.bias": b_2})
         return mlp(self._tensor(x)).double().numpy()
+
+    def ffn_gelu_tanh(self, x: Any, W_1: Any, b_1: Any, W_2: Any, b_2: Any) -> np.ndarray:
+        """GPT-2's ``GPT2MLP`` with gelu_new."""
+        return self._mlp("gelu_new", x, W_1, b_1, W_2, b_2)
+
+    def ffn_gelu(self, x: Any, W_1: Any, b_1: Any, W_2: Any, b_2: Any) -> np.ndarray:
+        """GPT-2's ``GPT2MLP`` with ``activation_function="gelu"``."""
+        return self._mlp("gelu", x, W_1, b_1, W_2, b_2)
+
+    def ffn_relu(self, x: Any, W_1: Any, b_1: Any, W_2: Any, b_2: Any) -> np.ndarray:
+        """GPT-2's ``GPT2MLP`` with ``activation_function="relu"``."""
+        return self._mlp("relu", x, W_1, b_1, W_2, b_2)
+
+    def _module(self, key: tuple[Any, ...], build: Any,
+                weights: Mapping[str, Any] | None) -> Any:
+        """The module ``build()`` makes (in the dtype, eval mode), kept by ``key`` as the models
+        are (Hypothesis calls an operation hundreds of times; building initialises weights
+        at random only to overwrite them), holding ``weights`` (its whole state dict, so
+        nothing of an earlier call survives) rounded once to the dtype; None: as it is."""
+        module = self._modules.pop(key, None)
+        if module is None:
+            module = build().to(self.torch_dtype).eval()
+        if weights is not None:
+            module.load_state_dict({k: self._tensor(v) for k, v in weights.items()}, strict=True)
+        self._modules[key] = module
+        while len(self._modules) > self.KEEP_MODULES:
+            self._modules.pop(next(iter(self._modules)))
+        return module
+
+    def _gpt2_config(self, d: int, n_heads: int, d_ff: int | None = None,
+                     activation: str = "gelu_new", eps: float = 1e-5) -> Any:
+        from transformers import GPT2Config
+
+        config = GPT2Config(n_embd=d, n_head=n_heads, n_inner=d_ff,
+                            activation_function=activation, layer_norm_epsilon=eps,
+                            resid_pdrop=0.0, attn_pdrop=0.0, embd_pdrop=0.0)
+        # what GPT2Attention and create_causal_mask read (set_attn_implementation's setting)
+        config._attn_implementation = self.attn_implementation
+        return config
+
+    def _sequences(self, module: Any, hf_config: Any, H: Any) -> np.ndarray:
+        """``module`` (of GPT2Config ``hf_config``) on H (…, T, d), leading axes as the batch,
+        under the causal mask GPT2Model makes for its blocks (transformers'
+        create_causal_mask: an additive mask for eager, none for sdpa, which then runs
+        causal): GPT2Attention alone masks nothing in eager."""
+        from transformers.masking_utils import create_causal_mask
+
+        x = self._tensor(H)
+        shape = x.shape
+        x = x.reshape(-1, *shape[-2:])
+        mask = create_causal_mask(config=hf_config, inputs_embeds=x, attention_mask=None,
+                                  past_key_values=None,
+                                  position_ids=torch.arange(shape[-2]).unsqueeze(0))
+        out = module(x, attention_mask=mask)
+        out = out[0] if isinstance(out, tuple) else out  # GPT2Attention: (output, weights)
+        return out.reshape(shape).double().numpy()
+
+    @torch.no_grad()
+    def multi_head_attention(self, H: Any, W_qkv: Any, b_qkv: Any, W_O: Any, b_O: Any,
+                             n_heads: int) -> np.ndarray:
+        """transformers' ``GPT2Attention`` (c_attn, the adapter's attention implementation
+        under GPT2Model's causal mask, c_proj) holding these weights: Conv1D stores (in, out),
+        W_qkv's and W_O's layout."""
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+        d, width = np.shape(W_qkv)
+        if b_qkv is None or b_O is None:
+            raise NotApplicable("transformers' GPT2Attention cannot express attention without "
+                                "biases (its c_attn and c_proj have them)")
+        if width != 3 * d or d % n_heads:
+            raise NotApplicable(f"transformers' GPT2Attention cannot express {n_heads} heads "
+                                f"of width {width // 3 / n_heads:g} in d={d} (its heads are "
+                                f"n_embd / n_head wide)")
+        attn = self._module(
+            ("attention", d, n_heads),
+            lambda: GPT2Attention(self._gpt2_config(d, n_heads), layer_idx=0),
+            {"c_attn.weight": W_qkv, "c_attn.bias": b_qkv, "c_proj.weight": W_O,
+             "c_proj.bias": b_O})
+        return self._sequences(attn, attn.config, H)
+
+    @torch.no_grad()
+    def scaled_dot_product_attention(self, Q: Any, K: Any, V: Any, M: Any) -> np.ndarray:
+        """The attention function GPT2Attention calls for the adapter's attn_implementation
+        (transformers' eager_attention_forward or sdpa_attention_forward), given M as its
+        additive mask, with GPT2Attention's scaling 1/√d_k; heads (…) as a leading axis."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Attention, eager_attention_forward
+
+        q, k, v = (self._tensor(a) for a in (Q, K, V))
+        T, dk = q.shape[-2:]
+        # the function reads its module's settings only (scaling, training, is_causal)
+        attn = self._module(("attention", dk, 1),
+                            lambda: GPT2Attention(self._gpt2_config(dk, 1), layer_idx=0), None)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.attn_implementation,
+                                                          eager_attention_forward)
+        heads = (q.reshape(1, -1, T, dk), k.reshape(1, -1, *k.shape[-2:]),
+                 v.reshape(1, -1, *v.shape[-2:]))
+        out, _ = interface(attn, *heads, self._tensor(M).reshape(1, 1, *np.shape(M)),
+                           dropout=0.0, scaling=attn.scaling)
+        return out.transpose(1, 2).reshape(*q.shape[:-1], v.shape[-1]).double().numpy()
+
+    @torch.no_grad()
+    def block_pre_ln(self, H: Any, p: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
+        """transformers' ``GPT2Block`` (ln_1, GPT2Attention, residual, ln_2, GPT2MLP,
+        residual) of ``config`` holding one block's parameters ``p``, under GPT2Model's
+        causal mask. The fields a block does not hold (positions, output, final norm) are
+        not asked of it."""
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+        self._require(config.replace(positional_embedding=True, output_bias=False,
+                                     final_norm=True))
+        activation = hf_interop.ACTIVATIONS[config.ffn]
+        block = self._module(
+            ("block", config.d_model, config.n_heads, config.d_ff, activation, config.ln_eps),
+            lambda: GPT2Block(self._gpt2_config(config.d_model, config.n_heads, config.d_ff,
+                                                activation, config.ln_eps), layer_idx=0),
+            {hf_interop.BLOCK_NAMES[name]: value for name, value in p.items()})
+        return self._sequences(block, block.attn.config, H)
 
     def gpt_backward(self, tokens: Any, targets: Any, params: Mapping[str, Any],
                      config: GPTConfig) -> tuple[float, dict[str, np.ndarray]]:
