@@ -421,3 +421,23 @@ def test_a_corpus_name_read_back_from_state_json_is_printed_escaped(tmp_path, co
     assert main(["train", *TINY, "--out", str(out), "--resume", "--steps", "3"]) == 0
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and "\\x1b[2J\\x1b]0;title\\x07corpus" in printed
+
+
+@pytest.mark.parametrize("direction", ["--to-hf", "--from-hf"])
+def test_a_conversion_into_a_run_being_written_is_refused(tmp_path, capsys, direction):
+    """Before, a conversion into RUN/checkpoint (before the run's first save) said "wrote
+    …" and the run's save then replaced what it wrote."""
+    _save(tmp_path / "ckpt", 1)
+    source = tmp_path / "ckpt"
+    if direction == "--from-hf":
+        assert main(["convert", "--to-hf", str(source), str(tmp_path / "hf")]) == 0
+        source = tmp_path / "hf"
+    run = tmp_path / "run"
+    run.mkdir()
+    with RunLock(run):  # a training run, before its first save
+        assert main(["convert", direction, str(source), str(run / "checkpoint")]) == 2
+        err = capsys.readouterr().err
+        assert "is in a training run's folder" in err and f"(pid {os.getpid()})" in err
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]
+    # the run ended: its folder may take a conversion (the lock is the convert's meanwhile)
+    assert main(["convert", direction, str(source), str(run / "converted")]) == 0

@@ -41,20 +41,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptspec.fast.checkpoint import CheckpointError
-
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise CLIError("transformers is not installed: pip install 'gptspec[interop]'") \
             from None
-    from safetensors import SafetensorError
-
-    from gptspec.fast.hf_interop import InteropError, TokenizerInteropError
-
     hf_logging.disable_progress_bar()  # one line of output per conversion
     out = Path(args.out)
     _check_paths(args)
+    with _run_lock(out):
+        return _convert(args, out)
+
+
+def _convert(args: argparse.Namespace, out: Path) -> int:
+    from safetensors import SafetensorError
+
+    from gptspec.fast.checkpoint import CheckpointError
+    from gptspec.fast.hf_interop import InteropError, TokenizerInteropError
+
     try:
         if args.direction == "to-hf":
             import torch
@@ -85,6 +89,27 @@ def run(args: argparse.Namespace) -> int:
     except (CheckpointError, InteropError) as err:
         raise CLIError(str(err)) from None
     return 0
+
+
+def _run_lock(out: Path) -> Any:
+    """OUT_DIR in a training run's folder (one with a run's lock file): that run's lock,
+    held while converting. Without it a conversion into ``RUN/checkpoint`` before the
+    run's first save was reported written, then replaced by the save (issue 29)."""
+    import contextlib
+
+    from gptspec.fast.run_lock import LOCK_FILE, RunLock, RunLocked
+
+    for run in (out, out.parent):
+        if (run / LOCK_FILE).exists() or (run / LOCK_FILE).is_symlink():
+            try:
+                return RunLock(run)
+            except RunLocked as err:
+                raise CLIError(f"OUT_DIR {printable(out)} is in a training run's folder: "
+                               f"{str(err).split('; ')[0]}; choose another OUT_DIR") from None
+            except OSError as err:
+                raise CLIError(f"OUT_DIR {printable(out)}: cannot take the training run's "
+                               f"lock: {err.strerror or err}") from None
+    return contextlib.nullcontext()
 
 
 def _check_paths(args: argparse.Namespace) -> None:
