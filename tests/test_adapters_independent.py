@@ -243,13 +243,15 @@ def test_transformers_modules_and_gradients_pass_in_float32():
 GPT2_MODULE_CHECKS = {"multi_head_attention.differential", "block_pre_ln.differential",
                       "scaled_dot_product_attention.differential", "linear.differential",
                       "gelu.differential", "relu.differential", "ffn_gelu.differential",
-                      "ffn_relu.differential"}
+                      "ffn_relu.differential", "token_embedding.differential",
+                      "positional_embedding.differential", "unembed_tied.differential",
+                      "unembed_untied.differential"}
 
 
 @pytest.mark.parametrize("name", ["EagerBackend", "SdpaBackend"])
 def test_transformers_attention_and_block_modules_pass_in_float32(name):
-    """GPT2Attention, GPT2Block, the attention function, Conv1D and GPT2MLP's other
-    activations, each transformers' own module holding the drawn weights."""
+    """GPT2Attention, GPT2Block, the attention function, Conv1D, GPT2MLP's other
+    activations, wte, wpe and lm_head, each GPT-2's own module holding the drawn weights."""
     from gptspec.adapters import transformers as hf
 
     status = _statuses(getattr(hf, name)(dtype="float32"), GPT2_MODULE_CHECKS, dtype="float32")

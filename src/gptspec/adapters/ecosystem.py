@@ -53,8 +53,8 @@ MODEL_AREAS = ("model", "gradients", "optimizer", "sampling")
 ENGINES: tuple[Engine, ...] = (
     Engine("hf-eager", ("float32", "bfloat16"), "interop",
            "GPT2LMHeadModel of transformers, GPT-2's own attention; logits, generate(), "
-           "GPT-2's block, attention, MLP, Conv1D, LayerNorm and activation modules, its loss "
-           "and autograd's gradients",
+           "GPT-2's block, attention, MLP, Conv1D, LayerNorm, activation, embedding and "
+           "lm_head modules, its loss and autograd's gradients",
            areas=("model", "gradients", "sampling")),
     Engine("hf-sdpa", ("float32", "bfloat16"), "interop",
            "GPT2LMHeadModel of transformers, PyTorch's fused SDPA attention; as hf-eager "

@@ -7,9 +7,9 @@ offers ``forward``, ``generate`` through the engine's own ``generate()``,
 ``sampling_distribution`` (transformers' processors), ``gpt_backward`` (its loss, torch's
 autograd) and GPT-2's own modules wherever one computes a spec entry: GPT2Block, GPT2Attention
 (under GPT2Model's causal mask) and its attention function, GPT2MLP, Conv1D, LayerNorm, the
-activations. What GPT-2 cannot express it declares (``supports``) and refuses with a one-line
-reason (``NotApplicable``): another block, FFN, norm or output structure, biases off, a free
-head width, or generation past n_positions (it cannot crop)."""
+activations, wte, wpe and lm_head. What GPT-2 cannot express it declares (``supports``) and
+refuses with a one-line reason (``NotApplicable``): another block, FFN, norm or output
+structure, biases off, a free head width, or generation past n_positions (it cannot crop)."""
 
 from __future__ import annotations
 
@@ -133,6 +133,42 @@ class TransformersBackend:
         conv = self._module(("conv1d", n_in, n_out), lambda: Conv1D(n_out, n_in),
                             {"weight": W, "bias": b})
         return conv(self._tensor(x)).double().numpy()
+
+    @torch.no_grad()
+    def token_embedding(self, tokens: Any, W_E: Any) -> np.ndarray:
+        """GPT-2's wte (``torch.nn.Embedding``, as GPT2Model builds it) holding W_E."""
+        V, d = np.shape(W_E)
+        wte = self._module(("embedding", V, d), lambda: torch.nn.Embedding(V, d),
+                           {"weight": W_E})
+        return wte(torch.as_tensor(np.asarray(tokens), dtype=torch.long)).double().numpy()
+
+    @torch.no_grad()
+    def positional_embedding(self, T: int, W_P: Any) -> np.ndarray:
+        """GPT-2's wpe (``torch.nn.Embedding``) at positions 0 … T − 1, as GPT2Model reads it."""
+        n_ctx, d = np.shape(W_P)
+        wpe = self._module(("embedding", n_ctx, d), lambda: torch.nn.Embedding(n_ctx, d),
+                           {"weight": W_P})
+        return wpe(torch.arange(int(T))).double().numpy()
+
+    @torch.no_grad()
+    def _lm_head(self, H: Any, weight: Any) -> np.ndarray:
+        """GPT-2's lm_head (``torch.nn.Linear`` without bias, as GPT2LMHeadModel builds it)
+        holding ``weight`` (V, d)."""
+        V, d = np.shape(weight)
+        head = self._module(("lm_head", V, d), lambda: torch.nn.Linear(d, V, bias=False),
+                            {"weight": weight})
+        return head(self._tensor(H)).double().numpy()
+
+    def unembed_tied(self, H: Any, W_E: Any) -> np.ndarray:
+        """GPT-2's lm_head tied to wte: its weight is W_E itself."""
+        return self._lm_head(H, W_E)
+
+    def unembed_untied(self, H: Any, W_U: Any, b_U: Any = None) -> np.ndarray:
+        """GPT-2's lm_head untied, weight W_Uᵀ; it has no bias."""
+        if b_U is not None:
+            raise NotApplicable("transformers' GPT-2 cannot express an output bias (its "
+                                "lm_head has none)")
+        return self._lm_head(H, np.asarray(W_U).T)
 
     @torch.no_grad()
     def layer_norm(self, x: Any, gamma: Any, beta: Any, eps: float) -> np.ndarray:
