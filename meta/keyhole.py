@@ -7,9 +7,8 @@ do the probes (gptspec.conformance.checks_probes.localise) point at the entry it
 
 Localised: localise() names the mutant's entry first, or in a tie of two (a suspect
 "a / b", entries the probes cannot tell apart, counts once). A mutant whose logits equal
-the built-in backend's bit for bit on every variant breaks an operation the forward never
-calls: n/a, except a bug inside attention or in the head-sum form, also planted on the
-forward path (on_the_forward_path).
+the built-in backend's bit for bit breaks an operation the forward never calls: n/a,
+unless on_the_forward_path can plant it where another engine's forward would carry it.
 """
 
 from __future__ import annotations
