@@ -22,6 +22,7 @@ from gptspec.fast.checkpoint import (
     load_training_checkpoint,
     save_training_checkpoint,
 )
+from gptspec.fast.data import tokens_sha256
 from gptspec.fast.run_lock import LOCK_FILE, RunLock
 from gptspec.fast.tokenizer import Tokenizer
 from gptspec.spec.config import GPTConfig
@@ -176,7 +177,8 @@ def test_a_training_run_is_opened_fresh_then_resumed_and_holds_its_lock_througho
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["step"] == 2 and state["data"] == {
         "source": "the test text", "tokens": "tokens.bin", "n_tokens": len(TEXT),
-        "dtype": "uint16"}
+        "dtype": "uint16",
+        "sha256": tokens_sha256(np.fromfile(out / "tokens.bin", dtype=np.uint16))}
     with pytest.raises(RunError, match="already holds a training run"):
         TrainingRun.fresh(out, CONFIG, changes, corpus)
     with pytest.raises(RunError, match="--d-model 16 contradicts the checkpoint"):
@@ -441,3 +443,25 @@ def test_a_conversion_into_a_run_being_written_is_refused(tmp_path, capsys, dire
         assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]
     # the run ended: its folder may take a conversion (the lock is the convert's meanwhile)
     assert main(["convert", direction, str(source), str(run / "converted")]) == 0
+
+
+@pytest.mark.parametrize("data", ["corpus.txt", "ids.bin"])
+def test_a_token_file_whose_ids_changed_but_not_its_length_is_refused(tmp_path, corpus,
+                                                                       capsys, data):
+    """Only the number of tokens was compared: one id changed in place resumed silently,
+    on other data than the run began with."""
+    if data == "ids.bin":
+        (np.arange(400) % 256).astype(np.uint16).tofile(tmp_path / data)
+    else:
+        corpus.rename(tmp_path / data)
+    out = tmp_path / "out"
+    assert main(["train", *TINY, "--data", str(tmp_path / data), "--out", str(out),
+                 "--steps", "2"]) == 0
+    tokens = out / "tokens.bin" if data == "corpus.txt" else tmp_path / data
+    ids = np.fromfile(tokens, dtype=np.uint16)
+    ids[len(ids) // 2] = (ids[len(ids) // 2] + 1) % 256
+    ids.tofile(tokens)
+    assert main(["train", *TINY, "--out", str(out), "--resume", "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "changed since the checkpoint was written" in err
+    assert len(err.strip().splitlines()) == 1

@@ -8,6 +8,7 @@ of T + 1 consecutive tokens at random offsets: inputs are the first T, targets t
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -64,6 +65,17 @@ def open_tokens(path: str | os.PathLike[str], vocab_size: int,
         raise DataError(f"token file {file} holds id {int(data.max())}, outside the model's "
                         f"vocabulary of {vocab_size}")
     return data
+
+
+def tokens_sha256(data: np.ndarray) -> str:
+    """SHA-256 of a token array's bytes, read in slices (the array may be a memory map of
+    gigabytes): recorded at a run's start, so that a resume notices a token file whose
+    ids changed but not its length."""
+    digest = hashlib.sha256()
+    step = 1 << 24
+    for start in range(0, len(data), step):
+        digest.update(np.ascontiguousarray(data[start:start + step]).tobytes())
+    return digest.hexdigest()
 
 
 class TokenData:

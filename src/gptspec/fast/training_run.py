@@ -24,7 +24,7 @@ from gptspec.fast.checkpoint import (
     load_training_checkpoint,
     recover_checkpoint,
 )
-from gptspec.fast.data import DataError, TokenData, open_tokens, write_tokens
+from gptspec.fast.data import DataError, TokenData, open_tokens, tokens_sha256, write_tokens
 from gptspec.fast.run_lock import RunLock, RunLocked, remove_stale_temporaries
 from gptspec.fast.train import (
     Interrupted,
@@ -163,7 +163,8 @@ class TrainingRun:
         file = Path(mapped) if mapped else corpus.file
         self.trainer.extra_state = {"data": {
             "source": self.source, "tokens": _stored_path(out, file),  # type: ignore[arg-type]
-            "n_tokens": int(len(tokens)), "dtype": str(tokens.dtype)}}
+            "n_tokens": int(len(tokens)), "dtype": str(tokens.dtype),
+            "sha256": tokens_sha256(tokens)}}
 
     def _prepare_data(self, config: GPTConfig, corpus: Corpus) -> tuple[GPTConfig, Any]:
         """(config, tokenizer) of a fresh run; its tokens memory-mapped into self.tokens.
@@ -213,7 +214,9 @@ class TrainingRun:
             data_state = state["data"]
             self.tokens = open_tokens(_tokens_path(out, data_state["tokens"]),
                                       config.vocab_size, data_state.get("dtype"))
-            if len(self.tokens) != data_state["n_tokens"]:
+            if len(self.tokens) != data_state["n_tokens"] or (  # a length, then the ids
+                    "sha256" in data_state  # (recorded since issue 29)
+                    and tokens_sha256(self.tokens) != data_state["sha256"]):
                 raise RunError(f"the token file {data_state['tokens']} changed since the "
                                "checkpoint was written")
         except (CheckpointError, DataError) as err:
