@@ -303,3 +303,41 @@ def test_a_training_run_started_with_ctrl_c_ignored_stays_immune_to_it(tmp_path)
     proc.stdout.read()
     assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 6
+
+
+@pytest.mark.parametrize("command", [["conformance", "--check", "softmax.differential",
+                                      "--dtype", "float64", "--profile", "quick"],
+                                     TRAIN + ["--data", "nope.txt", "--out", "nope"]])
+def test_an_address_space_too_small_to_load_a_library_is_said_as_that(command, tmp_path):
+    """Under ``ulimit -v`` 300 MiB torch's (or OpenMP's) library cannot be mapped: it was
+    "ImportError: … (GPTSPEC_TRACEBACK=1 shows where)", and for conformance the false
+    "cannot write to standard output"."""
+    import resource
+
+    limit = 300 << 20
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    proc = subprocess.run(GPTSPEC + command, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, preexec_fn=limited)
+    assert "Traceback" not in proc.stderr and "GPTSPEC_TRACEBACK" not in proc.stderr
+    assert "standard output" not in proc.stderr
+    if proc.returncode != 0:  # where the libraries fit, the command simply runs
+        line = _one_line(proc.stderr)
+        assert proc.returncode == 2
+        # said by the command, or as the backend's import failure (conformance)
+        assert ("address-space limit (ulimit -v) is 300 MiB" in line
+                or "cannot import backend module" in line and "failed to map" in line), line
+
+
+def test_writing_stdout_names_only_errors_of_a_write():
+    from gptspec.cli import CLIError, writing_stdout
+
+    with pytest.raises(CLIError, match="cannot write to standard output: No space left"):
+        with writing_stdout():
+            raise OSError(28, "No space left on device")
+    unloadable = OSError("libgomp.so.1: failed to map segment from shared object")
+    with pytest.raises(OSError) as raised, writing_stdout():
+        raise unloadable
+    assert raised.value is unloadable

@@ -63,6 +63,8 @@ def writing_stdout() -> Iterator[None]:
     except BrokenPipeError:
         raise
     except OSError as err:
+        if err.errno is None:  # no write's: a library that cannot be loaded (ulimit -v)
+            raise
         raise CLIError(f"cannot write to standard output: {err.strerror or err}") from None
 
 
@@ -217,8 +219,28 @@ def _run(argv: list[str], which: str | None) -> int:
                 "this needs PyTorch, which is not installed: pip install 'gptspec[torch]'")),
                 file=sys.stderr)
             return 2
+        unmapped = _unmapped_library(err)
+        if unmapped:
+            print(error_line(args.command, CLIError(unmapped)), file=sys.stderr)
+            return 2
         print(error_line(args.command, _describe(err)), file=sys.stderr)
         return 1
+
+
+def _unmapped_library(err: BaseException) -> str:
+    """The line for a shared library the loader could not map (torch's, OpenMP's) under
+    an address-space limit (``ulimit -v``): said as that, not as an unexpected
+    ImportError; "" for any other error."""
+    text = str(err)
+    if not isinstance(err, (ImportError, OSError)) or "failed to map segment" not in text:
+        return ""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    said = ("unlimited" if limit == resource.RLIM_INFINITY
+            else f"{limit / 2**20:.0f} MiB")
+    return (f"cannot load {printable(text.split(':')[0])}: the loader could not map it into "
+            f"memory; this process's address-space limit (ulimit -v) is {said}")
 
 
 def _stop_behind(err: BaseException) -> KeyboardInterrupt | None:
