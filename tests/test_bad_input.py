@@ -914,3 +914,30 @@ def test_a_tokenizer_file_with_a_byte_order_mark_is_read(tmp_path):
     marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     assert tokenizer_files.load(marked).encode("hello") == tokenizer_files.load(plain).encode(
         "hello")
+
+
+def test_names_are_printed_as_written_in_every_line_of_output(tmp_path, capsys,
+                                                               monkeypatch):
+    """A folder or file name is the user's, or a script's: its escape sequences are
+    spelled out (they cleared the screen in train's, convert's and tokenizer's last line
+    and info's title) and its [brackets] shown (info's title read them as markup: "[/]"
+    was a MarkupError, "[bold red]" vanished)."""
+    monkeypatch.chdir(tmp_path)  # short names: info's title fits on its line
+    Path("text.txt").write_text(TEXT)
+    name = "r \x1b[2J[bold red]x"
+    assert main(["train", "--preset", "tiny", "--vocab-size", "256", "--no-progress",
+                 "--data", "text.txt", "--out", name, "--steps", "1"]) == 0
+    assert main(["info", f"{name}/checkpoint"]) == 0
+    assert main(["convert", "--to-hf", f"{name}/checkpoint", f"{name}hf"]) == 0
+    assert main(["convert", "--from-hf", f"{name}hf", f"{name}gs"]) == 0
+    assert main(["tokenizer", "train", "--data", "text.txt", "--vocab-size", "260",
+                 "--out", f"{name}.json", "--quiet"]) == 0
+    for bracket in ("x[/]y", "[b]"):  # x[/]y: a folder x[ holding a folder ]y
+        Path(bracket).mkdir(parents=True)
+        shutil.copytree(f"{name}/checkpoint", f"{bracket}/checkpoint")
+        assert main(["info", f"{bracket}/checkpoint"]) == 0  # was exit 1 for x[/]y
+    captured = capsys.readouterr()
+    assert "\x1b" not in captured.out + captured.err
+    assert captured.out.count("r \\x1b[2J[bold red]x") == 6  # train 2, info, convert 3
+    assert captured.err.count("r \\x1b[2J[bold red]x") == 1  # tokenizer train's line
+    assert "x[/]y/checkpoint: sizes" in captured.out and "[b]/checkpoint: sizes" in captured.out

@@ -465,3 +465,18 @@ def test_a_token_file_whose_ids_changed_but_not_its_length_is_refused(tmp_path, 
     err = capsys.readouterr().err
     assert "changed since the checkpoint was written" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_command_to_continue_an_interrupted_run_works_as_printed(tmp_path):
+    """"continue with: gptspec train --out my run --resume" named two arguments."""
+    import shlex
+    from types import SimpleNamespace
+
+    from gptspec.fast.training_run import TrainingRun
+
+    run = object.__new__(TrainingRun)  # only what where_saved reads
+    run.out = tmp_path / "my run's"
+    run.checkpoint = run.out / "checkpoint"
+    run.trainer = SimpleNamespace(saved_at=3)
+    command = run.where_saved().split("continue with: ")[1]
+    assert shlex.split(command) == ["gptspec", "train", "--out", str(run.out), "--resume"]

@@ -79,7 +79,7 @@ def _convert(args: argparse.Namespace, out: Path) -> int:
                 raise CLIError(_cannot_write(out, err)) from None
             with_tokenizer = " and its tokenizer" if tokenizer is not None else ""
             with writing_stdout():
-                print(f"wrote {out} (transformers GPT2LMHeadModel, {args.dtype}"
+                print(f"wrote {printable(out)} (transformers GPT2LMHeadModel, {args.dtype}"
                       f"{with_tokenizer})", flush=True)
             if tokenizer is None and not args.no_tokenizer:  # after any error, not before
                 _warn(f"{_tokenizer_file(source)} not found: wrote the model without a "
@@ -196,9 +196,9 @@ def _from_hf(args: argparse.Namespace, out: Path) -> None:
         if isinstance(err, (OSError, SafetensorError)):  # a full disk
             raise CLIError(_cannot_write(out, err)) from None
         raise
-    with_tokenizer = f" and {out / TOKENIZER_FILE}" if tokenizer is not None else ""
+    with_tokenizer = f" and {printable(out / TOKENIZER_FILE)}" if tokenizer is not None else ""
     with writing_stdout():
-        print(f"wrote {model_file(out)} ({args.dtype}){with_tokenizer}", flush=True)
+        print(f"wrote {printable(model_file(out))} ({args.dtype}){with_tokenizer}", flush=True)
     if tokenizer is None and not args.no_tokenizer:
         _warn(f"{source} holds no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
               f"wrote the weights only; gptspec generate needs {out / TOKENIZER_FILE}")

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from types import SimpleNamespace
 
-from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
+from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 
 
@@ -104,6 +104,7 @@ def rows(config: GPTConfig, batch: int, seq_len: int | None, nbytes: int
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     class PipedConsole(Console):
         """rich's Console, except that a reader going away (``gptspec info gpt2 | head``)
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--seq-len {args.seq_len} is longer than the model's context "
                        f"(n_ctx {config.n_ctx}): no sequence that long is ever processed")
     standard_stream("stdout", "info prints its table there")
-    table = Table(title=f"{args.preset}: sizes and costs (spec/costs.py)")
+    # the name as written: no escape sequence reaches the terminal, no [markup] is read
+    table = Table(title=Text(f"{printable(args.preset)}: sizes and costs (spec/costs.py)"))
     table.add_column("quantity")
     table.add_column("exact", justify="right")
     table.add_column("", justify="right")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from gptspec.atomic_files import write_bytes
-from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
+from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
 
 FORMATS = ("gptspec", "tiktoken", "hf")
 DECIMAL = re.compile(r"-?[0-9]+")  # how a token id is written (a negative one is refused later)
@@ -156,7 +156,7 @@ def _train(args: argparse.Namespace) -> int:
     except OSError as err:
         raise CLIError(f"cannot write {args.out}: {err.strerror}") from None
     note = "" if len(tok.merges) == n_merges else " (the text ran out of pairs)"
-    print(f"wrote {args.out}: {len(tok.merges)} merges, vocab size {tok.vocab_size}{note}",
+    print(f"wrote {printable(args.out)}: {len(tok.merges)} merges, vocab size {tok.vocab_size}{note}",
           file=sys.stderr)
     return 0
 

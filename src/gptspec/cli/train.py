@@ -184,13 +184,14 @@ def _train(args: argparse.Namespace, training: TrainingRun) -> int:
             print(error_line("train", error), file=sys.stderr, flush=True)
             return 128 + signal.SIGPIPE  # 141, what a shell reports when its reader left
         with writing_stdout():
-            print(f"interrupted at step {trainer.step_count}; {saved}", flush=True)
+            print(f"interrupted at step {trainer.step_count}; {printable(saved)}", flush=True)
         return 128 + training.stopped_by  # 130 for SIGINT, 143 for SIGTERM, as a shell does
     val = trainer.history["val"][-1][1] if trainer.history["val"] else float("nan")
     with writing_stdout():
         print(f"done: {trainer.step_count} steps, validation loss {val:.4f}, "
-              f"{trainer.elapsed:.1f} s of training; checkpoint in {training.checkpoint}, "
-              f"loss curve in {args.out / 'loss.png'}", flush=True)
+              f"{trainer.elapsed:.1f} s of training; checkpoint in "
+              f"{printable(training.checkpoint)}, loss curve in "
+              f"{printable(args.out / 'loss.png')}", flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ the :class:`~gptspec.fast.train.Trainer`. What it refuses is a :class:`RunError`
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -288,7 +289,8 @@ class TrainingRun:
         """Where an interrupted run's work is, as it is: saved by this run, kept from an
         earlier one (no step was taken), or nowhere yet."""
         checkpoint = self.checkpoint
-        resume = f"continue with: gptspec train --out {self.out} --resume"
+        # a command that works as printed: a name with a space or a quote is quoted
+        resume = f"continue with: gptspec train --out {shlex.quote(str(self.out))} --resume"
         if self.trainer.saved_at is not None:
             return f"checkpoint saved in {checkpoint} (step {self.trainer.saved_at}); {resume}"
         if find_checkpoints(checkpoint):
