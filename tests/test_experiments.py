@@ -416,3 +416,20 @@ def test_figures_are_reproducible_bytes(tmp_path):
     assert first == second and set(first) == {"head-width-final.svg", "head-width-curves.svg"}
     assert all(svg.startswith(b"<?xml") for svg in first.values())
 
+
+
+def test_log_lines_spell_a_names_escape_sequences_out(tmp_path, capsys, monkeypatch, corpus):
+    """The last line named --out as given: its escape sequences drove the terminal."""
+    import gptspec.experiments.runner as runner
+    from gptspec.cli import main
+
+    def run_studies(studies, corpus, out, jobs, seeds, command, log=print):
+        log(f"tying: {out / 'tying.json'} and 2 figures")
+        return 0
+
+    monkeypatch.setattr(runner, "run_studies", run_studies)
+    out = tmp_path / "res\x1b[2J"
+    assert main(["experiment", "tying", "--quick", "--data", str(corpus), "--out",
+                 str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "res\\x1b[2J/tying.json and 2 figures" in printed

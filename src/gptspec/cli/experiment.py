@@ -17,7 +17,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
+from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
 
 NAMES = ("vocab", "tying", "head-width", "all")
 FULL_OUT = Path("docs") / "experiments"  # the results the site answers from
@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
                "data": str(args.data) if args.data else None}
     try:
         return run_studies(studies, corpus, out, jobs, seeds, command,
-                           log=lambda line: print(line, flush=True))
+                           # a corpus or --out name's escape sequences spelled out
+                           log=lambda line: print(printable(line), flush=True))
     except ExperimentError as err:
         raise CLIError(str(err)) from None
     except KeyboardInterrupt:
