@@ -366,3 +366,28 @@ class KillsItself(Honest):
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Float16InFloat32(Honest):
+    """Declares float32, returns float16-rounded logits: a failure, so adjudicated."""
+
+    dtype = "float32"
+
+    def forward(self, tokens, params, config):
+        import numpy as np
+
+        return super().forward(tokens, params, config).astype(np.float16).astype(np.float32)
+
+
+class SysExitsInForward(Honest):
+    dtype = "float32"
+
+    def forward(self, tokens, params, config):
+        sys.exit(0)
+
+
+class RaisesItsOwnInForward(Honest):
+    dtype = "float32"
+
+    def forward(self, tokens, params, config):
+        raise _ItsOwnStop("\x1b[2Jgone")

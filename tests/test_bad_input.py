@@ -427,6 +427,8 @@ for isolation in ([], ["--no-isolate"]):
         ("VersionTrue", "declares protocol_version true, which this suite does not know")]:
         case(f"conformance-backend-{name}{''.join(isolation)}",
              CONF + ["--backend", f"hostile_backends:{name}", *isolation], needle)
+case("conformance-backend-builtins-exit",  # a name only: was "speaks protocol 1"
+     CONF + ["--backend", "builtins:exit"], "lacks version, device, dtype, forward")
 
 # --- a second attacker's pass ------------------------------------------------------------------
 # a checkpoint or preset named by a path the file system refuses (the error was exit 1 and

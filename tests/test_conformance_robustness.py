@@ -561,3 +561,22 @@ def test_a_crashed_check_states_the_time_it_took_not_its_limit(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("ERR"))
     assert float(line.split()[-1].rstrip("s")) < 10, line  # was 50.00s
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+@pytest.mark.parametrize("plain, said", [
+    ("SysExitsInForward", "could not run it: it called exit(0)"),
+    ("RaisesItsOwnInForward", "could not run it: _ItsOwnStop: \\x1b[2Jgone"),
+    ("RaisesItsOwnBaseException", "could not build it: backend 'hostile_backends:Raises")])
+def test_whatever_the_plain_backend_raises_is_its_adjudications_note(tmp_path, isolation,
+                                                                      plain, said):
+    """--adjudicate-with a backend that exits or raises a BaseException: with --no-isolate
+    sys.exit(0) ended the run with status 0 and no verdict, the others in a traceback;
+    isolated, the backend judged got an error in place of its failure."""
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Float16InFloat32",
+                        "--dtype", "float32", "--adjudicate-with", f"hostile_backends:{plain}",
+                        *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL  gpt_forward.differential" in proc.stdout
+    assert f"adjudication: {said}" in proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -159,8 +159,12 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
         kind = shown(type(obj).__name__)     # whatever the version of its protocol
         raise BackendError(f"backend {spec!r} is an object of type {kind}, not a backend "
                            f"(it has none of {', '.join(REQUIRED)})")
-    check_protocol_version(spec, obj)
-    missing = [a for a in missing if a != "protocol_version"]
+    lacks = [a for a in missing if a != "protocol_version"]
+    if not lacks or "protocol_version" not in missing:
+        # a backend of another version has every attribute but that one; an object with
+        # only some (builtins:exit has a name) is no backend of any version
+        check_protocol_version(spec, obj)
+    missing = lacks
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} "
                            "(see the protocol in gptspec.conformance.protocol)")

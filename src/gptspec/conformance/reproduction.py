@@ -190,12 +190,19 @@ def adjudicate(capture: FailureCapture, backend: Any, dtype: str,
     call, index = _find_compared_call(capture)
     if call is None:
         return None
-    from gptspec.conformance.discovery import load_backend
+    from gptspec.conformance.discovery import BackendError, _what_raised, load_backend
+    from gptspec.conformance.protocol import CheckTimeout
 
+    # whatever the plain one raises is its own: a SystemExit(0) from it ended a --no-isolate
+    # run with status 0 and no verdict, a BaseException of its own in a traceback
     try:
         plain = load_backend(plain_spec, device="cpu", dtype=dtype)
-    except Exception as err:  # noqa: BLE001 — e.g. its engine is not installed here
-        return {"plain": f"{plain_spec} cpu {dtype}", "note": f"could not build it: {err}"}
+    except (KeyboardInterrupt, CheckTimeout):
+        raise
+    except BaseException as err:  # noqa: BLE001 — e.g. its engine is not installed here
+        return {"plain": f"{plain_spec} cpu {dtype}",
+                "note": "could not build it: "
+                        f"{err if isinstance(err, BackendError) else _what_raised(err)}"}
     plain_name = f"{plain.name} cpu {dtype}"
     if type(backend) is type(plain) and backend.device == "cpu":
         return {"plain": plain_name, "note": "the backend is the plain implementation itself"}
@@ -204,8 +211,10 @@ def adjudicate(capture: FailureCapture, backend: Any, dtype: str,
         if index is not None:
             out = out[index]
         theirs = budgets.compare(out, capture.expected, capture.bound)
-    except Exception as err:  # noqa: BLE001 — the plain one may lack or refuse the call
-        return {"plain": plain_name, "note": f"could not run it: {type(err).__name__}: {err}"}
+    except (KeyboardInterrupt, CheckTimeout):
+        raise
+    except BaseException as err:  # noqa: BLE001 — the plain one may lack or refuse the call
+        return {"plain": plain_name, "note": f"could not run it: {_what_raised(err)}"}
     ours = capture.comparison.fraction
     closer = "backend" if ours < theirs.fraction else "plain"
     return {"plain": plain_name, "backend_fraction": ours, "plain_fraction": theirs.fraction,
