@@ -315,6 +315,17 @@ class ForksOnStart(Honest):
             os._exit(0)
 
 
+class EmptiesSysPath(Honest):
+    """Empties ``sys.path`` and lowers the recursion limit in forward: with --no-isolate
+    the judge's own later import ended a passing run "error: ModuleNotFoundError"."""
+
+    def forward(self, tokens, params, config):
+        out = gpt_forward(tokens, params, config)
+        sys.path[:] = []
+        sys.setrecursionlimit(60)
+        return out
+
+
 class SetsTheUmask(Honest):
     """``os.umask(0o777)`` when built, and wrong logits: the report and the saved failure
     were written with no permissions at all."""

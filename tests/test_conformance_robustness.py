@@ -531,6 +531,15 @@ def test_a_backends_umask_does_not_reach_the_files_the_judge_writes(tmp_path, is
         assert path.stat().st_mode & 0o666 == 0o666 & ~umask, path
 
 
+def test_no_isolate_a_backends_sys_path_and_recursion_limit_are_restored(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:EmptiesSysPath",
+                        "--no-isolate")
+    # was exit 1 after "1 passed": "error: ModuleNotFoundError: No module named …"
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS  gpt_forward.differential" in proc.stdout
+    assert proc.stderr == ""
+
+
 def test_no_isolate_an_os_exit_python_swallowed_is_still_an_error(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsInAFinalizer",
                         "--no-isolate")

@@ -132,9 +132,12 @@ _KEEP_CALLS = 16  # calls kept per example (a check makes a handful)
 def keeping_cwd() -> Any:
     """The working directory and umask as they were before a backend ran in this process:
     a backend's ``os.chdir`` must not move the files the judge writes (reports, saved
-    failures), nor its ``os.umask(0o777)`` make them unreadable."""
+    failures), nor its ``os.umask(0o777)`` make them unreadable; its
+    ``sys.setrecursionlimit(30)`` or emptied ``sys.path`` broke the judge after the check
+    (a RecursionError or ModuleNotFoundError ended the run)."""
     umask = os.umask(0o022)
     os.umask(umask)
+    interpreter = (sys.getrecursionlimit(), list(sys.path))
     streams = (sys.stdout, sys.stderr)
     fds = (_fileno(sys.stdout), _fileno(sys.stderr))
     try:
@@ -145,16 +148,25 @@ def keeping_cwd() -> Any:
         finally:
             os.umask(umask)
             _restore_streams(streams, fds)
+            _restore_interpreter(*interpreter)
         return
     try:
         yield
     finally:
         os.umask(umask)
         _restore_streams(streams, fds)
+        _restore_interpreter(*interpreter)
         try:
             os.fchdir(here)
         finally:
             os.close(here)
+
+
+def _restore_interpreter(limit: int, path: list[str]) -> None:
+    sys.setrecursionlimit(limit)
+    if not isinstance(sys.path, list):  # a backend may rebind it, not only empty it
+        sys.path = []
+    sys.path[:] = path
 
 
 def _restore_streams(streams: tuple[Any, Any], fds: tuple[int | None, int | None]) -> None:
