@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -943,3 +944,21 @@ def test_names_are_printed_as_written_in_every_line_of_output(tmp_path, capsys,
     assert captured.out.count("r \\x1b[2J[bold red]x") == 6  # train 2, info, convert 3
     assert captured.err.count("r \\x1b[2J[bold red]x") == 1  # tokenizer train's line
     assert "x[/]y/checkpoint: sizes" in captured.out and "[b]/checkpoint: sizes" in captured.out
+
+
+@pytest.mark.parametrize(("name", "command"), [
+    ("state.json", ["train", "--resume", "--no-progress", "--steps", "3", "--out", "run"]),
+    ("tokenizer.json", ["generate", "--checkpoint", "run/checkpoint", "--prompt", "hi"])])
+def test_a_fifo_in_a_checkpoint_files_place_is_refused_not_waited_on(tmp_path, name, command):
+    """Opening a FIFO for reading waits for a writer: train --resume and generate waited
+    for ever on a checkpoint whose state.json or tokenizer.json was one."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    assert _run(["train", "--preset", "tiny", "--vocab-size", "256", "--data",
+                 str(tmp_path / "text.txt"), "--out", str(tmp_path / "run"), "--no-progress",
+                 "--steps", "1", "--eval-batches", "1"]) == 0
+    (tmp_path / "run" / "checkpoint" / name).unlink()
+    os.mkfifo(tmp_path / "run" / "checkpoint" / name)
+    proc = subprocess.run([sys.executable, "-m", "gptspec", *command], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -252,7 +252,8 @@ def _pinned(folder: Path, names: tuple[str, ...], settled: bool) -> Iterator[dic
             try:
                 for name in names:
                     try:
-                        fd = os.open(name, os.O_RDONLY, dir_fd=folder_fd)
+                        # O_NONBLOCK: a FIFO in a file's place would block the open for ever
+                        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=folder_fd)
                     except FileNotFoundError:
                         if settled:
                             raise _Moved() from None
