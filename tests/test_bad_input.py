@@ -252,7 +252,8 @@ case("tokenizer-decode-output-dir", _with(DEC, "--output", "{w}/sub"), "director
 for argv, needle in [
     (["info", "gpt-17"], "preset"), (["info", "tiny", "--batch", "0"], "batch"),
     (["info", "tiny", "--batch", "-1"], "batch"), (["info", "tiny", "--seq-len", "0"], "seq-len"),
-    (["info", "tiny", "--bytes", "0"], "bytes"), (["info", "tiny", "--batch", "x"], "batch"),
+    (["info", "tiny", "--bytes", "0"], "--bytes must be positive"),
+    (["info", "tiny", "--batch", "x"], "batch"),
     (["info", "{w}/sub"], "neither a preset nor a checkpoint"),
     (["info", "{w}/text.txt"], "not found"), (["info", "{w}/corrupt-model"], "safetensors"),
     (["info", "{w}/model-bad-config"], "model-bad-config"),

@@ -115,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
             self.quiet = True
             raise BrokenPipeError("the reader of standard output went away")
 
-    for name in ("batch", "bytes_per_element"):
-        if getattr(args, name) <= 0:
-            raise CLIError(f"--{name.replace('_', '-')} must be positive")
+    for flag, name in (("--batch", "batch"), ("--bytes", "bytes_per_element")):
+        if getattr(args, name) <= 0:  # the flag as typed: there is no --bytes-per-element
+            raise CLIError(f"{flag} must be positive")
     if args.seq_len is not None and args.seq_len <= 0:
         raise CLIError("--seq-len must be positive")
     if args.bytes_per_element not in (1, 2, 4, 8):  # no floating-point element has 3 bytes
