@@ -326,6 +326,20 @@ class EmptiesSysPath(Honest):
         return out
 
 
+class SilencesTheJudge(Honest):
+    """``os.dup2`` of /dev/null onto descriptors 1 and 2 in forward: with --no-isolate
+    every verdict line after it was lost (exit 0, only the header printed)."""
+
+    def forward(self, tokens, params, config):
+        import os
+
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+        return gpt_forward(tokens, params, config)
+
+
 class SetsTheUmask(Honest):
     """``os.umask(0o777)`` when built, and wrong logits: the report and the saved failure
     were written with no permissions at all."""

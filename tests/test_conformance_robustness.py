@@ -540,6 +540,16 @@ def test_no_isolate_a_backends_sys_path_and_recursion_limit_are_restored(tmp_pat
     assert proc.stderr == ""
 
 
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_a_backend_that_silences_descriptors_1_and_2_does_not_lose_the_verdict(tmp_path,
+                                                                              isolation):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:SilencesTheJudge",
+                        *isolation)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS  gpt_forward.differential" in proc.stdout  # was lost with --no-isolate
+    assert "1 passed" in proc.stdout
+
+
 def test_no_isolate_an_os_exit_python_swallowed_is_still_an_error(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsInAFinalizer",
                         "--no-isolate")

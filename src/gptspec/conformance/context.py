@@ -138,6 +138,7 @@ def keeping_cwd() -> Any:
     umask = os.umask(0o022)
     os.umask(umask)
     interpreter = (sys.getrecursionlimit(), list(sys.path))
+    saved = _saved_fds()
     streams = (sys.stdout, sys.stderr)
     fds = (_fileno(sys.stdout), _fileno(sys.stderr))
     try:
@@ -149,6 +150,7 @@ def keeping_cwd() -> Any:
             os.umask(umask)
             _restore_streams(streams, fds)
             _restore_interpreter(*interpreter)
+            _restore_fds(saved)
         return
     try:
         yield
@@ -156,10 +158,28 @@ def keeping_cwd() -> Any:
         os.umask(umask)
         _restore_streams(streams, fds)
         _restore_interpreter(*interpreter)
+        _restore_fds(saved)
         try:
             os.fchdir(here)
         finally:
             os.close(here)
+
+
+def _saved_fds() -> dict[int, int]:
+    """Copies of descriptors 1 and 2: a backend's ``os.dup2`` of /dev/null onto them, or
+    its ``os.close(1)``, lost every verdict line after it (--no-isolate)."""
+    saved = {}
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            saved[fd] = os.dup(fd)
+    return saved
+
+
+def _restore_fds(saved: dict[int, int]) -> None:
+    for fd, copy in saved.items():
+        with contextlib.suppress(OSError):
+            os.dup2(copy, fd)
+        os.close(copy)
 
 
 def _restore_interpreter(limit: int, path: list[str]) -> None:
