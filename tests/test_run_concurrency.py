@@ -71,7 +71,7 @@ def test_a_second_writer_is_refused_naming_the_first_and_the_first_is_unharmed(
         for second in (["--resume"], ["--data", str(corpus)]):  # bounded, were it let run
             assert main(["train", *TINY, "--out", str(out), "--steps", "50", *second]) == 2
             err = capsys.readouterr().err
-            assert f"pid {first.pid}" in err and "another gptspec train" in err
+            assert f"pid {first.pid}" in err and "another gptspec command" in err
             assert len(err.strip().splitlines()) == 1
         assert first.poll() is None  # still training, its files untouched
     finally:
@@ -172,7 +172,7 @@ def test_a_training_run_is_opened_fresh_then_resumed_and_holds_its_lock_througho
         assert run.train(progress=False) == "done" and run.trainer.step_count == 2
         for second in (lambda: TrainingRun.resume(out, {"max_steps": 3}),
                        lambda: TrainingRun.fresh(out, CONFIG, changes, corpus)):
-            with pytest.raises(RunError, match=f"another gptspec train \\(pid {os.getpid()}\\)"):
+            with pytest.raises(RunError, match=f"another gptspec command \\(pid {os.getpid()}\\)"):
                 second()
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["step"] == 2 and state["data"] == {
@@ -480,3 +480,14 @@ def test_the_command_to_continue_an_interrupted_run_works_as_printed(tmp_path):
     run.trainer = SimpleNamespace(saved_at=3)
     command = run.where_saved().split("continue with: ")[1]
     assert shlex.split(command) == ["gptspec", "train", "--out", str(run.out), "--resume"]
+
+
+def test_a_lock_held_by_convert_is_not_said_to_be_a_trains(tmp_path):
+    """convert into RUN/checkpoint holds the run's lock: a train refused meanwhile was told
+    "being written by another gptspec train (pid N)", N being the convert."""
+    from gptspec.fast.run_lock import RunLock, RunLocked
+
+    with RunLock(tmp_path), pytest.raises(RunLocked) as refused:
+        RunLock(tmp_path)
+    assert f"another gptspec command (pid {os.getpid()})" in str(refused.value)
+    assert "gptspec train" not in str(refused.value)

@@ -50,7 +50,8 @@ class RunLock:
             holder, text = _holder(self.fd)
             os.close(self.fd)
             if holder is not None:
-                raise RunLocked(f"{out} is being written by another gptspec train (pid "
+                # train or convert (into RUN/checkpoint) holds it: not always a train
+                raise RunLocked(f"{out} is being written by another gptspec command (pid "
                                 f"{holder}); wait for it to end or choose another --out"
                                 ) from None
             # the flock is the authority: some live process holds it, but the file's
