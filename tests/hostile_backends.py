@@ -123,6 +123,20 @@ class HangsWritingItsPid(Honest):
         time.sleep(600)
 
 
+class HangsIgnoringSigterm(Honest):
+    """Ignores SIGTERM, writes the worker's pid to GPTSPEC_TEST_PID_FILE, then hangs in
+    forward: a second Ctrl-C while the judge stopped it left the judge waiting for ever."""
+
+    def forward(self, tokens, params, config):
+        import os
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(os.environ["GPTSPEC_TEST_PID_FILE"], "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(600)
+
+
 class Forges(Honest):
     """A name, version and error messages that would clear the terminal and print a
     verdict of their own."""

@@ -341,3 +341,34 @@ def test_writing_stdout_names_only_errors_of_a_write():
     with pytest.raises(OSError) as raised, writing_stdout():
         raise unloadable
     assert raised.value is unloadable
+
+
+def test_two_ctrl_cs_end_a_run_whose_worker_ignores_sigterm(tmp_path):
+    """The second SIGINT landed while the judge stopped the worker, before it killed the
+    worker's group: the judge said "interrupted" and then waited for ever at exit."""
+    pid_file = tmp_path / "worker.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptspec", "conformance", "--check", "gpt_forward.differential",
+         "--profile", "quick", "--adjudicate-with", "none", "--timeout", "300",
+         "--backend", "hostile_backends:HangsIgnoringSigterm"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent),
+             "GPTSPEC_TEST_PID_FILE": str(pid_file)}, preexec_fn=_ctrl_c_default)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid_file.exists() and pid_file.read_text():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -322,13 +322,15 @@ class _Worker:
     def stop(self) -> None:
         """End the worker and everything in its process group (what the backend forked):
         asked to stop first, then killed. Safe to call more than once."""
-        if self.process.is_alive():
-            try:
-                self.conn.send_bytes(b"")
-            except OSError:
-                pass
-            self.process.join(1)
-        self._kill_group()
+        try:
+            if self.process.is_alive():
+                try:
+                    self.conn.send_bytes(b"")
+                except OSError:
+                    pass
+                self.process.join(1)
+        finally:  # a second Ctrl-C in the join: the group is killed all the same (the
+            self._kill_group()  # exit then waited for ever on a worker ignoring SIGTERM)
         self.process.join(5)
         self.conn.close()
         if not self.output.closed:
