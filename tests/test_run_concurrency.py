@@ -445,6 +445,32 @@ def test_a_conversion_into_a_run_being_written_is_refused(tmp_path, capsys, dire
     assert main(["convert", direction, str(source), str(run / "converted")]) == 0
 
 
+@pytest.mark.parametrize("command", ["tokenizer train", "tokenizer encode"])
+def test_a_tokenizer_or_token_file_written_into_a_run_being_written_is_refused(
+        tmp_path, capsys, corpus, command):
+    """As for convert: `tokenizer train --out RUN/checkpoint/tokenizer.json` (or encode's
+    --output there) during a run said "wrote …", then the run's next save replaced it."""
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    target = run / "checkpoint" / "tokenizer.json"
+    if command == "tokenizer train":
+        args = ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260", "--quiet",
+                "--out", str(target)]
+    else:
+        tokenizer = tmp_path / "tok.json"
+        assert main(["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260",
+                     "--quiet", "--out", str(tokenizer)]) == 0
+        args = ["tokenizer", "encode", "--tokenizer", str(tokenizer), "--input", str(corpus),
+                "--output", str(target)]
+    capsys.readouterr()
+    with RunLock(run):  # a training run is writing RUN
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "is in a training run's folder" in err and f"(pid {os.getpid()})" in err
+        assert not target.exists()
+    assert main(args) == 0 and target.exists()  # the run ended: the lock is free
+
+
 @pytest.mark.parametrize("data", ["corpus.txt", "ids.bin"])
 def test_a_token_file_whose_ids_changed_but_not_its_length_is_refused(tmp_path, corpus,
                                                                        capsys, data):

@@ -13,8 +13,9 @@ import argparse
 import math
 import os
 from pathlib import Path
+from typing import Any
 
-from gptspec.cli import CLIError
+from gptspec.cli import CLIError, printable
 
 MAX_SEED = 2**63  # torch.manual_seed and NumPy take any integer in [0, 2^63)
 MAX_COUNT = 2**63  # counts (steps, batches, tokens) are kept as 64-bit integers
@@ -136,6 +137,28 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
         raise CLIError(f"{flag}: {folder} is not a folder")
     _writable_folder(folder, flag, str(p))
     return p
+
+
+def training_run_lock(target: Path, flag: str) -> Any:
+    """The lock of the training run whose folder holds ``target`` (a file or folder to be
+    written: the run's folder, its checkpoint or something inside it), to hold while
+    writing; a no-op context elsewhere. Without it a conversion or a tokenizer written into
+    RUN/checkpoint was reported written, then replaced by the run's next save (issue 29)."""
+    import contextlib
+
+    from gptspec.fast.run_lock import LOCK_FILE, RunLock, RunLocked
+
+    for run in (target, target.parent, target.parent.parent):
+        if (run / LOCK_FILE).exists() or (run / LOCK_FILE).is_symlink():
+            try:
+                return RunLock(run)
+            except RunLocked as err:
+                raise CLIError(f"{flag} {printable(target)} is in a training run's folder: "
+                               f"{str(err).split('; ')[0]}; choose another {flag}") from None
+            except OSError as err:
+                raise CLIError(f"{flag} {printable(target)}: cannot take the training run's "
+                               f"lock: {err.strerror or err}") from None
+    return contextlib.nullcontext()
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # one line of output per conversion
     out = Path(args.out)
     _check_paths(args)
-    with _run_lock(out):
+    with checks.training_run_lock(out, "OUT_DIR"):
         return _convert(args, out)
 
 
@@ -89,27 +89,6 @@ def _convert(args: argparse.Namespace, out: Path) -> int:
     except (CheckpointError, InteropError) as err:
         raise CLIError(str(err)) from None
     return 0
-
-
-def _run_lock(out: Path) -> Any:
-    """OUT_DIR in a training run's folder (one with a run's lock file): that run's lock,
-    held while converting. Without it a conversion into ``RUN/checkpoint`` before the
-    run's first save was reported written, then replaced by the save (issue 29)."""
-    import contextlib
-
-    from gptspec.fast.run_lock import LOCK_FILE, RunLock, RunLocked
-
-    for run in (out, out.parent):
-        if (run / LOCK_FILE).exists() or (run / LOCK_FILE).is_symlink():
-            try:
-                return RunLock(run)
-            except RunLocked as err:
-                raise CLIError(f"OUT_DIR {printable(out)} is in a training run's folder: "
-                               f"{str(err).split('; ')[0]}; choose another OUT_DIR") from None
-            except OSError as err:
-                raise CLIError(f"OUT_DIR {printable(out)}: cannot take the training run's "
-                               f"lock: {err.strerror or err}") from None
-    return contextlib.nullcontext()
 
 
 def _check_paths(args: argparse.Namespace) -> None:

@@ -102,7 +102,8 @@ def _write(path: Path | None, data: bytes) -> None:
         return
     checks.output_file(path, "--output")
     try:
-        write_bytes(path, data)
+        with checks.training_run_lock(path, "--output"):
+            write_bytes(path, data)
     except OSError as err:  # a full disk: the temporary file is removed, the target kept
         raise CLIError(f"--output: cannot write {path}: {err.strerror or err}") from None
 
@@ -152,7 +153,8 @@ def _train(args: argparse.Namespace) -> int:
         except TokenizerError as err:
             raise CLIError(str(err)) from None
     try:
-        tok.save(args.out, args.format)
+        with checks.training_run_lock(args.out, "--out"):
+            tok.save(args.out, args.format)
     except OSError as err:
         raise CLIError(f"cannot write {args.out}: {err.strerror}") from None
     note = "" if len(tok.merges) == n_merges else " (the text ran out of pairs)"
