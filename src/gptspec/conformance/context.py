@@ -142,16 +142,9 @@ def keeping_cwd() -> Any:
     streams = (sys.stdout, sys.stderr)
     fds = (_fileno(sys.stdout), _fileno(sys.stderr))
     try:
-        here = os.open(".", os.O_RDONLY)
+        here: int | None = os.open(".", os.O_RDONLY)
     except OSError:  # no readable working directory: nothing to keep
-        try:
-            yield
-        finally:
-            os.umask(umask)
-            _restore_streams(streams, fds)
-            _restore_interpreter(*interpreter)
-            _restore_fds(saved)
-        return
+        here = None
     try:
         yield
     finally:
@@ -159,10 +152,11 @@ def keeping_cwd() -> Any:
         _restore_streams(streams, fds)
         _restore_interpreter(*interpreter)
         _restore_fds(saved)
-        try:
-            os.fchdir(here)
-        finally:
-            os.close(here)
+        if here is not None:
+            try:
+                os.fchdir(here)
+            finally:
+                os.close(here)
 
 
 def _saved_fds() -> dict[int, int]:
