@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gptspec.adapters.kit import LogitsOnly
 from gptspec.conformance.report import localisation, provenance, write_atomically
 from meta.mutants import BY_NAME, MUTANTS
 
@@ -29,20 +30,6 @@ from meta.mutants import BY_NAME, MUTANTS
 ATTENTION_PARTS = {"causal_mask", "attention_scores", "softmax", "attention_weights"}
 # operations the built-in forward does not call, which another engine's forward would
 ON_ANOTHER_PATH = ATTENTION_PARTS | {"multi_head_attention_head_sum"}
-
-
-class LogitsOnly:
-    """A backend seen through the keyhole: its identity and ``forward``, nothing else."""
-
-    protocol_version = 2
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        self.name = f"{backend.name} (logits only)"
-        self.version, self.device, self.dtype = backend.version, backend.device, backend.dtype
-
-    def forward(self, tokens: Any, params: Any, config: Any) -> Any:
-        return self._backend.forward(tokens, params, config)
 
 
 @dataclass

@@ -4,11 +4,9 @@
   registry (gptspec.spec.operations), and :func:`operations_in`, an ops module's own;
 - :class:`OptionalOperations` — ``implemented_ops()``, the operations as attributes and
   ``dir()`` for a backend built on one module of functions named like the reference's;
-- :func:`generate_by_forward` — ``generate`` for an engine that computes logits: the
-  protocol's loop (cropping, stop conditions, one uniform per drawn token) around its
-  last rows of logits and, optionally, its own sampling distribution.
-
-It imports no engine, and the judge imports none of it.
+- :func:`generate_by_forward` — ``generate`` around an engine's last rows of logits
+  (cropping, stop conditions, one uniform per drawn token), its own distribution optional;
+- :class:`LogitsOnly` — a backend seen as a logits-only engine. No engine imported here.
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ from gptspec.reference.sampling import sample_token, sampling_distribution
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.operations import OptionalOperations, forward_operations, operations_in
 
-__all__ = ["OptionalOperations", "forward_operations", "generate_by_forward", "operations_in"]
+__all__ = ["LogitsOnly", "OptionalOperations", "forward_operations", "generate_by_forward",
+           "operations_in"]
 
 LastRows = Callable[[list[list[int]]], Any]  # contexts → their last rows of logits (B, V)
 Distribution = Callable[..., Any]  # (rows, temperature, top_k, top_p) → (B, V)
@@ -78,3 +77,23 @@ def generate_by_forward(last_rows: LastRows, prompts: Sequence[Any], params: Map
         return new
     return new, [np.asarray(r, dtype=np.float32).reshape(len(r), config.vocab_size)
                  for r in logits]
+
+
+class LogitsOnly:
+    """``backend`` as most engines are brought: its identity, ``forward`` and, where it
+    declares one, ``supports``; none of its other operations reach the judge."""
+
+    protocol_version = 2
+
+    def __init__(self, backend: Any, name: str | None = None) -> None:
+        self._backend = backend
+        self.name = name or f"{backend.name} (logits only)"
+        self.version, self.device, self.dtype = backend.version, backend.device, backend.dtype
+        if callable(getattr(backend, "supports", None)):
+            self.supports = backend.supports
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._backend!r})"
+
+    def forward(self, tokens: Any, params: Any, config: GPTConfig) -> Any:
+        return self._backend.forward(tokens, params, config)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptspec.adapters.kit import LogitsOnly
 from gptspec.conformance.protocol import NotApplicable
 from gptspec.fast import hf_interop
 from gptspec.spec.config import GPTConfig
@@ -427,26 +428,13 @@ class SdpaBackend(TransformersBackend):
     attn_implementation = "sdpa"
 
 
-class LogitsOnlyBackend:
-    """transformers' GPT-2 as most engines are brought: ``forward`` (logits) and what it can
-    express (``supports``), nothing else. The suite judges it through the probes and drives
-    generation and sampling through its logits (``hf-logits``)."""
-
-    protocol_version = 2
+class LogitsOnlyBackend(LogitsOnly):
+    """transformers' GPT-2 (SDPA attention) as most engines are brought, logits only: the
+    suite judges it through the probes and drives generation and sampling through its
+    forward (``hf-logits``)."""
 
     def __init__(self, device: str = "cpu", dtype: str = "float32") -> None:
-        self._engine = SdpaBackend(device, dtype)
-        self.name = "hf-logits"
-        self.version, self.device, self.dtype = (self._engine.version, self._engine.device,
-                                                 self._engine.dtype)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(device={self.device!r}, dtype={self.dtype!r})"
-
-    supports = staticmethod(TransformersBackend.supports)
-
-    def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
-        return self._engine.forward(tokens, params, config)
+        super().__init__(SdpaBackend(device, dtype), name="hf-logits")
 
 
 __all__ = ["EagerBackend", "LogitsOnlyBackend", "SdpaBackend", "TransformersBackend"]
