@@ -12,7 +12,6 @@ not applicable, blocked → skipped, with the reason.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,21 +174,17 @@ class _Judge:
             pytest.skip(f"refused: {self.refused} (nothing was judged)")
         if check.id not in self.known:
             from gptspec.conformance.registry import all_checks
-            from gptspec.conformance.runner import walk
+            from gptspec.conformance.runner import reproduce_command, walk
 
             needed = _closure(check)
             todo = [c for c in all_checks(None) if c.id in needed and c.id not in self.known]
-            for _ in walk(todo, None, self.evaluate, self._reproduce(), self.seed,
+            reproduce = reproduce_command(self.spec, self.profile, "all", self.dtype,
+                                          self.device)
+            for _ in walk(todo, None, self.evaluate, reproduce, self.seed,
                           self.unimplemented, self.known):
                 pass
         return self.known[check.id]
 
-    def _reproduce(self) -> str:
-        command = ["gptspec", "conformance", "--backend", self.spec, "--profile", self.profile,
-                   "--area", "all"]
-        command += ["--dtype", self.dtype] if self.dtype else []
-        command += ["--device", self.device] if self.device else []
-        return shlex.join(command)
 
 
 def _closure(check: Check) -> set[str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
-import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -263,17 +262,15 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
         CheckTimeout,
         SuiteResult,
         _time_limit,
+        reproduce_command,
         run_suite,
         suite_settings_dict,
     )
 
-    repro = ["gptspec", "conformance", "--backend", spec, "--profile", args.profile,
-             "--area", args.area]
-    repro += ["--dtype", dtype] if dtype else []
-    repro += ["--device", device] if device else []
     print()
     common = dict(profile=args.profile, seed=args.seed, select=selected, area=area,
-                  reproduce=shlex.join(repro), timeout=timeout,
+                  reproduce=reproduce_command(spec, args.profile, args.area, dtype, device),
+                  timeout=timeout,
                   save_failures=args.save_failures,
                   plain=None if args.adjudicate_with == "none" else args.adjudicate_with,
                   on_result=lambda r: _result(r, guard),

@@ -10,6 +10,7 @@ survives hangs of any kind and crashes of the interpreter.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import threading
 import time
@@ -377,6 +378,16 @@ def not_implemented(check: Check, missing: list[str], why: str = "") -> CheckRes
     return CheckResult(check.id, list(check.entries), check.kind, "not-implemented", None,
                        why or f"backend has no operation {', '.join(missing)}", 0, 0, 0.0,
                        check.budget)
+
+
+def reproduce_command(spec: str, profile: str, area: str, dtype: str | None = None,
+                      device: str | None = None) -> str:
+    """The ``gptspec conformance`` command that reruns a run's failures (``walk`` adds each
+    failure's ``--check`` and ``--seed``): the CLI and the pytest plugin print the same."""
+    command = ["gptspec", "conformance", "--backend", spec, "--profile", profile, "--area", area]
+    command += ["--dtype", dtype] if dtype else []
+    command += ["--device", device] if device else []
+    return shlex.join(command)
 
 
 def walk(checks: list[Check], select: Callable[[Check], bool] | None,
