@@ -265,6 +265,20 @@ def test_bad_token_files(tmp_path):
         write_tokens(tmp_path / "bad.bin", [1, 300], 256)
 
 
+
+@pytest.mark.parametrize("dtype", ["<u2", ">u2", "<u4", ">u4"])
+def test_token_files_of_either_byte_order_give_the_same_batches(tmp_path, dtype):
+    ids = np.arange(40) * 1637 % 50_000  # ids whose two bytes differ
+    np.save(tmp_path / "tokens.npy", ids.astype(dtype))
+    data = open_tokens(tmp_path / "tokens.npy", 50_000)
+    assert np.array_equal(np.asarray(data, dtype=np.int64), ids)
+    x, y = TokenData(data, data, 8).batch("train", 4, np.random.default_rng(0))
+    expected = TokenData(ids, ids, 8).batch("train", 4, np.random.default_rng(0))
+    assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+    np.save(tmp_path / "signed.npy", ids.astype(">i2" if "2" in dtype else ">i4"))
+    with pytest.raises(DataError, match="flat uint16 or uint32"):
+        open_tokens(tmp_path / "signed.npy", 50_000)
+
 # --- the conformance checks added for clipping and the loss sum catch planted bugs ---------
 
 

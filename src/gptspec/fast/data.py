@@ -58,7 +58,8 @@ def open_tokens(path: str | os.PathLike[str], vocab_size: int,
         if isinstance(err, DataError):
             raise
         raise DataError(f"token file {file} cannot be read: {err}") from None
-    if data.ndim != 1 or data.dtype not in (np.uint16, np.uint32):
+    # either byte order: a big-endian file's ids read the same through NumPy
+    if data.ndim != 1 or data.dtype.kind != "u" or data.dtype.itemsize not in (2, 4):
         raise DataError(f"token file {file} must hold a flat uint16 or uint32 array, got "
                         f"{data.dtype} of shape {data.shape}")
     if data.size and int(data.max()) >= vocab_size:
