@@ -430,3 +430,13 @@ class RaisesItsOwnInForward(Honest):
 
     def forward(self, tokens, params, config):
         raise _ItsOwnStop("\x1b[2Jgone")
+
+
+class SleepsAtExit(Honest):
+    """Registers an exit handler that sleeps ten minutes: with --no-isolate the judge's
+    own process, its report written, waited for it before it could exit."""
+
+    def __init__(self) -> None:
+        import atexit
+
+        atexit.register(time.sleep, 600)

@@ -394,6 +394,16 @@ def test_no_isolate_keeps_the_working_directory_where_the_files_are_written(tmp_
     assert not list(elsewhere.iterdir())
 
 
+def test_no_isolate_bounds_the_backends_exit_handlers(tmp_path):
+    start = time.monotonic()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:SleepsAtExit",
+                        "--no-isolate", "--timeout", "3", "--report", "report.json")
+    assert time.monotonic() - start < 60  # the handler sleeps 600 s: it waited for it
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "exit handlers have not returned within --timeout 3 s" in proc.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["pass"] == 1
+
+
 def test_no_isolate_turns_os_exit_into_an_error_of_its_check(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsInForward",
                         "--no-isolate")

@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the checks in a worker process that a hang or crash cannot "
                              "take down (default: on for --backend, off for the built-in)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                        help=f"time limit per check and for starting the backend (default "
+                        help=f"time limit per check, for starting the backend and, with "
+                             "--no-isolate, for its exit handlers (default "
                              f"300, at most {MAX_TIMEOUT:g}: a day; 0 for none); with "
                              "--no-isolate a check that the timer cannot stop ends the "
                              "whole run a tenth of the limit later (at least 5 s), unless "
@@ -238,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)
     status = 1 if failed else 0
+    if guard:
+        guard.run_exit_handlers(status)
     stray = guard.stray_threads() if guard else []
     if stray:  # Python would wait for them at exit, forever if they never end
         more = ", …" if len(stray) > 1 else ""

@@ -4,12 +4,14 @@
 backend's exit status); a watchdog ends the run in one line when a check outlives its time
 limit because the in-process timer could not stop it (a backend that blocks SIGALRM, or a
 call into compiled code that does not return but lets go of the GIL); threads the backend
-leaves running do not keep the process alive after the run. Compiled code that holds the
+leaves running, and exit handlers it registers that do not return within the time limit,
+do not keep the process alive after the run. Compiled code that holds the
 GIL, or exits through the C library, is beyond any of this: that is what --isolate is for.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import posix
 import sys
@@ -37,6 +39,7 @@ class InProcessGuard:
         self.children_before: set[int] | None = None
         self.exit_called: object = None  # os._exit's code, until the check's result takes it
         self.unraisable_before = sys.unraisablehook
+        self.exit_handlers_before = 0
 
     def progress(self) -> None:
         self.last = time.monotonic()
@@ -52,6 +55,7 @@ class InProcessGuard:
         from gptspec.conformance.isolation import _adopt_orphans
 
         self.threads_before = set(threading.enumerate())
+        self.exit_handlers_before = atexit._ncallbacks()
         # the processes the backend forks (and those they leave in sessions of their own)
         # are the judge's to end: one asleep with our stdout open kept `… | cat` waiting
         self.children_before = _adopt_orphans()
@@ -108,6 +112,24 @@ class InProcessGuard:
                         except (OSError, ValueError):
                             pass
                     self.real_exit(1)
+
+    def run_exit_handlers(self, status: int) -> None:
+        """Where the backend registered exit handlers, run every handler now, within the
+        time limit: past it the process ends with ``status`` without waiting (one asleep
+        kept the finished run from exiting, its report written)."""
+        if atexit._ncallbacks() <= self.exit_handlers_before or self.timeout is None:
+            return
+        runner = threading.Thread(target=atexit._run_exitfuncs, name="gptspec-atexit",
+                                  daemon=True)
+        runner.start()
+        runner.join(self.timeout)
+        if runner.is_alive():
+            print(f"gptspec conformance: warning: the backend's exit handlers have not "
+                  f"returned within --timeout {self.timeout:g} s; the process ends without "
+                  "waiting for them", file=sys.stderr)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            self.real_exit(status)
 
     def stray_threads(self) -> list[threading.Thread]:
         """Threads the backend started and left running, which Python waits for at exit."""
