@@ -118,6 +118,53 @@ def test_missing_and_unreadable_files(capsys, tmp_path, corpus, trained):
                                                   "--vocab-size", "300", "--out", out])
 
 
+def test_input_from_a_pipe(tmp_path, trained):
+    """``--input <(command)`` and a named pipe read like a file; a pipe nobody writes to,
+    a device that never ends, and a pipe that gives more than memory allows are refused
+    in one line."""
+    text = b"Speak, speak.\n"
+    read, write = os.pipe()
+    os.write(write, text)
+    os.close(write)
+    proc = subprocess.run([sys.executable, "-m", "gptspec", "tokenizer", "encode",
+                           "--tokenizer", str(trained), "--input", f"/dev/fd/{read}"],
+                          pass_fds=(read,), capture_output=True, timeout=120)
+    os.close(read)
+    expected = Tokenizer.load(trained).encode(text.decode())
+    assert proc.returncode == 0, proc.stderr
+    assert [int(t) for t in proc.stdout.split()] == expected
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = run_cli(["tokenizer", "train", "--data", str(fifo), "--vocab-size", "300",
+                    "--out", str(tmp_path / "t.json")])
+    assert proc.returncode == 2 and b"gave nothing: no process was writing" in proc.stderr
+    assert not (tmp_path / "t.json").exists()
+    proc = run_cli(["tokenizer", "encode", "--tokenizer", str(trained), "--input", "/dev/zero"])
+    assert proc.returncode == 2 and b"is not a regular file or a pipe" in proc.stderr
+
+    endless = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    assert endless.stdout is not None
+    fd = endless.stdout.fileno()
+    limit = 1 << 31  # an address-space limit this process and its libraries fit in
+
+    def limited() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    try:
+        proc = subprocess.run([sys.executable, "-m", "gptspec", "tokenizer", "encode",
+                               "--tokenizer", str(trained), "--input", f"/dev/fd/{fd}"],
+                              pass_fds=(fd,), capture_output=True, timeout=120,
+                              preexec_fn=limited)
+    finally:
+        endless.kill()
+        endless.wait()
+    assert proc.returncode == 2, proc.stderr
+    assert b"gives more than" in proc.stderr and b"address-space limit" in proc.stderr
+
+
 @pytest.mark.parametrize("vocab_size, message", [
     ("100", "below 256"), ("256", "below 256"), ("99999999999", "absurdly large"),
 ])

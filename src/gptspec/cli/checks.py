@@ -89,22 +89,70 @@ def path_name(path: str | os.PathLike[str], flag: str) -> None:
         raise CLIError(f"{flag}: {path} is a symbolic link to nothing (broken or a loop)")
 
 
-def input_file(path: str | os.PathLike[str], flag: str) -> Path:
-    """A regular file this process can read."""
+def input_file(path: str | os.PathLike[str], flag: str, *, pipe: bool = False) -> Path:
+    """A regular file this process can read (or, with ``pipe``, a pipe: text read once
+    from start to end, as ``--input <(command)`` gives it; see :func:`read_input`)."""
     path_name(path, flag)
     p = Path(path)
     if not p.exists():
         raise CLIError(f"{flag}: {p} does not exist")
     if p.is_dir():
         raise CLIError(f"{flag}: {p} is a directory, not a file")
+    if pipe and p.is_fifo():
+        return p
     if not p.is_file():
-        raise CLIError(f"{flag}: {p} is not a regular file")
+        kind = "a regular file or a pipe" if pipe else "a regular file"
+        raise CLIError(f"{flag}: {p} is not {kind}")
     try:
         with open(p, "rb"):
             pass
     except OSError as err:
         raise CLIError(f"{flag}: cannot read {p}: {err.strerror}") from None
     return p
+
+
+def read_input(path: Path | None, flag: str, stdin: Any = None) -> bytes:
+    """Every byte of ``path`` (a regular file or a pipe; ``stdin``'s binary buffer where
+    ``path`` is None), refused past half the memory this process may use (``<(yes)``
+    never ends). A named pipe is opened without waiting for a writer; one that has no
+    writer (or whose writer closed it empty) is an error, not an empty input."""
+    limit = memory_limit()
+    cap = limit[0] // 2 if limit is not None else None
+    where = "standard input" if path is None else str(path)
+    parts: list[bytes] = []
+    try:
+        if path is None:
+            def read() -> bytes:
+                return stdin.read(1 << 20)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                first = os.read(fd, 1 << 20)
+            except BlockingIOError:  # a writer that has not written yet: wait for it
+                first = None
+            if first == b"" and path.is_fifo():
+                os.close(fd)
+                raise CLIError(f"{flag}: the pipe {path} gave nothing: no process was "
+                               "writing to it, or the writer closed it empty")
+            os.set_blocking(fd, True)
+            parts = [first] if first else []
+
+            def read() -> bytes:
+                return os.read(fd, 1 << 20)
+        try:
+            size = sum(map(len, parts))
+            while chunk := read():
+                parts.append(chunk)
+                size += len(chunk)
+                if cap is not None and limit is not None and size > cap:
+                    raise CLIError(f"{flag}: {where} gives more than {cap / 2**30:.1f} GiB, "
+                                   f"half of {limit[1]} {limit[0] / 2**30:.1f} GiB of memory")
+        finally:
+            if path is not None:
+                os.close(fd)
+    except OSError as err:  # a file that opens but cannot be read (/proc/self/mem, EIO)
+        raise CLIError(f"{flag}: cannot read {where}: {err.strerror or err}") from None
+    return b"".join(parts)
 
 
 def input_dir(path: str | os.PathLike[str], flag: str) -> Path:

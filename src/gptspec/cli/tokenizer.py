@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     train = sub.add_parser("train", help="learn BPE merges from a text file")
-    train.add_argument("--data", required=True, type=checks.file_argument, help="UTF-8 training text")
+    train.add_argument("--data", required=True, type=checks.file_argument,
+                       help="UTF-8 training text: a file or a pipe")
     train.add_argument("--vocab-size", required=True, type=int,
                        help="tokens in all: 256 bytes + merges + special tokens")
     train.add_argument("--out", required=True, type=checks.file_argument, help="tokenizer file to write")
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--tokenizer", required=True, type=checks.file_argument,
                        help="tokenizer file (gptspec JSON, tiktoken ranks or tokenizer.json)")
         p.add_argument("--input", type=checks.file_argument, default=None,
-                       help="input file (default: stdin)")
+                       help="input file or pipe (default: stdin)")
         p.add_argument("--output", type=checks.file_argument, default=None,
                        help="output file (default: stdout)")
         if name == "encode":
@@ -70,17 +71,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_bytes(path: Path | None, what: str) -> bytes:
+    flag = "--data" if what == "training data" else "--input"
     if path is None:
-        return standard_stream("stdin", "give --input FILE").buffer.read()
-    checks.input_file(path, "--data" if what == "training data" else "--input")
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise CLIError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise CLIError(f"{what} {path} is a directory") from None
-    except OSError as err:
-        raise CLIError(f"cannot read {what} {path}: {err.strerror}") from None
+        stdin = standard_stream("stdin", "give --input FILE").buffer
+        return checks.read_input(None, flag, stdin)
+    checks.input_file(path, flag, pipe=True)
+    return checks.read_input(path, flag)
 
 
 def _read_text(path: Path | None, what: str) -> str:

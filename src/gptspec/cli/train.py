@@ -89,11 +89,9 @@ def stdlib_text() -> tuple[str, str]:
 def read_text(path: Path) -> str:
     checks.input_file(path, "--data")
     try:
-        return path.read_bytes().decode("utf-8")
+        return checks.read_input(path, "--data").decode("utf-8")
     except UnicodeDecodeError as err:
         raise CLIError(f"data file {str(path)!r} is not valid UTF-8 (byte {err.start})") from None
-    except OSError as err:  # a file that opens but cannot be read (/proc/self/mem, EIO)
-        raise CLIError(f"--data: cannot read {path}: {err.strerror}") from None
 
 
 def run(args: argparse.Namespace) -> int:

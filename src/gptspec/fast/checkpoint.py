@@ -193,7 +193,11 @@ def model_header(path: str | os.PathLike[str]
         return file, metadata, shapes
 
     if p.suffix == ".safetensors":  # as model_file: another file is a folder's name
+        _regular_file(p)
         return header(p, str(p))
+    if p.exists() and not p.is_dir():  # a FIFO, a device, a file of another name
+        raise CheckpointError(f"{p} is neither a preset nor a checkpoint (a checkpoint is a "
+                              "directory or a .safetensors file)")
 
     def read(folder: Path, settled: bool) -> tuple[Path, dict[str, str], dict[str, tuple]]:
         with _pinned(folder, (MODEL_FILE,), settled) as files:
@@ -304,11 +308,19 @@ def _with_fallback(err: CheckpointError, candidates: list[Path]) -> CheckpointEr
 
 def _load_model_file(file: Path, path: str | os.PathLike[str] | None = None
                      ) -> tuple[GPTConfig, dict[str, np.ndarray]]:
-    path = file if path is None else path
-    if not file.is_file():
-        raise CheckpointError(f"no checkpoint at {path}: {file} not found")
-    config, params, _ = _read_model(file, str(file), path)
+    _regular_file(file, path)
+    config, params, _ = _read_model(file, str(file), file if path is None else path)
     return config, params
+
+
+def _regular_file(file: Path, path: str | os.PathLike[str] | None = None) -> None:
+    """A model file named directly must be a regular file: a FIFO would block the read
+    for ever, a device would be read as a model."""
+    if not file.exists():
+        raise CheckpointError(f"no checkpoint at {file if path is None else path}: "
+                              f"{file} not found")
+    if not file.is_file():
+        raise CheckpointError(f"{file} is not a regular file")
 
 
 def _read_model(file: Path, source: str, path: str | os.PathLike[str]
