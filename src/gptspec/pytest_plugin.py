@@ -140,26 +140,19 @@ class _Judge:
                           f"{self.device or 'its own'}, profile {self.profile}, seed {self.seed}")
 
     def _start(self) -> None:
-        from gptspec.conformance.context import keeping_cwd
-        from gptspec.conformance.discovery import BackendError, BackendRefused, load_backend
-        from gptspec.conformance.runner import CheckTimeout, _time_limit, judge
+        from gptspec.conformance.discovery import BackendError, BackendRefused
+        from gptspec.conformance.runner import judge, start_backend
 
         self.started = True
         try:
-            with keeping_cwd(), _time_limit(self.timeout):
-                backend = load_backend(self.spec, device=self.device, dtype=self.dtype)
-        except CheckTimeout:
-            self.unusable = f"backend {self.spec!r} did not start within {self.timeout:g} s"
-            return
-        except BackendRefused as err:
+            backend, origin = start_backend(self.spec, device=self.device, dtype=self.dtype,
+                                            timeout=self.timeout, flag="--gptspec-timeout")
+        except BackendRefused as err:  # a subclass of BackendError
             self.refused = err.reason
             return
         except BackendError as err:
             self.unusable = str(err)
             return
-        origin = {"spec": self.spec, "device": self.device or str(backend.device),
-                  "dtype": self.dtype or str(backend.dtype),
-                  "name": str(getattr(backend, "name", self.spec))}
         self.evaluate, self.unimplemented = judge(
             backend, profile=self.profile, seed=self.seed, timeout=self.timeout,
             origin=origin, plain=self.plain, dtype=self.dtype, device=self.device)

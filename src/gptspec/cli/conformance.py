@@ -257,16 +257,14 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
              area: str | None, selected, timeout: float | None, isolate: bool,
              started: Callable[[Any], None], guard: InProcessGuard | None = None):
     from gptspec.conformance import report
-    from gptspec.conformance.context import keeping_cwd
-    from gptspec.conformance.discovery import BackendError, BackendRefused, load_backend
+    from gptspec.conformance.discovery import BackendError, BackendRefused
     from gptspec.conformance.isolation import run_isolated
     from gptspec.conformance.protocol import shown
     from gptspec.conformance.runner import (
-        CheckTimeout,
         SuiteResult,
-        _time_limit,
         reproduce_command,
         run_suite,
+        start_backend,
         suite_settings_dict,
     )
 
@@ -282,18 +280,9 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
         if isolate:
             suite = run_isolated(spec, device=device, dtype=dtype, **common)
         else:
-            # its constructor may move the working directory too, or hang: importing and
-            # building it is bounded like a check (the timer interrupts Python code; the
-            # worker process bounds the rest, --isolate)
-            try:
-                with keeping_cwd(), _time_limit(timeout):
-                    backend = load_backend(spec, device=device, dtype=dtype)
-            except CheckTimeout:
-                raise CLIError(f"backend {spec!r} did not start within {timeout:g} s "
-                               "(--timeout)") from None
-            origin = {"spec": spec, "device": device or str(backend.device),
-                      "dtype": dtype or str(backend.dtype),
-                      "name": str(getattr(backend, "name", spec))}
+            # bounded like a check: the timer interrupts Python code; the worker process
+            # bounds the rest (--isolate)
+            backend, origin = start_backend(spec, device=device, dtype=dtype, timeout=timeout)
             suite = run_suite(backend, origin=origin, dtype=dtype, device=device, **common)
     except BackendRefused as err:
         # the backend declines this dtype or device: recorded with its reason, and the

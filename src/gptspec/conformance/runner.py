@@ -366,6 +366,25 @@ def judge(backend: Any, *, profile: str, seed: int, timeout: float | None = None
     return evaluate, unimplemented
 
 
+def start_backend(spec: str, *, device: str | None, dtype: str | None,
+                  timeout: float | None, flag: str = "--timeout") -> tuple[Any, dict[str, Any]]:
+    """(backend, origin) of ``spec`` built in this process, bounded like a check: its
+    import or constructor may hang (``flag`` names the time limit in the error) or move
+    the working directory. Raises discovery's BackendError or BackendRefused."""
+    from gptspec.conformance.discovery import BackendError, load_backend
+
+    try:
+        with keeping_cwd(), _time_limit(timeout):
+            backend = load_backend(spec, device=device, dtype=dtype)
+    except CheckTimeout:
+        raise BackendError(f"backend {spec!r} did not start within {timeout:g} s ({flag})"
+                           ) from None
+    origin = {"spec": spec, "device": device or str(backend.device),
+              "dtype": dtype or str(backend.dtype),
+              "name": str(getattr(backend, "name", spec))}
+    return backend, origin
+
+
 def suite_settings_dict(profile: str, seed: int, area: str | None, timeout: float | None,
                         isolated: bool) -> dict[str, Any]:
     return {"profile": profile, "seed": seed, "area": area or "all",
