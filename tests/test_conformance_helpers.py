@@ -148,7 +148,7 @@ def test_scores_at_the_edge_are_drawn_for_float16_alone(dtype, dk):
     only just, and FlashAttention's S·log₂e overflowed there (NaN on an H200)."""
     from types import SimpleNamespace
 
-    from gptspec.conformance.checks_ops import _scores_at_the_edge
+    from gptspec.conformance.checks_attention import _scores_at_the_edge
 
     ctx = SimpleNamespace(precision=SimpleNamespace(dtype=dtype))
     assert _scores_at_the_edge(None, ctx, 4, dk) is None

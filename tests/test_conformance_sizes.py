@@ -172,7 +172,7 @@ def test_the_honest_backend_passes_the_big_size_checks(no_shrinking):
 
 
 def test_the_reference_of_a_case_is_computed_once_per_dtype():
-    from gptspec.conformance.checks_model import reference_case
+    from gptspec.conformance.cases import reference_case
     from gptspec.spec.config import GPTConfig
 
     config = GPTConfig(vocab_size=65537, n_ctx=4, d_model=4, n_layers=1, n_heads=1, d_ff=8)

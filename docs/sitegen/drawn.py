@@ -18,9 +18,8 @@ def _magnitude(x: float) -> str:
 def section() -> str:
     """The conformance page's section on sizes and magnitudes, in Markdown."""
     from gptspec.conformance import budgets, strategies
+    from gptspec.conformance.cases import GPT2_SMALL, MODEL_SHARE, ROW_WISE_SHARE
     from gptspec.conformance.checks_generation import GENERATION_SHARE
-    from gptspec.conformance.checks_model import GPT2_SMALL, MODEL_SHARE
-    from gptspec.conformance.checks_ops import ROW_WISE_SHARE
     from gptspec.conformance.checks_training import LONG_BATCH, LONG_BATCH_SIZE
     from gptspec.conformance.context import PROFILES
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.checks_model import (
+from gptspec.conformance.cases import (
     GPT2_SCALE,
     GPT2_SMALL,
     MODEL_SHARE,

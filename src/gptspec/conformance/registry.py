@@ -95,9 +95,10 @@ def all_checks(area: str | None = None) -> list[Check]:
 
 
 CHECK_MODULES = (
-    "gptspec.conformance.checks_ops",
-    "gptspec.conformance.checks_properties",
-    "gptspec.conformance.checks_model",
+    "gptspec.conformance.checks_embedding",
+    "gptspec.conformance.checks_attention",
+    "gptspec.conformance.checks_block",
+    "gptspec.conformance.checks_output",
     "gptspec.conformance.checks_probes",
     "gptspec.conformance.checks_tokenizer",
     "gptspec.conformance.checks_training",

@@ -1,100 +1,115 @@
-"""The blocks and the whole model against the reference; batch independence and
-dimensionality. The whole-model checks need nothing but ``backend.forward``.
-
-Sizes: a quarter of the configurations are big in one concern (strategies.MODEL_CONCERNS):
-a context of a block-boundary length up to 1025, one or two heads of a real width (64 to
-128, or an odd one), or a vocabulary of 1025 to 65537 with ids past 2¹⁶. Every run also
-checks a GPT-2-small-shaped model at T = 1024 (``gpt_forward.gpt2_small``). The
-reference's logits and their budget are computed once per case and dtype and shared by
-the checks that draw the same case (``reference_case``).
-"""
+"""Checks of the output group (spec/output.py, reference/output.py): the read-out
+operations against the reference, and the whole model (``gpt_forward``) through nothing
+but ``backend.forward``: against the reference, batch independence, dimensionality (the
+Notes' first "next check"), and a GPT-2-small-shaped model at T = 1024."""
 
 from __future__ import annotations
-
-import dataclasses
-import functools
 
 import numpy as np
 from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.context import declared_support
-from gptspec.conformance.protocol import NotApplicable
+from gptspec.conformance.cases import (
+    BLOCK_OPS,
+    GPT2_SCALE,
+    GPT2_SMALL,
+    LINEAR,
+    MODEL,
+    MODEL_SHARE,
+    SOFTMAX,
+    check_against,
+    draw_rounded,
+    matrix_dims,
+    reference_case,
+    require_supported,
+    rounded_parameters,
+    row_shapes,
+)
 from gptspec.conformance.registry import check
 from gptspec.conformance.strategies import (
+    BOUNDARY_LENGTHS,
+    EDGE_FLAVOURS,
+    FLAVOURS,
+    VOCAB_SIZES,
     ParameterRecipe,
-    arrays,
-    configs,
     model_cases,
-    parameter_recipes,
-    sequence_lengths,
+    shapes,
+    token_ids,
 )
 from gptspec.reference.block import BLOCK, block_parameters
 from gptspec.reference.embedding import embed
-from gptspec.spec.config import PRESETS, GPTConfig
-
-# Big model cases cost a big reference each: a quarter of the cases (7 or 8 at the
-# default profile, spread over the three concerns).
-MODEL_SHARE = 1 / 4
-MODEL = "every stage's roundings propagated through the model (budgets.gpt_forward_bound)"
-BLOCK_OPS = {"pre": "block_pre_ln", "post": "block_post_ln", "guide": "block_guide"}
+from gptspec.spec.config import GPTConfig
 
 
-def _rounded(recipe, dtype: str) -> dict[str, np.ndarray]:
-    return {k: B.round_to(v, dtype) for k, v in recipe.make().items()}
+@check("final_layer_norm.differential", entries="final_layer_norm", ops=("final_layer_norm",),
+       depends_on=("layer_norm.differential",), budget="as layer_norm")
+def final_layer_norm(backend, ctx):
+    """The final LayerNorm is LayerNorm with its own parameters and the configuration's ε
+    (drawn like layer_norm's: a backend that fixes its own ε fails)."""
+    @ctx.given(dims=matrix_dims(max_d=32), eps=st.sampled_from((1e-5, 1e-6, 1e-3)), data=st.data())
+    def _(dims, eps, data):
+        x = draw_rounded(data, dims, ctx)
+        g, b = draw_rounded(data, dims[-1:], ctx), draw_rounded(data, dims[-1:], ctx)
+        y, e = B.layer_norm_bound(x, 0 * x, g, b, eps, ctx.precision)
+        check_against(ctx, "final_layer_norm", (x, g, b, eps), y, e)
 
 
-@functools.lru_cache(maxsize=4)
-def _reference(config: GPTConfig, recipe: ParameterRecipe, dtype: str, shape: tuple[int, ...],
-               ids: bytes) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    tokens = np.frombuffer(ids, dtype=np.int64).reshape(shape)
-    params = _rounded(recipe, dtype)
-    return (params, ref.gpt_forward(tokens, params, config),
-            B.gpt_forward_bound(tokens, params, config, B.Precision.of(dtype)))
+@check("unembed_tied.differential", entries="unembed_tied", ops=("unembed_tied",),
+       depends_on=("linear.differential",), budget=LINEAR + ", W = W_Eᵀ")
+def unembed_tied(backend, ctx):
+    """H W_Eᵀ: the output map is the embedding, transposed."""
+    @ctx.given(sizes=shapes((8, 16, 30), (BOUNDARY_LENGTHS, BOUNDARY_LENGTHS, VOCAB_SIZES)),
+               data=st.data())
+    def _(sizes, data):
+        *dims, V = sizes
+        H = draw_rounded(data, dims, ctx)
+        W_E = draw_rounded(data, (V, dims[1]), ctx, scale=0.3)
+        y, e = B.linear_bound(H, 0 * H, W_E.T, None, ctx.precision)
+        check_against(ctx, "unembed_tied", (H, W_E), y, e)
 
 
-def reference_case(config: GPTConfig, recipe: ParameterRecipe, tokens: np.ndarray,
-                   dtype: str) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """The parameters rounded to ``dtype``, the reference's logits and their error scale
-    (budgets.gpt_forward_bound), cached: the model checks draw the same cases, and a big
-    case's reference is the expensive part of its example. Callers must not modify the
-    arrays. Sequences are independent, so row b of the logits and of the scale is also
-    that of the sequence alone."""
-    tokens = np.ascontiguousarray(tokens, dtype=np.int64)
-    return _reference(config, recipe, dtype, tokens.shape, tokens.tobytes())
+@check("unembed_untied.differential", entries="unembed_untied", ops=("unembed_untied",),
+       depends_on=("linear.differential",), budget=LINEAR)
+def unembed_untied(backend, ctx):
+    """H W_U + b_U."""
+    @ctx.given(sizes=shapes((8, 16, 30), (BOUNDARY_LENGTHS, BOUNDARY_LENGTHS, VOCAB_SIZES)),
+               with_bias=st.booleans(), data=st.data())
+    def _(sizes, with_bias, data):
+        *dims, V = sizes
+        H = draw_rounded(data, dims, ctx)
+        W_U = draw_rounded(data, (dims[1], V), ctx, scale=0.3)
+        b_U = draw_rounded(data, (V,), ctx) if with_bias else None
+        y, e = B.linear_bound(H, 0 * H, W_U, b_U, ctx.precision)
+        check_against(ctx, "unembed_untied", (H, W_U, b_U), y, e)
 
 
-def _block_check(norm: str):
-    name = BLOCK_OPS[norm]
-    ffn_checks = tuple(f"ffn_{v}.differential" for v in ("relu", "gelu", "gelu_tanh",
-                                                        "guide_product"))
-
-    @check(f"{name}.differential", entries=name, ops=(name,),
-           depends_on=("multi_head_attention.differential", "layer_norm.differential",
-                       *ffn_checks),
-           budget="LayerNorm, attention and FFN budgets propagated through the block")
-    def block(backend, ctx):
-        p = ctx.precision
-
-        @ctx.given(config=configs(max_layers=1, norms=(norm,), share=MODEL_SHARE,
-                                  concerns=("context", "head_width")), data=st.data())
-        def _(config, data):
-            recipe = data.draw(parameter_recipes(config, p.dtype))
-            bp = block_parameters(_rounded(recipe, p.dtype), 0)
-            T = data.draw(sequence_lengths(config.n_ctx), label="T")
-            H = B.round_to(data.draw(arrays((T, config.d_model), p.dtype)), p.dtype)
-            y, e = B.block_bound(H, 0 * H, bp, config, p)
-            out = ctx.op(name)(H, bp, config)
-            ctx.record(name, B.compare(out, y, B.budget(e)))
-
-    block.__doc__ = f"One {norm} block, every FFN variant, against the reference."
-    return block
+@check("next_token_distribution.differential", entries="next_token_distribution",
+       ops=("next_token_distribution",), depends_on=("softmax.differential",), budget=SOFTMAX)
+def next_token_distribution(backend, ctx):
+    """softmax of each row of logits, vocabularies up to 65537 and logits up to the edge
+    of the dtype's range included."""
+    @ctx.given(dims=row_shapes(boundary=VOCAB_SIZES), data=st.data())
+    def _(dims, data):
+        z = draw_rounded(data, dims, ctx, FLAVOURS + EDGE_FLAVOURS)
+        y, e = B.softmax_bound(z, 0 * z, ctx.precision)
+        check_against(ctx, "next_token_distribution", (z,), y, e)
 
 
-block_pre_ln = _block_check("pre")
-block_post_ln = _block_check("post")
-block_guide = _block_check("guide")
+@check("sequence_log_probability.differential", entries="sequence_log_probability",
+       ops=("sequence_log_probability",),
+       budget="λ·(√Σ_t (u(|z_t − max| + lse + 4) + s(V))² + s(T − 1)·Σ|log p| ⊕ u·|y|), "
+              "s(n) a sum of n terms of one sign")
+def sequence_log_probability(backend, ctx):
+    """Σ_{t≥2} log softmax(z_{t−1})[x_t], conditioned on the first token."""
+    @ctx.given(dims=shapes((8, 20), (BOUNDARY_LENGTHS, VOCAB_SIZES), min_sizes=(1, 2)),
+               data=st.data())
+    def _(dims, data):
+        T, V = dims
+        z = draw_rounded(data, (T, V), ctx, scale=3.0)
+        tokens = data.draw(token_ids(V, T, T))
+        y, e = B.sequence_log_probability_bound(tokens, z, ctx.precision)
+        check_against(ctx, "sequence_log_probability", (tokens, z), y, e)
 
 
 @check("gpt_forward.differential", entries="gpt_forward",
@@ -141,7 +156,7 @@ def dimensionality(backend, ctx):
     @ctx.given(case=model_cases(ctx.precision.dtype, share=MODEL_SHARE))
     def _(case):
         config, recipe, tokens = case
-        params = _rounded(recipe, p.dtype)
+        params = rounded_parameters(recipe, p.dtype)
         logits = np.asarray(backend.forward(tokens, params, config))
         B_, T = tokens.shape
         ctx.require(logits.shape == (B_, T, config.vocab_size),
@@ -154,9 +169,6 @@ def dimensionality(backend, ctx):
                         f"{BLOCK_OPS[config.norm]} maps {H.shape} to {out.shape}")
 
 
-# GPT-2 small's shapes with one block: the blocks are alike, and one keeps the run's time
-GPT2_SMALL = dataclasses.replace(PRESETS["gpt2"], n_layers=1)
-GPT2_SCALE = 0.02  # GPT-2's initialisation
 LOGIT_ROWS = 128  # positions compared at a time: a block of float64 logits is 51 MB
 
 
@@ -169,15 +181,6 @@ def _reference_hidden(tokens: np.ndarray, params: dict, config: GPTConfig) -> np
     if config.final_norm:
         H = ref.final_layer_norm(H, params["ln_f.weight"], params["ln_f.bias"], config.ln_eps)
     return H
-
-
-def require_supported(backend, config: GPTConfig) -> None:
-    """For a check of one fixed configuration (no drawn examples for the context to
-    skip): NotApplicable where the backend's ``supports`` declares it cannot express it."""
-    supports = declared_support(backend)
-    reason = supports(config) if supports is not None else None
-    if reason:
-        raise NotApplicable(str(reason))
 
 
 @check("gpt_forward.gpt2_small", entries="gpt_forward",
@@ -193,7 +196,7 @@ def gpt2_small(backend, ctx):
     p, config = ctx.precision, GPT2_SMALL
     require_supported(backend, config)
     recipe = ParameterRecipe(config, GPT2_SCALE, ctx.seed)
-    params = _rounded(recipe, p.dtype)
+    params = rounded_parameters(recipe, p.dtype)
     rng = np.random.default_rng(ctx.seed)
     T, V = config.n_ctx, config.vocab_size
     tokens = rng.integers(0, V, (1, T))
