@@ -20,7 +20,7 @@ def section() -> str:
     from gptspec.conformance import budgets, strategies
     from gptspec.conformance.cases import GPT2_SMALL, MODEL_SHARE, ROW_WISE_SHARE
     from gptspec.conformance.checks_generation import GENERATION_SHARE
-    from gptspec.conformance.checks_training import LONG_BATCH, LONG_BATCH_SIZE
+    from gptspec.conformance.checks_gradients import LONG_BATCH, LONG_BATCH_SIZE
     from gptspec.conformance.context import PROFILES
 
     s = strategies

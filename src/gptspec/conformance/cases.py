@@ -130,3 +130,12 @@ def require_supported(backend, config: GPTConfig) -> None:
     reason = supports(config) if supports is not None else None
     if reason:
         raise NotApplicable(str(reason))
+
+
+def drawn_training_case(case, dtype: str, data):
+    config, recipe, tokens = case
+    params = {k: B.round_to(v, dtype) for k, v in recipe.make().items()}
+    targets = np.asarray(data.draw(st.lists(st.integers(0, config.vocab_size - 1),
+                                            min_size=tokens.size, max_size=tokens.size),
+                                   label="targets")).reshape(tokens.shape)
+    return config, params, tokens, targets

@@ -101,7 +101,9 @@ CHECK_MODULES = (
     "gptspec.conformance.checks_output",
     "gptspec.conformance.checks_probes",
     "gptspec.conformance.checks_tokenizer",
-    "gptspec.conformance.checks_training",
+    "gptspec.conformance.checks_loss",
+    "gptspec.conformance.checks_gradients",
+    "gptspec.conformance.checks_optimizer",
     "gptspec.conformance.checks_generation",
     "gptspec.conformance.checks_costs",
 )

@@ -1,19 +1,14 @@
-"""Training checks: gradients by parameter name, AdamW trajectories, the loss, determinism
-and exact resumption, through the optional operations ``gpt_backward``,
-``adamw_trajectory`` and ``train_losses``.
-
-Budgets: a gradient's error is propagated stage by stage through the backward pass
-(:func:`gradient_budgets.gpt_backward_bound`), which sees what one scale for the whole
-model cannot: LayerNorm's backward amplifies errors by |γ|/s, compounding through the
-layers. The loss moves by at most 2·max e for a logit error e (log-softmax is 2-Lipschitz
-in the largest entry), plus its own reductions' rounding. AdamW's update adds about 10
-float32 roundings per element per step, in quadrature over steps; a 16-bit backend adds
-one rounding u·|θ_t| per step for storing the parameter in its dtype.
+"""Checks of the optimizer group (spec/optimizer.py, reference/optimizer.py): AdamW
+trajectories, the learning-rate schedule, gradient clipping, determinism, exact
+resumption and the trainer's own loop, through the optional operations
+``adamw_trajectory``, ``lr_schedule``, ``clip_grad_norm``, ``train_losses`` and
+``train_loop``. AdamW's update adds about 10 float32 roundings per element per step, in
+quadrature over steps; a 16-bit backend adds one rounding u·|θ_t| per step for storing
+the parameter in its dtype.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -21,138 +16,13 @@ from hypothesis import strategies as st
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.cases import (
-    GPT2_SCALE,
-    GPT2_SMALL,
-    MODEL_SHARE,
-    require_supported,
-)
 from gptspec.conformance.context import NotImplementedOp
 from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.conformance.registry import check
-from gptspec.conformance.strategies import ParameterRecipe, model_cases, text_like_ids
+from gptspec.conformance.strategies import model_cases
 from gptspec.spec import GPTConfig, init_parameters
 
-GRADIENT_ENTRIES = ("cross_entropy_gradient", "linear_backward", "token_embedding_backward",
-                    "positional_embedding_backward", "input_representation_backward",
-                    "tied_embedding_accumulation", "unembed_tied_backward",
-                    "unembed_untied_backward", "layer_norm_backward", "softmax_backward",
-                    "scaled_dot_product_attention_backward", "multi_head_attention_backward",
-                    "relu_backward", "gelu_backward", "gelu_tanh_backward", "ffn_relu_backward",
-                    "ffn_gelu_backward", "ffn_gelu_tanh_backward", "ffn_guide_product_backward",
-                    "residual_backward", "block_pre_ln_backward", "block_post_ln_backward",
-                    "block_guide_backward", "gpt_backward")
-# what a pre-LN, GELU, tied GPT-2 block exercises (gpt_backward.long_batch)
-LONG_BATCH_ENTRIES = ("cross_entropy_gradient", "linear_backward", "token_embedding_backward",
-                      "positional_embedding_backward", "input_representation_backward",
-                      "tied_embedding_accumulation", "unembed_tied_backward",
-                      "layer_norm_backward", "softmax_backward",
-                      "scaled_dot_product_attention_backward",
-                      "multi_head_attention_backward", "gelu_tanh_backward",
-                      "ffn_gelu_tanh_backward", "residual_backward", "block_pre_ln_backward",
-                      "gpt_backward")
 ADAMW_ROUNDINGS = 10
-
-
-def _case(case, dtype: str, data):
-    config, recipe, tokens = case
-    params = {k: B.round_to(v, dtype) for k, v in recipe.make().items()}
-    targets = np.asarray(data.draw(st.lists(st.integers(0, config.vocab_size - 1),
-                                            min_size=tokens.size, max_size=tokens.size),
-                                   label="targets")).reshape(tokens.shape)
-    return config, params, tokens, targets
-
-
-@check("gpt_backward.differential", entries=GRADIENT_ENTRIES, ops=("gpt_backward",),
-       depends_on=("gpt_forward.differential",), area="training",
-       budget="λ × the error scale propagated through the reference's backward pass stage "
-              "by stage (gradient_budgets.gpt_backward_bound)")
-def gradients(backend, ctx):
-    """Every gradient against the reference's hand-written backward pass, by parameter
-    name: the backend's ∂L/∂θ of the mean cross-entropy equals ``gpt_backward``'s for
-    every parameter of the schema, over configurations of every variant.
-
-    Precondition: d_model ≥ 2. Over a single feature LayerNorm's output is exactly β
-    (x − μ = 0), so the exact gradient of its gain is 0 while a backend's is rounding
-    noise amplified by 1/√ε — a property of the model, not of the backend."""
-    @ctx.given(case=model_cases(ctx.precision.dtype, share=MODEL_SHARE)
-               .filter(lambda c: c[0].d_model >= 2),
-               data=st.data())
-    def _(case, data):
-        config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
-        _compare_gradients(ctx, tokens, targets, params, config)
-
-
-def _compare_gradients(ctx, tokens, targets, params, config: GPTConfig) -> None:
-    """The backend's gradients against the reference's, by parameter name, each within
-    its stage-by-stage budget (gradient_budgets.gpt_backward_bound)."""
-    _, expected = ref.gpt_backward(tokens, targets, params, config)
-    _, grads = ctx.op("gpt_backward")(tokens, targets, params, config)
-    ctx.require(set(grads) == set(expected),
-                f"gradients named {sorted(set(grads) ^ set(expected))} do not match the schema")
-    scales = gpt_backward_bound(tokens, targets, params, config, ctx.precision)
-    for name, g in expected.items():
-        ctx.record(name, B.compare(grads[name], g, B.budget(scales[name][1])))
-
-
-# Long enough that a sum over the rows or over a token's repeats is where a 16-bit
-# gradient drifts: 2048 rows, the commonest token at about 500 of them; two heads of
-# width 64 over 1024 keys, and a vocabulary one past a tile of 1024.
-LONG_BATCH = dataclasses.replace(GPT2_SMALL, d_model=128, n_heads=2, d_ff=512,
-                                 vocab_size=1025)
-LONG_BATCH_SIZE = 2
-
-
-@check("gpt_backward.long_batch", entries=LONG_BATCH_ENTRIES, ops=("gpt_backward",),
-       depends_on=("gpt_forward.differential",), area="training",
-       budget="λ × the error scale propagated through the reference's backward pass stage "
-              "by stage (gradient_budgets.gpt_backward_bound)")
-def long_batch_gradients(backend, ctx):
-    """Every gradient by parameter name over a batch of 2 × 1024 tokens as skewed as a
-    text's, in a GPT-2-shaped block (pre-LN, GELU, tied, biases) of width 128: the sums
-    over rows (∂γ, ∂β, ∂b, ∂W_P) and over a token's repeats (∂W_E) run 2048 and about 500
-    terms long. Hypothesis's examples are mostly short; a sum that a backend accumulates in
-    its 16-bit dtype is one rounding off for a few rows and far beyond the budget here.
-    Parameters at GPT-2's initialisation scale and tokens come from the run's seed. Not
-    applicable where the backend's ``supports`` declines the configuration."""
-    p, config = ctx.precision, LONG_BATCH
-    require_supported(backend, config)
-    params = {k: B.round_to(v, p.dtype)
-              for k, v in ParameterRecipe(config, GPT2_SCALE, ctx.seed).make().items()}
-    rng = np.random.default_rng(ctx.seed)
-    shape = (LONG_BATCH_SIZE, config.n_ctx)
-    tokens = text_like_ids(rng, config.vocab_size, math.prod(shape)).reshape(shape)
-    targets = np.roll(tokens, -1, axis=1)
-    targets[:, -1] = rng.integers(0, config.vocab_size, shape[0])
-    _compare_gradients(ctx, tokens, targets, params, config)
-
-
-@check("cross_entropy_mean.differential", entries=("cross_entropy_mean", "cross_entropy_sum",
-                                                  "log_softmax"),
-       ops=("gpt_backward",), depends_on=("gpt_forward.differential",), area="training",
-       budget="λ·((2·max(logit error) + √(N·V)·u_acc·|L|) ⊕ u·|L|)")
-def loss(backend, ctx):
-    """The loss equals −log of the reference's probabilities: the backend's mean
-    cross-entropy equals −(1/N) Σ_t log P_ref(y_t | x_≤t), with P_ref the reference's
-    ``next_token_distribution`` of its logits; N times it is the Blueprint's eq 10 sum
-    −Σ_t log P_ref(y_t | x_≤t), within N times the budget. log P_ref is taken as the
-    reference's ``log_softmax`` (the same number), since log of a probability that
-    underflows to 0 (a logit gap past 745) would be −∞ where a correct loss is finite."""
-    @ctx.given(case=model_cases(ctx.precision.dtype, share=MODEL_SHARE), data=st.data())
-    def _(case, data):
-        config, params, tokens, targets = _case(case, ctx.precision.dtype, data)
-        log_probs = ref.log_softmax(ref.gpt_forward(tokens, params, config))
-        picked = np.take_along_axis(log_probs, targets[..., None], -1)
-        expected = -np.mean(picked)
-        got, _ = ctx.op("gpt_backward")(tokens, targets, params, config)
-        logit_error = float(np.max(B.gpt_forward_bound(tokens, params, config, ctx.precision)))
-        # the loss may be returned in the dtype: one more rounding, u·|L|
-        scale = np.hypot(2 * logit_error + ctx.precision.sum_scale(log_probs.size) * abs(expected),
-                         ctx.precision.store(expected))
-        ctx.record("loss", B.compare(np.float64(got), expected, B.budget(scale)))
-        N = targets.size
-        ctx.record("N · loss vs the eq 10 sum",
-                   B.compare(N * np.float64(got), -np.sum(picked), N * B.budget(scale)))
 
 
 @check("adamw_step.trajectory", entries=("adamw_step", "lr_schedule"),
@@ -278,15 +148,9 @@ def clip(backend, ctx):
             ctx.record(f"clipped {name}", B.compare(got[name], g, B.budget(scale)))
 
 
-# --- the trainer's own loop (spec entry train_loop) ---------------------------------------------
-#
-# The backend runs its loop uninterrupted (operation ``train_loop(tokens, params, config,
-# settings) -> (losses, lrs, params after each step)``); the judge then replays the
-# reference's step at every state the backend reported, so a rounding difference in one
-# step is never mistaken for a bug in the next. Between the two runs the only thing that
-# carries over from step to step is AdamW's moments, whose error the budget follows.
-
 LR_ROUNDINGS = 8  # (s − W)/(S − W), ·π, cos, 1 +, ·(η_max − η_min) and its difference, ·½, + η_min
+
+
 MOMENT_ROUNDINGS = 3  # β·m, (1 − β)·g (or g·g, then ·(1 − β)), the sum
 
 
