@@ -1,6 +1,6 @@
 """The conformance checks that cover a spec entry, from the conformance registry.
 
-Checks are declared once, in ``conformance/checks_<area>.py``, each naming the entry it
+Checks are declared once, in ``conformance/checks_<group>.py``, each naming the entry it
 covers; ``gptspec.conformance.registry.checks_for(entry_id)`` finds them. This module
 only turns them into what a page shows: an id and a budget description.
 """
