@@ -366,16 +366,22 @@ def _stale_cache_position(self: Any, T_new: int, lengths: Any = None) -> Any:
     import dataclasses
 
     step = _ORIGINAL_PLAN(self, T_new, lengths)
+    positions = step.positions
+    if positions is None:  # the plan of one length: start, start + 1, … for every sequence
+        positions = self.lengths[:, None] + torch.arange(T_new, device=self.device)
     # the new tokens' positions read before the lengths were advanced: one step behind
-    return dataclasses.replace(step, positions=(step.positions - 1).clamp(min=0))
+    return dataclasses.replace(step, positions=(positions - 1).clamp(min=0))
 
 
 def _prepacked_product_without_bias(self: Any, x: Tensor, bias: Tensor | None) -> Tensor:
     return _ORIGINAL_PACKED_PRODUCT(self, x, None)  # as if every layer had no bias
 
 
-def _decode_step_misses_own_key(self: Any, layer: int, K: Tensor, V: Tensor) -> Any:
-    k, v = _ORIGINAL_APPEND(self, layer, K, V)
+def _decode_step_misses_own_key(self: Any, layer: int, K: Tensor, V: Tensor,
+                                plan: Any) -> Any:
+    k, v = _ORIGINAL_WRITE(self, layer, K, V, plan)
+    if K.shape[-2] != 1 or plan.rows is not None:  # only the common decoding step
+        return k, v
     # the slots before the new token's: it attends to everything but itself (the first
     # token of all has nothing else, so it keeps its own slot there)
     n = max(k.shape[-2] - 1, 1)
@@ -389,17 +395,11 @@ def _gemv_without_last_column_pair(self: Any, x: Tensor, bias: Tensor | None) ->
     return _ORIGINAL_GEMV(self, x, bias)
 
 
-def _decode_step_post_ln_as_pre_ln(self: Any, model: Any, packed: Any = None) -> None:
-    _ORIGINAL_DECODE_INIT(self, model, packed)
-    if model.config.norm == "post":  # the step's own residual table: "post" → pre-LN's form
-        self.residual = ops.residual_pre_ln
-
-
 def _plan_positions_from_padded_length(self: Any, T_new: int, lengths: Any = None) -> Any:
     import dataclasses
 
     step = _ORIGINAL_PLAN(self, T_new, lengths)
-    if step.start is not None:
+    if step.rows is None:
         return step
     # every row's new tokens placed after the longest row (as if counted from the start of
     # a batch padded to one length): a shorter row's tokens get later positions
@@ -412,28 +412,19 @@ def _plan_attends_padding(self: Any, T_new: int, lengths: Any = None) -> Any:
     import dataclasses
 
     step = _ORIGINAL_PLAN(self, T_new, lengths)
-    if step.start is not None or T_new != 1:
+    if step.rows is None or T_new != 1:
         return step
     # a one-token step sees every slot written so far: a shorter row also attends to the
     # padding its prompt was filled up with
     return dataclasses.replace(step, mask=torch.ones_like(step.mask))
 
 
-def _uniform_or_longest(self: Any) -> int:
-    # the batch's longest length stands in for every row's once the rows differ
-    return self._uniform if self._uniform is not None else self._bound
-
-
-def _append_at_longest(self: Any, layer: int, K: Tensor, V: Tensor) -> Any:
-    t = _uniform_or_longest(self)
-    return self._write_from(layer, K, V, t, t + 1)
-
-
-def _appended_at_longest(self: Any) -> None:
-    self.lengths += 1
-    if self._uniform is not None:
-        self._uniform += 1
-    self._bound = min(self._bound + 1, self.max_len)
+def _plan_at_longest(self: Any, T_new: int, lengths: Any = None) -> Any:
+    if lengths is None and self._uniform is None:
+        # the batch's longest length stands in for every row's once the rows differ: the
+        # plan of one length (slice writes, no mask) at that length
+        self._uniform = self._bound
+    return _ORIGINAL_PLAN(self, T_new, lengths)
 
 
 def _originals() -> tuple[Any, Any, Any, Any, Any]:
@@ -442,21 +433,12 @@ def _originals() -> tuple[Any, Any, Any, Any, Any]:
     from gptspec.fast.kv_cache import KVCache
     from gptspec.fast.prepacked import PackedMatrix
 
-    return (gen.sampling_distribution, KVCache.plan, PackedMatrix.__call__, KVCache.append,
+    return (gen.sampling_distribution, KVCache.plan, PackedMatrix.__call__, KVCache.write,
             BlockedWeight.__call__)
 
 
-(_ORIGINAL_SAMPLING, _ORIGINAL_PLAN, _ORIGINAL_PACKED_PRODUCT, _ORIGINAL_APPEND,
+(_ORIGINAL_SAMPLING, _ORIGINAL_PLAN, _ORIGINAL_PACKED_PRODUCT, _ORIGINAL_WRITE,
  _ORIGINAL_GEMV) = _originals()
-
-
-def _decode_originals() -> Any:
-    from gptspec.fast.decode import DecodeStep
-
-    return DecodeStep.__init__
-
-
-_ORIGINAL_DECODE_INIT = _decode_originals()
 
 
 # --- the tokenizer bugs ---------------------------------------------------------------------
@@ -810,10 +792,13 @@ def _unembed_tied_drops_partial_vocab_tile(H: Tensor, W_E: Tensor) -> Tensor:
     return logits
 
 
-def _decode_step_drops_partial_key_tile(self: Any, layer: int, K: Tensor, V: Tensor) -> Any:
+def _decode_step_drops_partial_key_tile(self: Any, layer: int, K: Tensor, V: Tensor,
+                                        plan: Any) -> Any:
     # the decoding step reads the cache in tiles of 64 slots; past the first tile, the
     # last partial tile (the newest keys, the token's own among them) is never loaded
-    k, v = _ORIGINAL_APPEND(self, layer, K, V)
+    k, v = _ORIGINAL_WRITE(self, layer, K, V, plan)
+    if K.shape[-2] != 1 or plan.rows is not None:  # only the common decoding step
+        return k, v
     n = k.shape[-2]
     if n > KEY_TILE and n % KEY_TILE:
         n -= n % KEY_TILE
@@ -965,26 +950,16 @@ MUTANTS: tuple[Mutant, ...] = (
            requires=("oneDNN's bfloat16 product (a CPU with AVX-512)", _onednn_bf16)),
     _gen("decode_step_misses_its_own_key", ("kv_cache_attention", "generate"),
          "The decoding step's new token attends to the cached tokens but not to itself.",
-         gptspec__fast__kv_cache__KVCache__append=_decode_step_misses_own_key),
+         gptspec__fast__kv_cache__KVCache__write=_decode_step_misses_own_key),
     Mutant("bf16_gemv_stops_a_column_pair_short", ("linear", "generate"), "generation",
            "The batch-1 bfloat16 GEMV kernel skips the last two columns of x (and of A).",
            elsewhere={"gptspec.fast.bf16_gemv.BlockedWeight.__call__":
                       _gemv_without_last_column_pair}, dtype="bfloat16",
            requires=("AVX-512 BF16 (the GEMV kernel's instructions)", _bf16_gemv_built)),
-    Mutant("decode_step_guide_product_as_two_layer_ffn", ("ffn_guide_product", "generate"),
-           "generation", "The decoding step takes the Guide's product FFN for a two-layer "
-           "ReLU FFN (relu(x W_1 + b_1) W_2 + b_2) instead of leaving it to the model.",
-           elsewhere={"gptspec.fast.decode._ACTIVATION": {
-               "relu": ops.relu, "gelu": ops.gelu, "gelu_tanh": ops.gelu_tanh,
-               "guide_product": ops.relu}}),
-    Mutant("decode_step_post_ln_as_pre_ln", ("block_post_ln", "generate"), "generation",
-           "The decoding step's residual form for a post-LN block is the pre-LN one.",
-           elsewhere={"gptspec.fast.decode.DecodeStep.__init__":
-                      _decode_step_post_ln_as_pre_ln}),
     _gen("decode_step_drops_partial_key_tile", ("kv_cache_attention", "generate"),
          "The decoding step reads the cache in tiles of 64 slots and, past the first tile, "
          "never loads the last partial one (only contexts past 64 tokens).",
-         gptspec__fast__kv_cache__KVCache__append=_decode_step_drops_partial_key_tile),
+         gptspec__fast__kv_cache__KVCache__write=_decode_step_drops_partial_key_tile),
     _gen("ragged_positions_from_padded_length", ("kv_cache_attention", "generate"),
          "Once a batch's sequences differ in length, every new token takes the position "
          "after the longest one (counted from the padded start).",
@@ -993,13 +968,10 @@ MUTANTS: tuple[Mutant, ...] = (
          "A one-token step of a ragged batch attends to every cached slot, the padding "
          "of the shorter prompts included.",
          gptspec__fast__kv_cache__KVCache__plan=_plan_attends_padding),
-    Mutant("ragged_decode_step_at_longest_length", ("kv_cache_attention", "generate"),
-           "generation", "The cache reports the longest length as everyone's: the decoding "
-           "step writes and places every row's token there.",
-           elsewhere={"gptspec.fast.kv_cache.KVCache.uniform_length":
-                      property(_uniform_or_longest),
-                      "gptspec.fast.kv_cache.KVCache.append": _append_at_longest,
-                      "gptspec.fast.kv_cache.KVCache.appended": _appended_at_longest}),
+    _gen("ragged_decode_step_at_longest_length", ("kv_cache_attention", "generate"),
+         "The cache takes the longest length for everyone's once the rows differ: the "
+         "decoding step writes and places every row's token there, seeing every slot.",
+         gptspec__fast__kv_cache__KVCache__plan=_plan_at_longest),
     _train("tied_gradient_from_one_use", ("tied_embedding_accumulation",),
            "The tied W_E gets the gradient of its embedding use only; the unembedding's "
            "contribution H_fᵀ G_Z is dropped.",

@@ -25,8 +25,6 @@ from meta.mutants import BY_NAME
 GENERATION_CHECKS = ("generate.every_variant", "generate.ragged_batch")
 TOKENIZER_CHECKS = ("decode.invalid_utf8", "encode.matches_reference")
 NEW_MUTANTS = {
-    "decode_step_guide_product_as_two_layer_ffn": "generate.every_variant",
-    "decode_step_post_ln_as_pre_ln": "generate.every_variant",
     "ragged_positions_from_padded_length": "generate.ragged_batch",
     "ragged_cache_attends_padding": "generate.ragged_batch",
     "ragged_decode_step_at_longest_length": "generate.ragged_batch",

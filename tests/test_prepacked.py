@@ -1,7 +1,7 @@
 """gptspec.fast.prepacked: 16-bit CPU weights reordered once for oneDNN, used by generation.
 
 The packed product must be ops.linear's product (within the dtype's derived budget of the
-exact one), used only where it is meant to be (inside ``active()``, no gradient, current
+exact one), used only where it is meant to be (bound by ``bind``, no gradient, current
 parameters), and actually used by generation, whose conformance in bfloat16
 (tests/test_conformance.py) then covers it.
 """
@@ -82,14 +82,27 @@ def test_tied_unembedding_uses_packed_embedding(dtype, packed_calls):
     assert torch.allclose(got.double(), want, rtol=4 * u, atol=4 * u * want.abs().max().item())
 
 
-def test_nothing_is_packed_unless_the_caller_passes_the_packed_weights(packed_calls):
-    """No state behind the operations: with packed weights built, a plain weight and a
-    forward call without ``weights=`` still take PyTorch's product."""
+def test_nothing_is_packed_unless_bound(packed_calls):
+    """With packed weights built, a plain weight and the forward of a model they are not
+    bound to still take PyTorch's product; bound, every product of the forward takes its
+    packed matrix, until unbound."""
     model = _model("bfloat16")
     prepacked.for_model(model)
     x = torch.randn(1, model.config.d_model).to(torch.bfloat16)
     ops.linear(x, model.blocks[0].attn.w_o)
-    model(torch.tensor([[1, 2, 3]]))
+    tokens = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        want = model(tokens)
+        assert packed_calls == []
+        if prepacked.bind(model) is not None:  # oneDNN packs bfloat16 here
+            got = model(tokens)
+            assert len(packed_calls) == 4 * model.config.n_layers + 1
+            u = B.Precision.of("bfloat16").u
+            assert torch.allclose(got.float(), want.float(), rtol=0,
+                                  atol=16 * u * want.float().abs().max().item())
+        prepacked.unbind(model)
+        packed_calls.clear()
+        model(tokens)
     assert packed_calls == []
 
 
@@ -114,6 +127,7 @@ def test_generation_multiplies_by_packed_weights_and_only_inside_its_calls(dtype
     assert len(packed_calls) == (4 if one_row_layout else 5) * n_products_per_forward
     assert all(shape[:-1] == (batch, 1) for shape in packed_calls[-4 * n_products_per_forward:])
     packed_calls.clear()
+    model(torch.tensor(prompts))  # generation unbound them when it ended
     generate(model, prompts, 5, GREEDY, prepack=False)
     assert packed_calls == []
 

@@ -6,9 +6,9 @@ meaning is the reference loop (``gptspec.reference.generate``); the cache comput
 same logits from one new row per step. Prompts of different lengths are right-padded and
 fed once, so a prompt gives the same tokens alone or in a batch; each sequence stops on
 its own (end-of-text or length); a context reaching n_ctx is cropped and the cache
-refilled. 16-bit CPU weights are prepacked (``gptspec.fast.prepacked``), the common step
-runs through ``gptspec.fast.decode.DecodeStep``, and sampling (temperature → top-k →
-nucleus) uses a seeded ``torch.Generator``: a fixed seed reproduces the tokens.
+refilled. 16-bit CPU weights are prepacked and bound to the model while it generates
+(``gptspec.fast.prepacked``), and sampling (temperature → top-k → nucleus) uses a seeded
+``torch.Generator``: a fixed seed reproduces the tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from gptspec.fast import prepacked
-from gptspec.fast.decode import DecodeStep
 from gptspec.fast.kv_cache import KVCache
 from gptspec.fast.model import GPT
 from gptspec.reference.sampling import check_sampling_settings
@@ -154,8 +153,7 @@ class _Contexts:
         self.model = model
         self.prepack = prepack
         self.sequences = prompts
-        self.decode: DecodeStep | None = None
-        self.weights: prepacked.PrepackedWeights | None = None
+        self.packed: prepacked.PrepackedWeights | None = None
         self.pack_weights()
         self.n_ctx = model.config.n_ctx
         self.device = model.wte.device
@@ -164,13 +162,19 @@ class _Contexts:
         self.cache: KVCache | None = None
 
     def pack_weights(self) -> None:
-        """Pack the current weights (where that pays) for the forward calls and the
-        decoding step; at batch 1 in the layout for one-row products."""
-        model = self.model
-        self.decode, self.weights = None, None  # let a stale packed copy go first
-        packed = prepacked.for_model(model, rows=len(self.sequences)) if self.prepack else None
-        self.decode = DecodeStep(model, packed) if DecodeStep.supports(model) else None
-        self.weights = packed  # passed to every forward call
+        """Bind the current weights, packed where that pays (at batch 1 in the layout for
+        one-row products), to the model; with ``prepack=False``, none."""
+        self.packed = None  # let a stale packed copy go first
+        if self.prepack:
+            self.packed = prepacked.bind(self.model, rows=len(self.sequences))
+        else:
+            prepacked.unbind(self.model)
+
+    def forward(self, tokens: Tensor, cache: KVCache | None = None,
+                lengths: Tensor | None = None) -> Tensor:
+        if self.packed is not None and not self.packed.current:
+            self.pack_weights()  # the caller changed the weights between two steps
+        return self.model(tokens, cache, lengths)
 
     def context(self, b: int) -> list[int]:
         seq = self.sequences[b]
@@ -189,7 +193,7 @@ class _Contexts:
         last = torch.tensor(lengths, device=self.device) - 1
         rows = torch.arange(len(contexts), device=self.device)
         if not self.use_cache:
-            return self.model(tokens, weights=self.weights)[rows, last]
+            return self.forward(tokens)[rows, last]
         max_len = min(self.n_ctx, T + remaining)  # room for every token still to come
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(len(contexts), max_len)
@@ -197,8 +201,7 @@ class _Contexts:
             self.cache.reset()
         uniform = all(n == T for n in lengths)  # the cache's fast path needs no lengths
         lens = None if uniform else torch.tensor(lengths, device=self.device)
-        return self.model(tokens, cache=self.cache, lengths=lens,
-                          weights=self.weights)[rows, last]
+        return self.forward(tokens, cache=self.cache, lengths=lens)[rows, last]
 
     def needs_refill(self, running: list[bool]) -> bool:
         """Whether a running sequence has no room left in the cache: its context reached
@@ -213,15 +216,8 @@ class _Contexts:
     def cached_step(self, new: Tensor, running: list[bool]) -> Tensor:
         """Logits (B, V) after feeding each running sequence its newest token."""
         assert self.cache is not None
-        everyone = all(running)
-        if self.decode is not None and everyone and DecodeStep.applies_to(self.cache):
-            if not self.decode.current:  # the caller changed the weights between two steps
-                self.pack_weights()
-                assert self.decode is not None
-            return self.decode(new, self.cache)
-        lens = None if everyone else torch.tensor(running, device=self.device).long()
-        return self.model(new[:, None], cache=self.cache, lengths=lens,
-                          weights=self.weights)[:, 0]
+        lens = None if all(running) else torch.tensor(running, device=self.device).long()
+        return self.forward(new[:, None], cache=self.cache, lengths=lens)[:, 0]
 
 
 @torch.inference_mode()
@@ -253,28 +249,31 @@ def stream(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
         return
     B = len(prompts_)
     ctx = _Contexts(model, prompts_, max_new_tokens, use_cache, prepack)
-    running = [True] * B
-    logits = ctx.full_forward(max_new_tokens)
-    for n in range(1, max_new_tokens + 1):
-        new = sample(logits, sampling, generator)
-        new_list = new.tolist()
-        tokens: list[int | None] = []
-        for b in range(B):
-            if not running[b]:
-                tokens.append(None)
-                continue
-            token = new_list[b]
-            ctx.sequences[b].append(token)
-            tokens.append(token)
-            if (eot_token is not None and token == eot_token) or n >= max_new_tokens:
-                running[b] = False  # stop_condition
-        yield Step(n, tokens, [not r for r in running], logits if keep_logits else None)
-        if not any(running):
-            return
-        if ctx.needs_refill(running):
-            logits = ctx.full_forward(max_new_tokens - n)
-        else:
-            logits = ctx.cached_step(new, running)
+    try:
+        running = [True] * B
+        logits = ctx.full_forward(max_new_tokens)
+        for n in range(1, max_new_tokens + 1):
+            new = sample(logits, sampling, generator)
+            new_list = new.tolist()
+            tokens: list[int | None] = []
+            for b in range(B):
+                if not running[b]:
+                    tokens.append(None)
+                    continue
+                token = new_list[b]
+                ctx.sequences[b].append(token)
+                tokens.append(token)
+                if (eot_token is not None and token == eot_token) or n >= max_new_tokens:
+                    running[b] = False  # stop_condition
+            yield Step(n, tokens, [not r for r in running], logits if keep_logits else None)
+            if not any(running):
+                return
+            if ctx.needs_refill(running):
+                logits = ctx.full_forward(max_new_tokens - n)
+            else:
+                logits = ctx.cached_step(new, running)
+    finally:
+        prepacked.unbind(model)  # the packed products only inside generation's calls
 
 
 def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -1,4 +1,4 @@
-"""A preallocated key/value cache for incremental decoding.
+"""A preallocated key/value cache for incremental decoding, and the position plan.
 
 The KV-cache identity: attention of the token at position t over the cached keys and
 values of positions 0 … t equals row t of full causal attention, so decoding through a
@@ -6,7 +6,8 @@ cache gives the full forward's logits at one row per step instead of T. Each seq
 has its own length ``lengths[b]`` (valid cached positions); its next token gets position
 ``lengths[b]`` and is written into that slot. Prompts of different lengths are fed
 right-padded, ``lengths`` saying how many new tokens are real, so a prompt gives the
-same logits alone and inside a batch.
+same logits alone and inside a batch. A ``Plan`` says where one forward call's tokens go;
+``Plan()`` is the whole sequence without a cache, ``KVCache.plan`` the cached steps.
 """
 
 from __future__ import annotations
@@ -20,30 +21,27 @@ from gptspec.spec.config import GPTConfig
 Tensor = torch.Tensor
 
 
-@dataclass
-class Step:
-    """Where one forward call's new tokens go; computed once, shared by every layer."""
+@dataclass(frozen=True)
+class Plan:
+    """Where one forward call's T new tokens go, computed once and read by every layer:
+    their positions, the cache slots they are written to, and what each may attend to.
+    ``Plan()``: positions 0 … T−1, no cache, the causal mask (the whole sequence)."""
 
-    positions: Tensor  # (B, T_new) position of each new token (clamped to n_ctx−1 for padding)
-    mask: Tensor  # (B, 1, T_new, S) True where new token i may attend to cached slot j
-    n_keys: int  # S: attention reads slots 0 … S−1 (an upper bound of every valid length)
-    start: int | None  # all sequences write T_new tokens from this slot (the fast path)
-    rows: Tensor | None  # otherwise: (B, T_new) batch index and slot of every new token
-    slots: Tensor | None
-    advance: Tensor  # (B,) how far each sequence's length moves
+    start: int = 0  # every sequence's tokens at positions and slots start … start+T−1,
+    positions: Tensor | None = None  # unless given: (B, T) each token's own position
+    # (clamped to n_ctx−1 for padding), and ``rows`` and ``slots`` its cache slot
+    causal: bool = True  # SDPA applies the causal mask itself
+    mask: Tensor | None = None  # else (B, 1, T, S): True where token i may see slot j;
+    # neither causal nor a mask: every slot is visible (one new token after the others)
+    cache: KVCache | None = None
+    n_keys: int = 0  # S: attention reads the cache's slots 0 … S−1
+    rows: Tensor | None = None  # (B, T) batch index and slot of every token
+    slots: Tensor | None = None
+    advance: Tensor | None = None  # (B,) real new tokens of each sequence; None: all T
+    last: Tensor | None = None  # (B,) row of each sequence's last real token; None: T−1
 
-    @property
-    def causal(self) -> bool:
-        """Every sequence starts empty and all new tokens are real: the mask is exactly the
-        causal one, which SDPA can apply itself (its fastest kernels take no mask)."""
-        return self.start == 0
 
-    @property
-    def attends_all(self) -> bool:
-        """One new token per sequence, all at position ``start`` = S−1: every slot is
-        visible to it, so attention needs no mask (the common decoding step)."""
-        return self.start is not None and self.positions.shape[1] == 1 \
-            and self.n_keys == self.start + 1
+WHOLE_SEQUENCE = Plan()
 
 
 class KVCache:
@@ -95,17 +93,31 @@ class KVCache:
     def dtype(self) -> torch.dtype:
         return self.k.dtype
 
+    @property
+    def uniform_length(self) -> int | None:
+        """The length every sequence has, if they all have the same one (else None)."""
+        return self._uniform
+
     def reset(self) -> None:
         """Forget every sequence (the storage is kept)."""
         self.lengths.zero_()
         self._uniform = 0
         self._bound = 0
 
-    def plan(self, T_new: int, lengths: Tensor | None = None) -> Step:
+    def plan(self, T_new: int, lengths: Tensor | None = None) -> Plan:
         """Positions, write slots and attention mask of T_new new tokens per sequence, of
-        which ``lengths[b]`` are real (all of them when ``lengths`` is None)."""
+        which ``lengths[b]`` are real (all of them when ``lengths`` is None). While every
+        sequence has one length and all tokens are real, it reads nothing from the device."""
+        t = self._uniform
+        if lengths is None and t is not None:
+            if t + T_new > self.max_len:
+                raise ValueError(f"sequence 0 would reach length {t + T_new}, beyond the "
+                                 f"cache's {self.max_len} positions (n_ctx={self.config.n_ctx})")
+            if t == 0 or T_new == 1:  # the causal mask, or every slot visible: no mask
+                return Plan(t, causal=t == 0, cache=self, n_keys=t + T_new)
+            return Plan(t, causal=False, mask=self._mask(T_new, t + T_new), cache=self,
+                        n_keys=t + T_new)
         B, dev = self.batch_size, self.device
-        offsets = torch.arange(T_new, device=dev)
         if lengths is None:
             advance = torch.full((B,), T_new, dtype=torch.long, device=dev)
         else:
@@ -123,67 +135,39 @@ class KVCache:
             b = int(torch.argmax(new_lengths))
             raise ValueError(f"sequence {b} would reach length {int(new_lengths[b])}, beyond the "
                              f"cache's {self.max_len} positions (n_ctx={self.config.n_ctx})")
-        positions = self.lengths[:, None] + offsets  # (B, T_new)
+        positions = self.lengths[:, None] + torch.arange(T_new, device=dev)  # (B, T_new)
         n_keys = min(self._bound + T_new, self.max_len)
-        keys = torch.arange(n_keys, device=dev)
-        mask = (keys <= positions[:, :, None]).unsqueeze(1)  # (B, 1, T_new, S)
-        if lengths is None and self._uniform is not None:
-            return Step(positions.clamp(max=self.config.n_ctx - 1), mask, n_keys, self._uniform,
-                        None, None, advance)
         rows = torch.arange(B, device=dev)[:, None].expand(B, T_new)
         slots = positions.clamp(max=self.max_len)  # padding past the end: the scratch slot
+        # the last real token's row (row 0 where a sequence has none)
+        last = (advance - 1).clamp(min=0)
         # the embedding of padding past the end: any row will do, its logits are unused
-        positions = positions.clamp(max=self.config.n_ctx - 1)
-        return Step(positions, mask, n_keys, None, rows, slots, advance)
+        return Plan(0, positions.clamp(max=self.config.n_ctx - 1), False,
+                    self._mask(T_new, n_keys, positions), self, n_keys, rows, slots, advance,
+                    last)
 
-    def write(self, layer: int, K: Tensor, V: Tensor, step: Step) -> tuple[Tensor, Tensor]:
+    def _mask(self, T_new: int, n_keys: int, positions: Tensor | None = None) -> Tensor:
+        """(B, 1, T_new, n_keys): new token i (position ``positions[b, i]``, by default
+        lengths[b] + i) may see slot j ≤ its position."""
+        if positions is None:
+            positions = self.lengths[:, None] + torch.arange(T_new, device=self.device)
+        keys = torch.arange(n_keys, device=self.device)
+        return (keys <= positions[:, :, None]).unsqueeze(1)
+
+    def write(self, layer: int, K: Tensor, V: Tensor, plan: Plan) -> tuple[Tensor, Tensor]:
         """Store the new keys and values (B, h, T_new, d_k) of one layer; return the layer's
         keys and values of slots 0 … S−1."""
-        if step.start is not None:
-            return self._write_from(layer, K, V, step.start, step.n_keys)
-        assert step.rows is not None and step.slots is not None
         k, v = self._k[layer], self._v[layer]
-        # advanced indices on axes 0 and 2: the indexed shape is (B, T_new, h, d_k)
-        k[step.rows, :, step.slots] = K.transpose(1, 2)
-        v[step.rows, :, step.slots] = V.transpose(1, 2)
-        return k[:, :, : step.n_keys], v[:, :, : step.n_keys]
+        if plan.rows is None:  # every sequence from slot start on
+            k[:, :, plan.start : plan.start + K.shape[-2]] = K
+            v[:, :, plan.start : plan.start + V.shape[-2]] = V
+        else:  # advanced indices on axes 0 and 2: the indexed shape is (B, T_new, h, d_k)
+            k[plan.rows, :, plan.slots] = K.transpose(1, 2)
+            v[plan.rows, :, plan.slots] = V.transpose(1, 2)
+        return k[:, :, : plan.n_keys], v[:, :, : plan.n_keys]
 
-    def _write_from(self, layer: int, K: Tensor, V: Tensor, start: int,
-                    n_keys: int) -> tuple[Tensor, Tensor]:
-        """Every sequence's new tokens into slots start, start + 1, …; slots 0 … n_keys−1."""
-        k, v = self._k[layer], self._v[layer]
-        T_new = K.shape[-2]
-        k[:, :, start : start + T_new] = K
-        v[:, :, start : start + T_new] = V
-        return k[:, :, :n_keys], v[:, :, :n_keys]
-
-    # --- the common decoding step: one new token per sequence, all at one length ----------
-
-    @property
-    def uniform_length(self) -> int | None:
-        """The length every sequence has, if they all have the same one (else None)."""
-        return self._uniform
-
-    def append(self, layer: int, K: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
-        """``write`` for one new token per sequence at slot ``uniform_length`` (K, V of
-        shape (B, h, 1, d_k)), without a Step: return the layer's slots 0 … that one."""
-        t = self._uniform
-        assert t is not None and t < self.max_len and K.shape[-2] == 1
-        return self._write_from(layer, K, V, t, t + 1)
-
-    def appended(self) -> None:
-        """``advance`` after every layer has ``append``-ed its token."""
-        assert self._uniform is not None
-        self.lengths += 1
-        self._uniform += 1
-        self._bound = min(self._bound + 1, self.max_len)
-
-    def advance(self, step: Step) -> None:
+    def advance(self, plan: Plan, T_new: int) -> None:
         """Move every sequence's length past its real new tokens (after all layers wrote)."""
-        self.lengths += step.advance
-        T_new = step.positions.shape[1]
-        if step.start is not None:
-            self._uniform = step.start + T_new
-        else:
-            self._uniform = None
+        self.lengths += T_new if plan.advance is None else plan.advance
+        self._uniform = plan.start + T_new if plan.rows is None else None
         self._bound = min(self._bound + T_new, self.max_len)

@@ -10,15 +10,15 @@ renaming. Row vectors throughout: a linear map is x W + b with W of shape (in, o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from gptspec.fast import cpu_gelu, ops
-from gptspec.fast.kv_cache import KVCache, Step
-from gptspec.fast.prepacked import PrepackedWeights
+from gptspec.fast.kv_cache import WHOLE_SEQUENCE, KVCache, Plan
+from gptspec.fast.prepacked import operand
 from gptspec.spec.config import GPTConfig
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
@@ -49,11 +49,6 @@ def _empty(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape))
 
 
-def _operand(W: Tensor, weights: PrepackedWeights | None) -> ops.Matrix:
-    """W, or its prepacked form where the caller passed ``weights`` that hold one."""
-    return W if weights is None else weights.operand(W)
-
-
 class LayerNorm(nn.Module):
     def __init__(self, d: int, eps: float) -> None:
         super().__init__()
@@ -62,7 +57,8 @@ class LayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+        p = cast("dict[str, Tensor]", self._parameters)  # (see GPT.run)
+        return ops.layer_norm(x, p["weight"], p["bias"], self.eps)
 
 
 class Attention(nn.Module):
@@ -77,22 +73,14 @@ class Attention(nn.Module):
         self.w_o = _empty(a, d)
         self.b_o = _empty(d) if config.attn_bias else None
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0,
-                step: Step | None = None, weights: PrepackedWeights | None = None) -> Tensor:
-        w_qkv, w_o = _operand(self.w_qkv, weights), _operand(self.w_o, weights)
-        if cache is None:  # the whole sequence at once: SDPA applies the causal mask itself
-            return ops.multi_head_attention(x, w_qkv, self.b_qkv, w_o, self.b_o, self.n_heads)
-        assert step is not None
+    def forward(self, x: Tensor, plan: Plan = WHOLE_SEQUENCE, layer: int = 0) -> Tensor:
+        p = cast("dict[str, Tensor]", self._parameters)  # (see GPT.run)
         Q, K, V = (ops.split_heads(X, self.n_heads)
-                   for X in ops.qkv_projection(x, w_qkv, self.b_qkv))
-        K, V = cache.write(layer, K, V, step)  # now every cached slot 0 … S−1
-        if step.causal:
-            heads = ops.scaled_dot_product_attention(Q, K, V, is_causal=True)
-        elif step.attends_all:
-            heads = ops.scaled_dot_product_attention(Q, K, V)
-        else:
-            heads = ops.scaled_dot_product_attention(Q, K, V, step.mask)
-        return ops.linear(ops.merge_heads(heads), w_o, self.b_o)
+                   for X in ops.qkv_projection(x, operand(self, p["w_qkv"]), p.get("b_qkv")))
+        if plan.cache is not None:  # store the new keys and values, read every cached slot
+            K, V = plan.cache.write(layer, K, V, plan)
+        heads = ops.scaled_dot_product_attention(Q, K, V, plan.mask, is_causal=plan.causal)
+        return ops.linear(ops.merge_heads(heads), operand(self, p["w_o"]), p.get("b_o"))
 
 
 class FeedForward(nn.Module):
@@ -108,9 +96,10 @@ class FeedForward(nn.Module):
         self.b_2 = _empty(d) if config.ffn_bias else None
         self.ffn = ops.FFN[config.ffn]
 
-    def forward(self, x: Tensor, weights: PrepackedWeights | None = None) -> Tensor:
-        return self.ffn(x, _operand(self.w_1, weights), self.b_1, _operand(self.w_2, weights),
-                        self.b_2)
+    def forward(self, x: Tensor) -> Tensor:
+        p = cast("dict[str, Tensor]", self._parameters)  # (see GPT.run)
+        return self.ffn(x, operand(self, p["w_1"]), p.get("b_1"), operand(self, p["w_2"]),
+                        p.get("b_2"))
 
 
 class Block(nn.Module):
@@ -125,15 +114,14 @@ class Block(nn.Module):
         self.ffn = FeedForward(config)
         self.residual = ops.RESIDUAL[config.norm]
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0,
-                step: Step | None = None, weights: PrepackedWeights | None = None) -> Tensor:
+    def forward(self, x: Tensor, plan: Plan = WHOLE_SEQUENCE, layer: int = 0) -> Tensor:
+        m = cast("dict[str, nn.Module]", self._modules)  # (see GPT.run)
+        attn = m["attn"]
+
         def attend(h: Tensor) -> Tensor:
-            return self.attn(h, cache, layer, step, weights)
+            return attn(h, plan, layer)
 
-        def ffn(h: Tensor) -> Tensor:
-            return self.ffn(h, weights)
-
-        return self.residual(x, self.ln_1, attend, self.ln_2, ffn)
+        return self.residual(x, m["ln_1"], attend, m.get("ln_2"), m["ffn"])
 
 
 class GPT(nn.Module):
@@ -213,8 +201,7 @@ class GPT(nn.Module):
     # --- forward -------------------------------------------------------------------------
 
     def forward(self, tokens: Tensor, cache: KVCache | None = None,
-                lengths: Tensor | None = None, *, last_only: bool = False,
-                weights: PrepackedWeights | None = None) -> Tensor:
+                lengths: Tensor | None = None, *, last_only: bool = False) -> Tensor:
         """Logits (B, T, V) of every position of ``tokens`` (B, T).
 
         With a ``cache``: ``tokens`` are the next T new tokens of each sequence; token i of
@@ -225,9 +212,8 @@ class GPT(nn.Module):
         ``last_only=True`` returns only the logits of each sequence's last (real) new token,
         shape (B, 1, V), and skips the unembedding of the others (what generation needs).
 
-        ``weights``: prepacked forms of this model's weight matrices
-        (``gptspec.fast.prepacked.for_model``), which generation passes for 16-bit weights
-        on the CPU: the same products, faster. Without it every product is PyTorch's."""
+        Products by weights that ``gptspec.fast.prepacked.bind`` packed (generation, for
+        16-bit weights on the CPU) take the packed kernel: the same products, faster."""
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
         if T == 0 and last_only:
@@ -239,49 +225,48 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence length {T} exceeds n_ctx={self.config.n_ctx}")
             if T == 0:
                 return self.wte.new_empty(B, 0, self.config.vocab_size)
-            return self._forward(tokens, last_only, weights)
+            return self._forward(tokens, last_only)
         if cache.batch_size != B:
             raise ValueError(f"tokens have batch size {B}, the cache {cache.batch_size}")
         if cache.device != self.wte.device or cache.dtype != self.wte.dtype:
             raise ValueError(f"the cache is {cache.dtype} on {cache.device}, the model "
                              f"{self.wte.dtype} on {self.wte.device}")
-        step = cache.plan(T, lengths)
+        plan = cache.plan(T, lengths)
         if T == 0:
             return self.wte.new_empty(B, 0, self.config.vocab_size)
-        return self._forward_cached(tokens, cache, step, last_only, weights)
+        return self.run(tokens, plan, last_only)
 
-    def _forward(self, tokens: Tensor, last_only: bool = False,
-                 weights: PrepackedWeights | None = None) -> Tensor:
+    def _forward(self, tokens: Tensor, last_only: bool = False) -> Tensor:
         """The whole sequence at once (what ``compile_model`` compiles)."""
+        return self.run(tokens, WHOLE_SEQUENCE, last_only)
+
+    def run(self, tokens: Tensor, plan: Plan, last_only: bool = False) -> Tensor:
+        """The forward pass of checked ``tokens`` (B, T) placed by ``plan``: the whole
+        sequence (``Plan()``), or new tokens at their positions in the plan's cache, which
+        advances past them. The same operations in the same order on every path.
+
+        The modules read their parameters from ``_parameters`` itself: an ``nn.Module``
+        attribute lookup costs about a microsecond, paid some 200 times a decoding step."""
         T = tokens.shape[1]
         x = ops.token_embedding(tokens, self.wte)
         if self.wpe is not None:
-            x = ops.input_representation(x, ops.positional_embedding(T, self.wpe))
-        for block in self.blocks:
-            x = block(x, weights=weights)
-        return self._unembed(x[:, -1:] if last_only else x, weights)
-
-    def _forward_cached(self, tokens: Tensor, cache: KVCache, step: Step,
-                        last_only: bool = False,
-                        weights: PrepackedWeights | None = None) -> Tensor:
-        """New tokens at their own positions, attending to the cached ones."""
-        x = ops.token_embedding(tokens, self.wte)
-        if self.wpe is not None:
-            x = ops.input_representation(x, ops.positional_embedding_at(step.positions, self.wpe))
+            if plan.positions is None:  # positions start … start + T − 1
+                P = ops.positional_embedding(plan.start + T, self.wpe)[plan.start :]
+            else:
+                P = ops.positional_embedding_at(plan.positions, self.wpe)
+            x = ops.input_representation(x, P)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer, step, weights)
-        cache.advance(step)
-        if last_only:  # row advance−1 of each sequence (row 0 where it had no new token)
-            last = (step.advance - 1).clamp(min=0)
-            x = x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1]))
-        return self._unembed(x, weights)
-
-    def _unembed(self, x: Tensor, weights: PrepackedWeights | None = None) -> Tensor:
+            x = block(x, plan, layer)
+        if plan.cache is not None:
+            plan.cache.advance(plan, T)
+        if last_only:
+            x = x[:, -1:] if plan.last is None else \
+                x.gather(1, plan.last[:, None, None].expand(-1, 1, x.shape[-1]))
         if self.ln_f is not None:
             x = ops.final_layer_norm(x, self.ln_f.weight, self.ln_f.bias, self.config.ln_eps)
         if self.w_u is None:
-            return ops.unembed_tied(x, _operand(self.wte, weights))
-        return ops.unembed_untied(x, _operand(self.w_u, weights), self.b_u)
+            return ops.unembed_tied(x, operand(self, self.wte))
+        return ops.unembed_untied(x, operand(self, self.w_u), self.b_u)
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor):

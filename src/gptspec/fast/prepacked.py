@@ -6,9 +6,9 @@ more than it saves. Packing ahead of time keeps the saving: ``OneDNNWeight`` (on
 layout, bfloat16 and float16) or ``BlockedWeight`` (the AVX-512 BF16 GEMV of
 ``gptspec.fast.bf16_gemv``, one-row bfloat16 products). ``benchmarks/generation.py``
 measures the effect. Both accumulate in float32 and round once, as ``ops.linear`` does,
-so the dtype's budgets apply unchanged. A ``PackedMatrix`` is used only where a caller
-passes it as W; once its parameter changes in place (version counter) or needs a gradient
-it falls back to the plain product. Float32 is never packed. See ARCHITECTURE.md.
+so the dtype's budgets apply unchanged. ``bind(model)`` (generation, while it runs) has
+the model's modules multiply by them; a parameter changed in place (version counter) or
+needing a gradient takes the plain product. Float32 is never packed. See ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -131,6 +131,11 @@ class PrepackedWeights:
         self.table = {id(p): PackedMatrix.of(p, transposed, layout)
                       for p, transposed in _matrices(model)}
 
+    @property
+    def current(self) -> bool:
+        """No packed matrix went stale."""
+        return all(matrix.current for matrix in self.table.values())
+
     def current_for(self, model: GPT) -> bool:
         """Packed from exactly these parameters, none changed since (a dtype or device move
         replaces every parameter's storage, so it makes them all stale)."""
@@ -154,6 +159,33 @@ def _matrices(model: GPT) -> Iterator[tuple[Tensor, bool]]:
             yield p, False
         elif p.ndim == 2 and name not in ("wte", "wpe"):
             yield p, True
+
+
+def operand(module: torch.nn.Module, W: Tensor) -> Tensor | PackedMatrix:
+    """What ``module`` passes to ``ops.linear`` or ``ops.unembed_tied`` as its parameter W:
+    the packed matrix that ``bind`` bound, or W itself."""
+    packed: PrepackedWeights | None = module.__dict__.get(_BOUND)
+    return W if packed is None else packed.operand(W)
+
+
+_BOUND = "_prepacked_bound"  # a module's binding: not a submodule or buffer, never saved
+
+
+def bind(model: GPT, rows: int | None = None) -> PrepackedWeights | None:
+    """Bind the model's packed weights (``for_model``) to its modules, which multiply by
+    them from then on (``unbind`` ends it), or unbind where there are none. Returns them."""
+    unbind(model)  # the old binding's references go before a new copy is packed
+    packed = for_model(model, rows)
+    if packed is not None:
+        for module in model.modules():
+            module.__dict__[_BOUND] = packed
+    return packed
+
+
+def unbind(model: GPT) -> None:
+    """The modules multiply by their parameters as they are again."""
+    for module in model.modules():
+        module.__dict__.pop(_BOUND, None)
 
 
 def for_model(model: GPT, rows: int | None = None) -> PrepackedWeights | None:
