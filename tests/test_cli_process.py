@@ -372,3 +372,36 @@ def test_two_ctrl_cs_end_a_run_whose_worker_ignores_sigterm(tmp_path):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("command", ["generate", "train", "tokenizer"])
+def test_a_standard_error_that_cannot_be_written_loses_nothing(command, model, tmp_path):
+    # a warning (the prompt cut to the context), the progress bar, and then the error
+    # handler's own line raised ENOSPC on 2>/dev/full: status 1, no text, no checkpoint,
+    # no tokenizer (issue 29)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    args = {"generate": ["generate", "--checkpoint", str(model), "--prompt", TEXT[:60],
+                         "--max-new-tokens", "2"],
+            "train": [*(a for a in TRAIN if a != "--no-progress"), "--data", str(corpus),
+                      "--out", str(tmp_path / "run"), "--steps", "2"],
+            "tokenizer": ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260",
+                          "--out", str(tmp_path / "tokenizer.json")]}[command]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*GPTSPEC, *args], stdout=subprocess.PIPE, stderr=full,
+                              text=True, timeout=300)
+    assert done.returncode == 0
+    if command == "generate":
+        assert done.stdout.startswith(TEXT[:60])
+    elif command == "train":
+        assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())[
+            "step"] == 2
+    else:
+        assert (tmp_path / "tokenizer.json").is_file()
+
+
+def test_an_error_with_a_standard_error_that_cannot_be_written_still_fails():
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*GPTSPEC, "info", "no-such-preset"], stdout=subprocess.PIPE,
+                              stderr=full, timeout=120)
+    assert done.returncode == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import os
 import signal
 import sys
@@ -182,6 +183,50 @@ def _guard_standard_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         if stream is not None and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    if sys.stderr is not None:
+        sys.stderr = _best_effort(sys.stderr)
+
+
+class _DiagnosticsSink(io.RawIOBase):
+    """Descriptor 2, written to as far as it takes it: a standard error that refuses
+    (``2>/dev/full``, a dead disk, a reader gone) drops the diagnostics, never the
+    command's work nor its output; the exit status still tells an error."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        try:
+            return os.isatty(self._fd)
+        except OSError:
+            return False
+
+    def write(self, data) -> int:  # type: ignore[override]
+        try:
+            return os.write(self._fd, data)
+        except OSError:
+            return len(memoryview(data))
+
+
+def _best_effort(stream: TextIO) -> TextIO:
+    """``stream`` (sys.stderr), with writes that cannot be made dropped instead of raised:
+    a warning, a progress bar or the error line itself failed the command
+    (``gptspec train … 2>/dev/full`` lost the checkpoint). Installed before anything (tqdm)
+    keeps a reference to sys.stderr."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return stream  # not a file (a test's capture): left as it is
+    return io.TextIOWrapper(io.BufferedWriter(_DiagnosticsSink(fd)),
+                            encoding=stream.encoding, errors="backslashreplace",
+                            line_buffering=True, write_through=True)
 
 
 def _run(argv: list[str], which: str | None) -> int:
