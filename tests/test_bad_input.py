@@ -88,6 +88,9 @@ for flag, value in [("--steps", "abc"), ("--lr", "1e"), ("--seed", "1.5"),
 case("train-min-lr-above-lr", _with(_with(TRAIN, "--lr", "0.001"), "--min-lr", "0.01"),
      "min_lr")
 case("train-precision", _with(TRAIN, "--precision", "fp8"), "precision")
+for value in ("bfloat16", "float16"):  # autocast is CUDA's: trained float32, recorded this
+    case(f"train-precision={value}-on-the-cpu", _with(TRAIN, "--precision", value),
+         "--precision")
 case("train-model-too-big", TRAIN + ["--d-model", "65536", "--n-layers", "4096",
                                      "--n-heads", "1", "--d-ff", "65536"], "memory")
 case("train-batch-too-big", _with(TRAIN, "--batch-size", str(10**12)), "memory")

@@ -142,3 +142,21 @@ def test_a_data_file_name_with_escape_sequences_is_printed_as_escapes(tmp_path, 
     assert _train(tmp_path, "--resume", "--steps", "3") == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and out.count("a\\x1b[2Jb\\nc.txt") == 2
+
+
+def test_a_mixed_precision_the_cpu_would_not_use_is_refused_on_resume(tmp_path, corpus, capsys):
+    # on the CPU autocast_dtype has none: the run trained in float32 and its state.json
+    # said "precision": "float16" (issue 29); a state.json saying so (a CUDA run resumed
+    # with --device cpu) is refused too, naming the file
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 0
+    state_file = tmp_path / "out" / "checkpoint" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["settings"]["precision"] = "bfloat16"
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    assert _train(tmp_path, "--resume", "--steps", "3") == 2
+    err = capsys.readouterr().err
+    assert "state.json" in err and "precision' bfloat16" in err and "float32" in err, err
+    assert len(err.splitlines()) == 1
+    with pytest.raises(ValueError, match="mixed precision on CUDA"):
+        train.TrainSettings(device="cpu", precision="float16")

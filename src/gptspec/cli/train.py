@@ -241,6 +241,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         checks.integer(args.train_tokenizer, "--train-tokenizer", low=257)
     if args.device is not None:
         checks.device(args.device)
+    if (args.precision in ("bfloat16", "float16")
+            and (args.device or ("" if args.resume else "cpu")).partition(":")[0] == "cpu"):
+        raise CLIError(f"--precision {args.precision} is mixed precision on CUDA (--device "
+                       f"cuda); on the CPU training runs in float32: leave --precision out "
+                       f"or give float32")
     if not args.resume:  # the model's size, before a byte of data is read
         from gptspec.spec.config import ConfigError
 

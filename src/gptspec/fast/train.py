@@ -137,7 +137,8 @@ class TrainSettings:
     checkpoint_interval: int = 0  # 0: at every evaluation
     seed: int = 1337
     device: str = "cpu"
-    precision: str = "auto"  # auto | float32 | bfloat16 | float16 (the last two: CUDA autocast)
+    precision: str = "auto"  # auto | float32 | bfloat16 | float16 (the last two: CUDA autocast,
+    # refused on the CPU)
     compile: bool = False  # torch.compile the forward and the loss together (one process)
 
     def __post_init__(self) -> None:
@@ -168,6 +169,13 @@ class TrainSettings:
         if self.precision not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"setting 'precision' must be auto, float32, bfloat16 or float16, "
                              f"got {self.precision!r}")
+        if (self.precision in ("bfloat16", "float16") and isinstance(self.device, str)
+                and self.device.partition(":")[0] == "cpu"):
+            # autocast_dtype has none on the CPU: the run would train in float32 while its
+            # state.json said otherwise
+            raise ValueError(f"setting 'precision' {self.precision} is mixed precision on "
+                             f"CUDA; on the CPU training runs in float32 (precision float32 "
+                             f"or auto, or device cuda)")
 
     def learning_rate(self, step: int) -> float:
         decay = self.decay_steps or self.max_steps
