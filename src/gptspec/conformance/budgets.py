@@ -17,6 +17,7 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 from scipy.special import erf
@@ -105,26 +106,35 @@ class Precision:
         u_acc = min(u, UNIT_ROUNDOFF["float32"])
         return cls(name, u, u_acc, ABSOLUTE_FLOOR[name])
 
-    def sum_scale(self, n: int) -> float:
-        """√n·u_acc: the error scale of a length-n sum, relative to Σ|terms|."""
-        return math.sqrt(n) * self.u_acc
+    @overload
+    def sum_scale(self, n: int) -> float: ...
+    @overload
+    def sum_scale(self, n: Array) -> Array: ...
+    def sum_scale(self, n):
+        """√n·u_acc: the error scale of a length-n sum, relative to Σ|terms| (n: one length,
+        or one per row: see ``terms`` in softmax_bound)."""
+        return np.sqrt(n) * self.u_acc
 
-    def same_sign_sum_scale(self, n: int) -> float:
+    @overload
+    def same_sign_sum_scale(self, n: int) -> float: ...
+    @overload
+    def same_sign_sum_scale(self, n: Array) -> Array: ...
+    def same_sign_sum_scale(self, n):
         """The error scale of a length-n sum of terms of one sign (softmax's normaliser,
         LayerNorm's mean and variance): where the terms are nearly equal, a sequential sum
         rounds the same way at every step, so its errors are not mean-zero as Higham &
         Mary's model assumes; only the worst case (n − 1)·u_acc·Σ|terms| bounds it. As a
         scale (the budget multiplies by λ): max(√n, (n − 1)/λ)·u_acc."""
-        return max(math.sqrt(n), (n - 1) / LAMBDA) * self.u_acc
+        return np.maximum(np.sqrt(n), (np.asarray(n) - 1) / LAMBDA) * self.u_acc
 
-    def inner_product_scale(self, n: int, abs_terms: Array, total: Array) -> Array:
+    def inner_product_scale(self, n: int | Array, abs_terms: Array, total: Array) -> Array:
         """The error scale of a length-n inner product whose Σ|terms| is ``abs_terms`` and
         whose value is ``total``: √n·u_acc·Σ|terms| for terms of mixed signs, and, for the
         part of the terms that shares one sign (A V with a one-signed column of V: the
         weights are all positive), a sequential sum's drift, up to (n − 1)·u_acc·|Σ terms|
         as for same_sign_sum_scale (a scale: divided by λ). Found by the soundness gate: a
         float32 sum over 949 keys, one term at a time, was 121% of the √n budget alone."""
-        drift = max(n - 1, 0) / LAMBDA * self.u_acc * np.abs(total)
+        drift = np.maximum(np.asarray(n) - 1, 0) / LAMBDA * self.u_acc * np.abs(total)
         return _q(self.sum_scale(n) * abs_terms, drift)
 
     def subnormal(self, y: Array, ey: Array) -> Array:
@@ -365,7 +375,8 @@ def log_exp_factor(delta: Array) -> Array:
         return np.where(t > 30, t, np.log(np.expm1(np.minimum(t, 30)))) - math.log(LAMBDA)
 
 
-def softmax_bound(z, ez, p: Precision, axis: int = -1) -> tuple[Array, Array]:
+def softmax_bound(z, ez, p: Precision, axis: int = -1, terms: Array | None = None
+                  ) -> tuple[Array, Array]:
     """y = softmax(z) computed as exp(z − max z)/Σ: y_i' = y_i·e^{δz_i}/Σ_j y_j e^{δz_j}.
     The numerator's relative error has scale r_i = (exp(λδz_i) − 1)/λ (log_exp_factor;
     δz_i when δz is small); the normaliser's ν = √(Σ_j (y_j r_j)²) (to first order
@@ -376,7 +387,10 @@ def softmax_bound(z, ez, p: Precision, axis: int = -1) -> tuple[Array, Array]:
     (over λ). All in logarithms, so a weight that underflows (y_i = 0 in float64) while
     its exponent's error is large gets its budget. δz includes the rounding of the shift
     z − max z (u_acc|z − max z|); each exponential and the division add a few roundings,
-    the sum √n·u_acc."""
+    the sum √n·u_acc. ``terms``: how many terms each row's sum has (broadcast against z,
+    the axis kept), where that is fewer than the axis's length: a masked score (−∞) is an
+    exact zero in the sum, which rounds nothing (attention_bound counts the visible keys),
+    so row t of a causal mask errs as a softmax over its t + 1 keys does."""
     z = np.asarray(z, dtype=np.float64)
     y = ref.softmax(z, axis=axis)
     finite = np.isfinite(z)
@@ -391,7 +405,7 @@ def softmax_bound(z, ez, p: Precision, axis: int = -1) -> tuple[Array, Array]:
         log_rel = 0.5 * np.logaddexp(2 * log_r, 2 * log_nu) - np.log1p(-np.minimum(lam_nu, 1.0))
         inherited = np.where(~finite, 0.0, np.where(lam_nu < 1, np.exp(np.minimum(
             log_y + log_rel, 0.0)), np.inf))
-    n = z.shape[axis]
+    n = z.shape[axis] if terms is None else terms
     local = y * ((ROUNDINGS["exp"] + ROUNDINGS["softmax_normalise"]) * p.u_acc
                  + p.same_sign_sum_scale(n))
     cap = np.where(finite, np.maximum(y, 1 - y) / LAMBDA, 0.0)
@@ -462,11 +476,14 @@ def layer_norm_bound(x, ex, gamma, beta, eps: float, p: Precision) -> tuple[Arra
     return y, _q(e, p.store(y))
 
 
-def matmul_bound(A, eA, B, eB, p: Precision) -> tuple[Array, Array]:
-    """C = A B with errors in both factors."""
+def matmul_bound(A, eA, B, eB, p: Precision, terms: Array | None = None
+                 ) -> tuple[Array, Array]:
+    """C = A B with errors in both factors. ``terms``: how many of each row's products
+    are not exact zeros (default: all, A's last axis), with the axis kept: a product with
+    a zero of A (a masked attention weight, with no error) adds nothing and rounds nothing."""
     A, B = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)
     C = A @ B
-    n = A.shape[-1]
+    n = A.shape[-1] if terms is None else terms
     inherited = np.sqrt(np.square(eA) @ np.square(B) + np.square(A) @ np.square(eB))
     local = p.inner_product_scale(n, np.abs(A) @ np.abs(B), C)
     drift = 0.0
@@ -496,9 +513,16 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision) -> tuple[Array, Array,
     masked = np.isneginf(np.asarray(M, dtype=np.float64))
     S = np.where(masked, -np.inf, S + M)
     eS = np.where(masked, 0.0, eS)
-    A, eA = softmax_bound(S, eS, p)
+    # Both sums over the keys (softmax's normaliser, A V) have as many terms as the row
+    # sees keys: a masked key's weight is an exact 0 (exp(−∞)), which rounds nothing. So
+    # row t of a causal mask is budgeted as over its t + 1 keys, not the T of the whole
+    # sequence, and every row's budget depends on the rows up to it only: the bound of a
+    # sequence's first t + 1 positions is the first t + 1 rows of the whole sequence's
+    # (generation reads every step's budget from one bound: checks_generation).
+    seen = np.sum(~np.broadcast_to(masked, np.shape(S)), axis=-1, keepdims=True)
+    A, eA = softmax_bound(S, eS, p, terms=seen)
     eA = np.where(masked, 0.0, eA)
-    O, eO = matmul_bound(A, eA, V, eV, p)
+    O, eO = matmul_bound(A, eA, V, eV, p, terms=seen)
     # Where a row's weights are only known to lie in [0, 1] (softmax_bound's cap: the
     # scores' error moves them by O(1)), their errors are not independent: they sum to 0,
     # so a weight moving from key a to key b moves the output by V_b − V_a, up to the
@@ -520,13 +544,19 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision) -> tuple[Array, Array,
 
 
 def multi_head_attention_bound(H, eH, W_qkv, b_qkv, W_O, b_O, n_heads: int,
-                               p: Precision) -> tuple[Array, Array]:
+                               p: Precision, rows: list[int] | None = None
+                               ) -> tuple[Array, Array]:
+    """``rows``: the output of those positions only (their queries against every key);
+    each is the row the whole sequence's would have (attention_bound: a row's bound
+    depends on its own query and the keys it sees)."""
     QKV, eQKV = linear_bound(H, eH, W_qkv, b_qkv, p)
     d = QKV.shape[-1] // 3
     parts = [(ref.split_heads(QKV[..., i * d:(i + 1) * d], n_heads),
               ref.split_heads(eQKV[..., i * d:(i + 1) * d], n_heads)) for i in range(3)]
     (Q, eQ), (K, eK), (V, eV) = parts
     M = ref.causal_mask(np.shape(H)[-2])
+    if rows is not None:
+        Q, eQ, M = Q[..., rows, :], eQ[..., rows, :], M[rows]
     _, _, O, eO = attention_bound(Q, eQ, K, eK, V, eV, M, p)
     return linear_bound(ref.merge_heads(O), ref.merge_heads(eO), W_O, b_O, p)
 
@@ -548,9 +578,15 @@ def add_bound(x, ex, y, ey, p: Precision) -> tuple[Array, Array]:
     return s, _q(ex, ey, p.store(s))
 
 
-def block_bound(H, eH, bp: dict, config: GPTConfig, p: Precision) -> tuple[Array, Array]:
-    """One block of any variant; ``bp`` holds its parameters without the prefix."""
+def block_bound(H, eH, bp: dict, config: GPTConfig, p: Precision,
+                rows: list[int] | None = None) -> tuple[Array, Array]:
+    """One block of any variant; ``bp`` holds its parameters without the prefix.
+    ``rows``: the output of those positions only (every position is still a key)."""
     eps = config.ln_eps
+    if rows is None:
+        Hr, eHr = H, eH
+    else:
+        Hr, eHr = H[..., rows, :], eH[..., rows, :]
 
     def ln(X, eX, which):
         return layer_norm_bound(X, eX, bp[f"{which}.weight"], bp[f"{which}.bias"], eps, p)
@@ -558,7 +594,7 @@ def block_bound(H, eH, bp: dict, config: GPTConfig, p: Precision) -> tuple[Array
     def attn(X, eX):
         return multi_head_attention_bound(X, eX, bp["attn.w_qkv"], bp.get("attn.b_qkv"),
                                           bp["attn.w_o"], bp.get("attn.b_o"),
-                                          config.n_heads, p)
+                                          config.n_heads, p, rows)
 
     def ffn(X, eX):
         return ffn_bound(config.ffn, X, eX, bp["ffn.w_1"], bp.get("ffn.b_1"), bp["ffn.w_2"],
@@ -566,20 +602,25 @@ def block_bound(H, eH, bp: dict, config: GPTConfig, p: Precision) -> tuple[Array
 
     if config.norm == "pre":  # H' = H + MHA(LN_1(H)); H' + FFN(LN_2(H'))
         A, eA = attn(*ln(H, eH, "ln_1"))
-        H1, eH1 = add_bound(H, eH, A, eA, p)
+        H1, eH1 = add_bound(Hr, eHr, A, eA, p)
         F, eF = ffn(*ln(H1, eH1, "ln_2"))
         return add_bound(H1, eH1, F, eF, p)
     if config.norm == "post":  # H' = LN_1(H + MHA(H)); LN_2(H' + FFN(H'))
         A, eA = attn(H, eH)
-        H1, eH1 = ln(*add_bound(H, eH, A, eA, p), "ln_1")
+        H1, eH1 = ln(*add_bound(Hr, eHr, A, eA, p), "ln_1")
         F, eF = ffn(H1, eH1)
         return ln(*add_bound(H1, eH1, F, eF, p), "ln_2")
     F, eF = ffn(*attn(H, eH))  # the Guide: LN(FFNN(Attention(H)) + H)
-    return ln(*add_bound(F, eF, H, eH, p), "ln_1")
+    return ln(*add_bound(F, eF, Hr, eHr, p), "ln_1")
 
 
-def hidden_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> tuple[Array, Array]:
-    """The last hidden state (after the final LayerNorm, if any) and its error scale."""
+def hidden_bound(tokens, params: dict, config: GPTConfig, p: Precision,
+                 rows: list[int] | None = None) -> tuple[Array, Array]:
+    """The last hidden state (after the final LayerNorm, if any) and its error scale.
+    ``rows``: of those positions only, as the whole sequence's rows (every block but the
+    last needs every position: they are the last one's keys). The bound is causal: row t
+    depends on the tokens up to t only (attention_bound), so it is also the last row of
+    the bound of the first t + 1 tokens alone."""
     tokens = np.asarray(tokens)
     T = tokens.shape[-1]
     E = ref.token_embedding(tokens, params["wte"])
@@ -588,7 +629,11 @@ def hidden_bound(tokens, params: dict, config: GPTConfig, p: Precision) -> tuple
         P = ref.positional_embedding(T, params["wpe"])
         H, eH = add_bound(E, _zero(E), np.broadcast_to(P, E.shape), _zero(E), p)
     for layer in range(config.n_layers):
-        H, eH = block_bound(H, eH, block_parameters(params, layer), config, p)
+        last = layer == config.n_layers - 1
+        H, eH = block_bound(H, eH, block_parameters(params, layer), config, p,
+                            rows if last else None)
+    if rows is not None and config.n_layers == 0:
+        H, eH = H[..., rows, :], eH[..., rows, :]
     if config.final_norm:
         H, eH = layer_norm_bound(H, eH, params["ln_f.weight"], params["ln_f.bias"],
                                  config.ln_eps, p)

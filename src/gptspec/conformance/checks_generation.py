@@ -106,10 +106,30 @@ def _fitted(backend, case: tuple) -> tuple:
     return (*fit_to_backend(config, params, backend), *rest)
 
 
-def _logit_budget(context: list[int], params, config, p: Precision) -> np.ndarray:
-    """Budget of the last row of logits of ``context`` (V,)."""
-    tokens = np.asarray([context])
-    return B.budget(B.gpt_forward_bound(tokens, params, config, p))[0, -1]
+def _step_budgets(contexts: list[list[int]], params, config, p: Precision) -> list[np.ndarray]:
+    """The budget of the last row of logits of each context (V,), as
+    budgets.gpt_forward_bound gives it for that context alone. The bound is causal: its
+    row t depends on the tokens up to t only (each attention row's sums are counted over
+    the keys it sees: budgets.attention_bound), so every context that is a prefix of a
+    longer one reads its row from the longer one's bound. The contexts of one generation
+    extend each other until it crops them: one bound per run of them (over the last of
+    each run), where one bound per step cost a whole forward bound for each new token of
+    a long context; and of it only the rows read past the blocks that give the others
+    their keys (budgets.hidden_bound's rows)."""
+    out: list[np.ndarray] = [np.empty(0)] * len(contexts)
+    last = len(contexts) - 1
+    while last >= 0:
+        longest = contexts[last]
+        run = [last]
+        while run[-1] > 0 and contexts[run[-1] - 1] == longest[:len(contexts[run[-1] - 1])]:
+            run.append(run[-1] - 1)
+        rows = [len(contexts[i]) - 1 for i in run]
+        H, eH = B.hidden_bound(np.asarray([longest]), params, config, p, rows)
+        budgets = B.budget(B.output_bound(H, eH, params, config, p))[0]
+        for i, budget in zip(run, budgets, strict=True):
+            out[i] = budget
+        last = run[-1] - 1
+    return out
 
 
 def _near_tie(z: np.ndarray, a: int, b: int, bound: np.ndarray) -> bool:
@@ -120,11 +140,16 @@ def _near_tie(z: np.ndarray, a: int, b: int, bound: np.ndarray) -> bool:
 def _compare_greedy(ctx, what: str, prompt: list[int], got: list[int], got_logits,
                     want: list[int], want_logits, params, config, factor: float) -> None:
     """Token for token, logits within ``factor`` × budget, up to a legitimate divergence."""
-    p = ctx.precision
-    seq = list(prompt)
-    for n, (g, w) in enumerate(zip(got, want, strict=False)):
-        context = ref.crop_context(seq, config.n_ctx)
-        bound = factor * _logit_budget(context, params, config, p)
+    steps = list(zip(got, want, strict=False))
+    # the steps compared: up to the first that differs (their contexts are the reference's)
+    n_compared = next((n + 1 for n, (g, w) in enumerate(steps) if g != w), len(steps))
+    seq, contexts = list(prompt), []
+    for g, _ in steps[:n_compared]:
+        contexts.append(ref.crop_context(seq, config.n_ctx))
+        seq.append(g)
+    budgets = _step_budgets(contexts, params, config, ctx.precision)
+    for n, (g, w) in enumerate(steps[:n_compared]):
+        bound = factor * budgets[n]
         if got_logits is not None:
             ctx.record(f"{what}: logits of step {n + 1}",
                        B.compare(got_logits[n], want_logits[n], bound))
@@ -135,7 +160,6 @@ def _compare_greedy(ctx, what: str, prompt: list[int], got: list[int], got_logit
                         f"{z[g]:.9g} vs {z[w]:.9g}, beyond the budget {bound[g] + bound[w]:.3g}"
                         f" of a near tie)")
             return  # the sequences differ from here on: nothing more to compare
-        seq.append(g)
     ctx.require(len(got) == len(want),
                 f"{what}: {len(got)} tokens, expected {len(want)} (the stop conditions: "
                 f"end-of-text or the length)")
