@@ -312,6 +312,9 @@ for flag, value, needle in [
     ("--profile", "slow", "invalid choice"), ("--dtype", "int4", "invalid choice"),
 ]:
     case(f"conformance{flag}={value.replace('{w}/', '')}", _with(CONF, flag, value), needle)
+# a mistyped pattern beside one that matches was dropped silently: one check ran, status 0
+case("conformance-check-one-of-two-matches-nothing", CONF + ["--check", "gpt_forwrd.*"],
+     "--check gpt_forwrd.* matches no check")
 case("conformance-backend-missing-module",
      CONF + ["--backend", "no_such_module_xyz:Backend", "--no-isolate"], "no_such_module_xyz")
 # issue 29: every module the command line names is found before any check runs (the

@@ -161,10 +161,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--timeout must be 0 (none) or at least {MIN_TIMEOUT:g} s, "
                        f"got {args.timeout:g}")
     checks.seed(args.seed)
-    if args.check and not any(selected(c) for c in all_checks(area)):
-        raise CLIError(f"--check {' '.join(args.check)} matches no check"
-                       f"{'' if area is None else f' in area {args.area!r}'} "
-                       "(gptspec conformance --list-checks lists them)")
+    # each pattern on its own: a mistyped one beside one that matches was dropped silently
+    ids = [c.id for c in all_checks(area)]
+    for pattern in args.check or ():
+        if not any(fnmatch.fnmatch(i, pattern) or i.startswith(pattern) for i in ids):
+            raise CLIError(f"--check {pattern} matches no check"
+                           f"{'' if area is None else f' in area {args.area!r}'} "
+                           "(gptspec conformance --list-checks lists them)")
     backend_files = _locate_backends(args)
     for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
         if path is not None:
