@@ -292,7 +292,7 @@ for direction, source, out, needle in [
     ("--from-hf", "{w}/hf/corrupt-weights", "{w}/gs-new", "safetensors"),
     ("--from-hf", "{w}/hf/good", "{w}/text.txt", "not a directory"),
     ("--from-hf", "{w}/hf/good", "/proc/gs-out", "cannot write"),
-    ("--from-hf", "{w}/hf/good", CKPT, "already exists"),
+    ("--from-hf", "{w}/hf/good", CKPT, "a training run's checkpoint folder"),
 ]:
     case(f"convert{direction}-{source.replace('{w}/', '')}-to-{out.replace('{w}/', '')[:20]}",
          ["convert", direction, source, out], needle)

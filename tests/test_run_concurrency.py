@@ -437,12 +437,17 @@ def test_a_conversion_into_a_run_being_written_is_refused(tmp_path, capsys, dire
     run = tmp_path / "run"
     run.mkdir()
     with RunLock(run):  # a training run, before its first save
-        assert main(["convert", direction, str(source), str(run / "checkpoint")]) == 2
+        assert main(["convert", direction, str(source), str(run / "converted")]) == 2
         err = capsys.readouterr().err
         assert "is in a training run's folder" in err and f"(pid {os.getpid()})" in err
         assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]
     # the run ended: its folder may take a conversion (the lock is the convert's meanwhile)
     assert main(["convert", direction, str(source), str(run / "converted")]) == 0
+    # never its checkpoint folder: the run's next save (a --resume) would delete it
+    for inside in (run / "checkpoint", run / "checkpoint" / "hf"):
+        assert main(["convert", direction, str(source), str(inside)]) == 2
+        assert "a training run's checkpoint folder" in capsys.readouterr().err
+    assert not (run / "checkpoint").exists()
 
 
 @pytest.mark.parametrize("command", ["tokenizer train", "tokenizer encode"])
@@ -452,7 +457,7 @@ def test_a_tokenizer_or_token_file_written_into_a_run_being_written_is_refused(
     --output there) during a run said "wrote …", then the run's next save replaced it."""
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
-    target = run / "checkpoint" / "tokenizer.json"
+    target = run / "tokenizer.json"
     if command == "tokenizer train":
         args = ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260", "--quiet",
                 "--out", str(target)]
@@ -469,6 +474,11 @@ def test_a_tokenizer_or_token_file_written_into_a_run_being_written_is_refused(
         assert "is in a training run's folder" in err and f"(pid {os.getpid()})" in err
         assert not target.exists()
     assert main(args) == 0 and target.exists()  # the run ended: the lock is free
+    # never into its checkpoint folder, run or not: the next save would delete it
+    inside = [str(run / "checkpoint" / "tokenizer.json") if a == str(target) else a for a in args]
+    assert main(inside) == 2
+    assert "a training run's checkpoint folder" in capsys.readouterr().err
+    assert not (run / "checkpoint" / "tokenizer.json").exists()
 
 
 @pytest.mark.parametrize("data", ["corpus.txt", "ids.bin"])
@@ -517,3 +527,17 @@ def test_a_lock_held_by_convert_is_not_said_to_be_a_trains(tmp_path):
         RunLock(tmp_path)
     assert f"another gptspec command (pid {os.getpid()})" in str(refused.value)
     assert "gptspec train" not in str(refused.value)
+
+
+def test_a_run_inside_another_runs_checkpoint_folder_is_refused(tmp_path, capsys, corpus):
+    """`train --out RUN/checkpoint` (directly or through a link) trained, said "done: …
+    checkpoint in RUN/checkpoint/checkpoint", and the outer run's next save deleted it."""
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / LOCK_FILE).write_text("1")
+    (tmp_path / "link").symlink_to(run)
+    for out in (run / "checkpoint", tmp_path / "link" / "checkpoint" / "inner"):
+        assert main(["train", "--preset", "tiny", "--vocab-size", "256", "--data", str(corpus),
+                     "--steps", "2", "--no-progress", "--out", str(out)]) == 2
+        assert "a training run's checkpoint folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (run / "checkpoint").iterdir()) == []

@@ -168,12 +168,31 @@ def input_dir(path: str | os.PathLike[str], flag: str) -> Path:
     return p
 
 
+def not_in_a_run_checkpoint(path: Path, flag: str) -> None:
+    """Refuse an output inside a training run's checkpoint folder (``RUN/checkpoint``,
+    its link targets included): the run replaces that folder at each save and deletes the
+    copy before, so whatever was written there was lost two saves later, silently — a
+    whole nested run included."""
+    from gptspec.fast.run_lock import LOCK_FILE
+
+    real = Path(os.path.realpath(path))
+    for folder in (real, *real.parents):
+        if (folder.name == "checkpoint" or folder.name.startswith(".checkpoint.")) \
+                and (folder.parent / LOCK_FILE).exists():
+            where = "is" if folder == real else f"is inside {printable(folder)},"
+            raise CLIError(f"{flag}: {printable(path)} {where} a training run's checkpoint "
+                           f"folder, which the run replaces at each save; choose another "
+                           f"{flag}")
+
+
 def output_file(path: str | os.PathLike[str], flag: str) -> Path:
-    """A file that can be (re)placed: its folder exists and is writable, and it is not a
-    directory. (Files are written under a temporary name and renamed, so a read-only
-    file in a writable folder is replaced, as ``mv`` would.)"""
+    """A file that can be (re)placed: its folder exists and is writable, it is not a
+    directory, nor inside a training run's checkpoint folder. (Files are written under a
+    temporary name and renamed, so a read-only file in a writable folder is replaced, as
+    ``mv`` would.)"""
     path_name(path, flag)
     p = Path(path)
+    not_in_a_run_checkpoint(p, flag)
     if str(path).endswith(os.sep) or p.is_dir():
         raise CLIError(f"{flag}: {p} is a directory; give a file name")
     if p.exists() and not p.is_file():
@@ -228,9 +247,10 @@ def not_an_input(output: Path, flag: str, inputs: dict[str, Path | None]) -> Non
 
 def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """A folder that exists and is writable, or can be made (its nearest existing
-    ancestor is a writable folder)."""
+    ancestor is a writable folder), and is not inside a training run's checkpoint folder."""
     path_name(path, flag)
     p = Path(path)
+    not_in_a_run_checkpoint(p, flag)
     if p.exists():
         if not p.is_dir():
             raise CLIError(f"{flag}: {p} exists and is not a directory")
