@@ -42,3 +42,29 @@ def test_the_file_gets_the_umasks_permissions_not_the_temporary_names(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "f.txt").stat().st_mode) == 0o644
+
+
+def test_a_file_written_over_keeps_its_own_permissions(tmp_path):
+    # as open(target, "w") keeps them: a private file stays private, a shared one shared
+    for mode in (0o600, 0o640, 0o664):
+        target = tmp_path / f"f{mode:o}.txt"
+        target.write_text("old")
+        target.chmod(mode)
+        write_text(target, "new")
+        assert stat.S_IMODE(target.stat().st_mode) == mode
+
+
+def test_a_writer_that_puts_its_own_file_in_the_temporary_names_place_gets_the_umasks(
+        tmp_path):
+    # a library that writes a private temporary file of its own and renames it onto the
+    # name it was given (transformers' model.safetensors) (issue 29)
+    old = os.umask(0o022)
+    try:
+        with replacing(tmp_path / "f.bin") as tmp:
+            own = tmp_path / "own"
+            own.write_bytes(b"x")
+            own.chmod(0o600)
+            os.replace(own, tmp)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "f.bin").stat().st_mode) == 0o644

@@ -556,3 +556,24 @@ def test_real_gpt2_tokenizer_through_transformers(tmp_path):
         ids = gpt2.encode(text, allowed_special="all")
         assert hf(text)["input_ids"] == ids
         assert back.encode(text, allowed_special="all") == ids
+
+
+def test_an_export_gets_the_permissions_of_files_made_under_the_umask(tmp_path):
+    # transformers renamed model.safetensors from a private temporary file: 0600 beside
+    # the 0644 of the others (issue 29)
+    import os
+    import stat
+
+    from gptspec.fast.tokenizer import Tokenizer
+    from gptspec.spec import init_parameters
+
+    config = PRESETS["tiny"].replace(vocab_size=256)
+    old = os.umask(0o022)
+    try:
+        out = save_hf_dir(tmp_path / "hf", init_parameters(config, seed=1), config,
+                          tokenizer=Tokenizer.byte_level())
+    finally:
+        os.umask(old)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755

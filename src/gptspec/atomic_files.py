@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,11 +44,30 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def created_mode(directory: bool = False) -> int:
+    """The permissions a plain ``open(name, "w")`` (``mkdir``) gives a new file: 0o666
+    (0o777) less the umask, not a temporary name's private 0o600 (0o700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def kept_mode(target: Path) -> int:
+    """The permissions for a file written over ``target``: an existing regular file's own
+    (as ``open(target, "w")`` keeps them), else those of a new file."""
+    try:
+        found = target.stat()
+    except (OSError, ValueError):
+        return created_mode()
+    return stat.S_IMODE(found.st_mode) if stat.S_ISREG(found.st_mode) else created_mode()
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write; when the block ends without an
     error it is flushed and renamed onto ``path``, else removed. The file gets the usual
-    permissions (the umask's), not the temporary name's private ones."""
+    permissions (the umask's, or those of the file it replaces), not the temporary name's
+    private ones."""
     target = Path(path)
     folder = target.parent
     if make_parents:
@@ -56,10 +76,10 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
     os.close(fd)
     tmp = Path(name)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        mode = kept_mode(target)
+        os.chmod(tmp, mode)
         yield tmp
+        os.chmod(tmp, mode)  # a writer may have put a file of its own in the name's place
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())
         os.replace(tmp, target)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.atomic_files import temporary_prefix
+from gptspec.atomic_files import created_mode, temporary_prefix
 from gptspec.spec.config import ConfigError, GPTConfig, parse_json
 from gptspec.spec.parameters import check_parameters, parameter_schema
 
@@ -336,14 +336,14 @@ def save_hf_dir(path: str | os.PathLike[str], params: Mapping[str, Any], config:
     target.parent.mkdir(parents=True, exist_ok=True)
     # the name cut where the whole temporary name would pass 255 bytes: a legal OUT_DIR works
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(target, ""), dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the temporary name only
+    os.chmod(tmp, created_mode(directory=True))  # mkdtemp's 0700 is for the temporary name
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             save_hf_tokenizer(tmp, tokenizer, config.n_ctx)
         for f in tmp.iterdir():
+            # transformers renames model.safetensors from a private 0600 temporary file
+            os.chmod(f, created_mode(directory=f.is_dir()))
             with open(f, "rb") as handle:
                 os.fsync(handle.fileno())
         if target.exists():
