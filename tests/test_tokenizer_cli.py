@@ -259,3 +259,27 @@ def test_decode_to_stdout_keeps_bytes_exact(trained, monkeypatch, capsysbinary):
         " ".join(map(str, tok.encode("naïve 😀"))).encode())))
     assert main(["tokenizer", "decode", "--tokenizer", str(trained)]) == 0
     assert capsysbinary.readouterr().out == "naïve 😀".encode()
+
+
+def test_dash_is_a_standard_stream_where_one_is_taken_and_refused_elsewhere(tmp_path, trained):
+    """``-`` was read as a file named "-": `--input -` said "- does not exist", `--output -`
+    and `conformance --report -` created a file called "-"."""
+    text = b"Speak, speak.\n"
+    proc = subprocess.run([sys.executable, "-m", "gptspec", "tokenizer", "encode",
+                           "--tokenizer", str(trained), "--input", "-", "--output", "-"],
+                          input=text, capture_output=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [int(t) for t in proc.stdout.split()] == Tokenizer.load(trained).encode(text.decode())
+    proc = subprocess.run([sys.executable, "-m", "gptspec", "tokenizer", "train", "--data", "-",
+                           "--vocab-size", "260", "--quiet", "--out", "t.json"],
+                          input=TEXT.encode(), capture_output=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert Tokenizer.load(tmp_path / "t.json").vocab_size == 260
+    for args in (["train", "--data", "-", "--out", "run", "--steps", "1"],
+                 ["tokenizer", "encode", "--tokenizer", "-"],
+                 ["conformance", "--report", "-", "--check", "one_hot.differential"]):
+        proc = subprocess.run([sys.executable, "-m", "gptspec", *args], capture_output=True,
+                              timeout=120, cwd=tmp_path)
+        assert proc.returncode == 2 and b"is not taken here" in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "-").exists() and not (tmp_path / "run").exists()

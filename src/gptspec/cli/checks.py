@@ -63,13 +63,26 @@ def path_argument(text: str) -> Path:
     return Path(text)
 
 
+STANDARD_STREAM = "-"  # the usual spelling of standard input or output
+
+
 def file_argument(text: str) -> Path:
     """argparse's type for a file: as :func:`path_argument`, and a name ending in ``/``
-    (a folder's spelling, which ``Path`` would silently drop) is refused."""
+    (a folder's spelling, which ``Path`` would silently drop) is refused, as is ``-``
+    where a standard stream is not taken (it would name a file called "-")."""
+    if text == STANDARD_STREAM:
+        raise argparse.ArgumentTypeError("'-' (a standard stream) is not taken here; give a "
+                                         "file name (./- for a file named '-')")
     if text.endswith(("/", os.sep)):
         raise argparse.ArgumentTypeError(f"{text!r} ends in '/', which names a folder, not a "
                                          "file")
     return path_argument(text)
+
+
+def stream_argument(text: str) -> Path | None:
+    """argparse's type for a file or a standard stream: ``-`` is None (standard input or
+    output), anything else as :func:`file_argument`."""
+    return None if text == STANDARD_STREAM else file_argument(text)
 
 
 def path_name(path: str | os.PathLike[str], flag: str) -> None:
@@ -191,6 +204,9 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     temporary name and renamed, so a read-only file in a writable folder is replaced, as
     ``mv`` would.)"""
     path_name(path, flag)
+    if str(path) == STANDARD_STREAM:
+        raise CLIError(f"{flag} -: standard output is not taken here; give a file name "
+                       "(./- for a file named '-')")
     p = Path(path)
     not_in_a_run_checkpoint(p, flag)
     if str(path).endswith(os.sep) or p.is_dir():

@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     train = sub.add_parser("train", help="learn BPE merges from a text file")
-    train.add_argument("--data", required=True, type=checks.file_argument,
-                       help="UTF-8 training text: a file or a pipe")
+    train.add_argument("--data", required=True, type=checks.stream_argument,
+                       help="UTF-8 training text: a file or a pipe (-: stdin)")
     train.add_argument("--vocab-size", required=True, type=int,
                        help="tokens in all: 256 bytes + merges + special tokens")
     train.add_argument("--out", required=True, type=checks.file_argument, help="tokenizer file to write")
@@ -44,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, help=what)
         p.add_argument("--tokenizer", required=True, type=checks.file_argument,
                        help="tokenizer file (gptspec JSON, tiktoken ranks or tokenizer.json)")
-        p.add_argument("--input", type=checks.file_argument, default=None,
-                       help="input file or pipe (default: stdin)")
-        p.add_argument("--output", type=checks.file_argument, default=None,
-                       help="output file (default: stdout)")
+        p.add_argument("--input", type=checks.stream_argument, default=None,
+                       help="input file or pipe (default, or -: stdin)")
+        p.add_argument("--output", type=checks.stream_argument, default=None,
+                       help="output file (default, or -: stdout)")
         if name == "encode":
             p.add_argument("--allow-special", action="store_true",
                            help="encode special tokens' text (<|endoftext|>) as their ids")
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def _read_bytes(path: Path | None, what: str) -> bytes:
     flag = "--data" if what == "training data" else "--input"
     if path is None:
-        stdin = standard_stream("stdin", "give --input FILE").buffer
+        stdin = standard_stream("stdin", f"give {flag} FILE").buffer
         return checks.read_input(None, flag, stdin)
     checks.input_file(path, flag, pipe=True)
     return checks.read_input(path, flag)
