@@ -503,3 +503,20 @@ def test_tokenizer_json_with_special_tokens_first_is_a_clear_error(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(TokenizerFileError, match="normalizer"):
         Tokenizer.load(path)
+
+
+@pytest.mark.parametrize("pattern", [".", r"\z", r"\w+"])
+def test_a_pattern_that_skips_the_sample_text_says_the_text_is_the_samples(pattern):
+    # the line said "skips text (first at character 0: 'Hello, world')": the probe's
+    # characters, read as the user's data (issue 29)
+    with pytest.raises(TokenizerError) as caught:
+        Tokenizer([], pattern)
+    line = str(caught.value)
+    assert "on the sample text gptspec tries every pattern on ('Hello, world!'…)" in line
+    assert "no match covers character" in line and "first at" not in line
+
+
+def test_a_pattern_that_skips_the_training_text_names_the_text_skipped():
+    with pytest.raises(TokenizerError, match=r"in the training text no match covers "
+                                             r"'\\x07cd'"):
+        Tokenizer.train("ab\x07cd", 260, pattern="[^\x07]")

@@ -141,7 +141,7 @@ def resolve_pattern(pattern: str) -> str:
         raise TokenizerError(f"the pre-tokenization pattern uses {construct}, which only a "
                              "backtracking engine can run (unbounded time on a hostile "
                              "text); only the spec's gpt2 and cl100k patterns may")
-    check_pattern_covers(pattern, _PATTERN_PROBE)
+    check_pattern_covers(pattern, _PATTERN_PROBE, sample=True)
     try:  # encoding runs the pattern in tiktoken's regex engine, which must accept it too
         tiktoken.Encoding("probe", pat_str=pattern, mergeable_ranks={bytes([b]): b
                                                                     for b in range(256)},
@@ -202,9 +202,10 @@ def findall_within_budget(compiled: Any, text: str) -> list[str]:
                              "this text") from None
 
 
-def check_pattern_covers(pattern: str, text: str) -> None:
+def check_pattern_covers(pattern: str, text: str, sample: bool = False) -> None:
     """Refuse a pattern whose chunks do not spell ``text`` whole: text it skips would be
-    dropped by encoding, silently."""
+    dropped by encoding, silently. ``sample``: ``text`` is gptspec's own probe
+    (_PATTERN_PROBE), not the user's, and the line says so."""
     pieces = findall_within_budget(regex.compile(pattern), text)
     if "".join(pieces) != text:
         covered = 0
@@ -213,9 +214,15 @@ def check_pattern_covers(pattern: str, text: str) -> None:
             if where != covered:
                 break
             covered += len(piece)
-        raise TokenizerError(f"the pre-tokenization pattern skips text (first at character "
-                             f"{covered}: {text[covered:covered + 12]!r}), which encoding "
-                             "would drop; it must match every character")
+        skipped = text[covered:covered + 12]
+        if sample:  # the character named is the probe's, not the training text's
+            where_said = (f"on the sample text gptspec tries every pattern on "
+                          f"({text[:13]!r}…), no match covers character {covered} "
+                          f"({skipped!r})")
+        else:
+            where_said = f"in the training text no match covers {skipped!r}"
+        raise TokenizerError(f"the pre-tokenization pattern skips text, which encoding "
+                             f"would drop: {where_said}; it must match every character")
 
 
 def check_vocab_size(vocab_size: int, n_special: int = 0) -> None:
