@@ -119,6 +119,10 @@ for name, out, needle in [
     ("checkpoint-is-a-file", "{w}/ckpt-file-run", "checkpoint"),
 ]:
     case(f"train-out-{name}", _with(TRAIN, "--out", out), needle)
+# a folder that exists, where procfs answers ENOENT to a file made: the line said "No such
+# file or directory (/proc/self)" of a folder that is there (issue 29)
+case("train-out-proc-self", _with(TRAIN, "--out", "/proc/self"),
+     "cannot write into /proc/self: creating a file in /proc/self failed: no such file")
 for name, tok, needle in [
     ("missing", "{w}/nope.json", "does not exist"), ("directory", "{w}/sub", "directory"),
     ("corrupt", "{w}/tok-corrupt.json", "json"),
@@ -190,6 +194,7 @@ for flag, value, needle in [
     ("--checkpoint", "{w}/nope", "does not exist"), ("--checkpoint", "{w}/text.txt",
                                                      "not a directory"),
     ("--checkpoint", "{w}/sub", "not found"), ("--checkpoint", "{w}/nan-model", "nan"),
+    ("--checkpoint", "{w}/hf/good", "converts with gptspec convert --from-hf"),
     ("--checkpoint", "{w}/corrupt-model", "safetensors"),
     ("--checkpoint", "{w}/model-no-tokenizer", "tokenizer.json"),
     ("--checkpoint", "{w}/model-bad-tokenizer", "tokenizer"),
@@ -261,6 +266,7 @@ for argv, needle in [
     (["info", "{w}/text.txt"], "a checkpoint is a directory"), (["info", "{w}/corrupt-model"], "safetensors"),
     (["info", "{w}/model-bad-config"], "model-bad-config"),
     (["info", "{w}/no-config-metadata"], "metadata"),
+    (["info", "{w}/hf/good"], "converts with gptspec convert --from-hf"),
     (["info", "{w}/model-claims-175b"], "do not match its configuration"),
 ]:
     case(f"info-{'-'.join(argv[1:]).replace('{w}/', '')}", argv, needle)

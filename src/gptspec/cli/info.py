@@ -45,7 +45,9 @@ def config_of(name: str) -> GPTConfig:
     # without reading gigabytes
     shapes = {name: SimpleNamespace(shape=shape) for name, shape in header_shapes.items()}
     if CONFIG_KEY not in metadata:
-        raise CLIError(f"{file} has no {CONFIG_KEY!r} metadata")
+        hint = ("; a transformers checkpoint converts with gptspec convert --from-hf"
+                if (file.parent / "config.json").is_file() else "")
+        raise CLIError(f"{file} has no {CONFIG_KEY!r} metadata: not a gptspec checkpoint{hint}")
     try:
         config = GPTConfig.from_json(metadata[CONFIG_KEY])
     except (ConfigError, ValueError, TypeError, RecursionError) as err:

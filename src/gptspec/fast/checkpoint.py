@@ -337,7 +337,10 @@ def _read_model(file: Path, source: str, path: str | os.PathLike[str]
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(f"{file} is not a readable safetensors file ({message})") from None
     if CONFIG_KEY not in metadata:
-        raise CheckpointError(f"{file} has no {CONFIG_KEY!r} metadata: not a gptspec checkpoint")
+        hint = ("; a transformers checkpoint converts with gptspec convert --from-hf"
+                if (file.parent / "config.json").is_file() else "")
+        raise CheckpointError(f"{file} has no {CONFIG_KEY!r} metadata: not a gptspec "
+                              f"checkpoint{hint}")
     not_float = sorted(name for name, a in params.items() if a.dtype.kind != "f")
     if not_float:
         raise CheckpointError(f"{file}: parameter {not_float[0]!r} has dtype "
