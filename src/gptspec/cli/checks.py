@@ -50,7 +50,10 @@ def _writable_folder(folder: Path, flag: str, what: str) -> None:
     try:
         fd, name = tempfile.mkstemp(prefix=".gptspec-write-test.", dir=folder)
     except OSError as err:
-        raise CLIError(f"{flag}: cannot write {what}: {err.strerror} ({folder})") from None
+        # the OS's words are about the file made, not the folder: procfs answers ENOENT
+        # in a folder that exists ("No such file or directory (/proc/self)" was false)
+        raise CLIError(f"{flag}: cannot write {what}: creating a file in {folder} failed: "
+                       f"{err.strerror}") from None
     os.close(fd)
     os.unlink(name)
 

@@ -370,8 +370,8 @@ def _writable(folder: Path) -> None:
     try:
         fd, name = tempfile.mkstemp(prefix=".gptspec-write-test.", dir=folder)
     except OSError as err:
-        raise RunError(f"--out: cannot write into {folder}: {err.strerror} ({folder})"
-                       ) from None
+        raise RunError(f"--out: cannot write into {folder}: creating a file there failed: "
+                       f"{err.strerror}") from None
     os.close(fd)
     os.unlink(name)
 
