@@ -14,6 +14,7 @@ On a shared CPU, ``OMP_NUM_THREADS=1`` is often faster than oversubscribed threa
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import sysconfig
@@ -208,6 +209,13 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise CLIError(f"--out: {thing} exists and is not a {kind} this run can replace")
     if args.data is not None:
         checks.input_file(args.data, "--data")
+        for name in ("loss.png", "tokens.bin", "checkpoint"):  # what the run writes in OUT
+            target = out / name
+            data = Path(os.path.realpath(args.data))
+            if data == Path(os.path.realpath(target)) or data.is_relative_to(
+                    os.path.realpath(target)):
+                raise CLIError(f"--data {args.data} is the run's own {target}, which the run "
+                               "writes over; keep the data outside --out's files")
     if args.tokenizer is not None:
         checks.input_file(args.tokenizer, "--tokenizer")
     for name in MODEL_FLAGS:

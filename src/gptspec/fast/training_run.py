@@ -150,6 +150,14 @@ class TrainingRun:
             self._claim()
         if out.exists() and ((checkpoint / STATE_FILE).exists() or find_checkpoints(checkpoint)):
             raise RunError(self._holds_a_run())
+        if checkpoint.is_dir() and not checkpoint.is_symlink():
+            # not a run's: a run replaces this folder at each save, and its files would go
+            others = sorted(p.name for p in checkpoint.iterdir())
+            if others:
+                shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+                raise RunError(f"{checkpoint} holds files of its own ({shown}), not a "
+                               "training run's checkpoint; a run replaces that folder at "
+                               "each save: move them or choose another --out")
         settings = _settings(changes)  # before the data is read: a bad setting costs nothing
         if vet is not None:
             vet(config, settings)
