@@ -375,7 +375,8 @@ def test_two_ctrl_cs_end_a_run_whose_worker_ignores_sigterm(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["generate", "train", "tokenizer"])
-def test_a_standard_error_that_cannot_be_written_loses_nothing(command, model, tmp_path):
+@pytest.mark.parametrize("stderr", ["full", "closed"])
+def test_a_standard_error_that_cannot_be_written_loses_nothing(command, model, tmp_path, stderr):
     # a warning (the prompt cut to the context), the progress bar, and then the error
     # handler's own line raised ENOSPC on 2>/dev/full: status 1, no text, no checkpoint,
     # no tokenizer (issue 29)
@@ -387,9 +388,11 @@ def test_a_standard_error_that_cannot_be_written_loses_nothing(command, model, t
                       "--out", str(tmp_path / "run"), "--steps", "2"],
             "tokenizer": ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260",
                           "--out", str(tmp_path / "tokenizer.json")]}[command]
+    # closed (2>&-), tokenizer train's progress bar wrote to None: status 1, no file
     with open("/dev/full", "w") as full:
-        done = subprocess.run([*GPTSPEC, *args], stdout=subprocess.PIPE, stderr=full,
-                              text=True, timeout=300)
+        done = subprocess.run([*GPTSPEC, *args], stdout=subprocess.PIPE, text=True,
+                              timeout=300, stderr=full if stderr == "full" else None,
+                              preexec_fn=None if stderr == "full" else (lambda: os.close(2)))
     assert done.returncode == 0
     if command == "generate":
         assert done.stdout.startswith(TEXT[:60])

@@ -185,6 +185,10 @@ def _guard_standard_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
     if sys.stderr is not None:
         sys.stderr = _best_effort(sys.stderr)
+    else:  # closed (2>&-): print(file=sys.stderr) would write into standard output
+        sys.stderr = io.TextIOWrapper(io.BufferedWriter(_DiagnosticsSink(2)),
+                                      encoding="utf-8", errors="backslashreplace",
+                                      line_buffering=True, write_through=True)
 
 
 class _DiagnosticsSink(io.RawIOBase):
