@@ -268,6 +268,9 @@ def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """A folder that exists and is writable, or can be made (its nearest existing
     ancestor is a writable folder), and is not inside a training run's checkpoint folder."""
     path_name(path, flag)
+    if str(path) == STANDARD_STREAM:
+        raise CLIError(f"{flag} -: a folder is written here, not a standard stream; give a "
+                       "folder name (./- for a folder named '-')")
     p = Path(path)
     not_in_a_run_checkpoint(p, flag)
     if p.exists():
