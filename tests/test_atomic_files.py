@@ -68,3 +68,13 @@ def test_a_writer_that_puts_its_own_file_in_the_temporary_names_place_gets_the_u
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "f.bin").stat().st_mode) == 0o644
+
+
+def test_a_link_is_written_through_and_stays_a_link(tmp_path):
+    """A --out naming a symbolic link replaced the link with a plain file and left the
+    file it pointed to stale; ``open(name, "w")`` writes the file pointed to."""
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("real.json")
+    write_text(tmp_path / "link.json", "new")
+    assert (tmp_path / "link.json").is_symlink()
+    assert (tmp_path / "real.json").read_text() == "new"

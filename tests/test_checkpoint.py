@@ -177,3 +177,20 @@ def test_integer_tensors_are_refused(tmp_path, tiny):
     one_line(err)
     with pytest.raises(CheckpointError, match="'wpe' has dtype int64"):
         save_model(tmp_path / "other", bad, config)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_model_file_that_is_not_a_regular_file_is_named_so(tmp_path, kind):
+    """A model.safetensors that is a link to /dev/zero or a FIFO was reported "not
+    found" (it was skipped as unreadable), though it is there."""
+    import os
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    if kind == "device":
+        (folder / MODEL_FILE).symlink_to("/dev/zero")
+    else:
+        os.mkfifo(folder / MODEL_FILE)
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    assert one_line(err).endswith(f"{MODEL_FILE} is not a regular file")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -541,3 +542,37 @@ def test_a_run_inside_another_runs_checkpoint_folder_is_refused(tmp_path, capsys
                      "--steps", "2", "--no-progress", "--out", str(out)]) == 2
         assert "a training run's checkpoint folder" in capsys.readouterr().err
     assert sorted(p.name for p in (run / "checkpoint").iterdir()) == []
+
+
+def test_a_save_keeps_the_permissions_of_the_checkpoint_it_replaces(tmp_path):
+    """A resumed run's save made a checkpoint folder kept private (750/640) world-readable
+    again (755/644)."""
+    target = tmp_path / "checkpoint"
+    _save(target, 1)
+    target.chmod(0o750)
+    for file in target.iterdir():
+        file.chmod(0o640)
+    _save(target, 2)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o750
+    assert {stat.S_IMODE(f.stat().st_mode) for f in target.iterdir()} == {0o640}
+
+
+def test_a_fresh_run_keeps_a_checkpoint_folder_of_other_files_and_its_own_data(tmp_path,
+                                                                               capsys, corpus):
+    """A fresh `train --out D` replaced D/checkpoint holding a user's own files (a
+    conversion, notes) without a word; `--data D/loss.png` was overwritten by the loss
+    curve."""
+    out = tmp_path / "D"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "notes.txt").write_text("mine")
+    args = ["train", "--preset", "tiny", "--vocab-size", "256", "--steps", "2", "--no-progress"]
+    assert main([*args, "--data", str(corpus), "--out", str(out)]) == 2
+    assert "holds files of its own (notes.txt)" in capsys.readouterr().err
+    assert (out / "checkpoint" / "notes.txt").read_text() == "mine"
+    for name in ("loss.png", "tokens.bin"):
+        data = tmp_path / "E" / name
+        data.parent.mkdir(exist_ok=True)
+        data.write_text(corpus.read_text())
+        assert main([*args, "--data", str(data), "--out", str(data.parent)]) == 2
+        assert "is the run's own" in capsys.readouterr().err
+        assert data.read_text() == corpus.read_text()

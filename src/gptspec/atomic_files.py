@@ -67,8 +67,11 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
     """Yield a temporary path beside ``path`` to write; when the block ends without an
     error it is flushed and renamed onto ``path``, else removed. The file gets the usual
     permissions (the umask's, or those of the file it replaces), not the temporary name's
-    private ones."""
+    private ones. A symbolic link is written through, as ``open(path, "w")`` would: the
+    file it points to is replaced, the link stays."""
     target = Path(path)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
     folder = target.parent
     if make_parents:
         folder.mkdir(parents=True, exist_ok=True)

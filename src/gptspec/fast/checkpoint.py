@@ -267,8 +267,9 @@ def _pinned(folder: Path, names: tuple[str, ...], settled: bool) -> Iterator[dic
                                               f"{err.strerror}") from None
                     if stat.S_ISREG(os.fstat(fd).st_mode):
                         fds[name] = fd
-                    else:
+                    else:  # a FIFO, a device, a folder: there, but no checkpoint file
                         os.close(fd)
+                        raise CheckpointError(f"{folder / name} is not a regular file")
             finally:
                 os.close(folder_fd)
         yield {name: _fd_path(fd) for name, fd in fds.items()}
@@ -555,6 +556,7 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
         # allow_nan=False: NaN is not JSON, and no reader (this one included) would take it
         write_bytes(tmp / STATE_FILE, json.dumps(state, indent=1, allow_nan=False).encode())
         crash_point("wrote the state")
+        _keep_modes(tmp, target)
         fsync_folder(tmp)
         _install(tmp, target)
     except BaseException:
@@ -565,6 +567,22 @@ def save_training_checkpoint(directory: str | os.PathLike[str], config: GPTConfi
             _discard(leftover)
     crash_point("emptied the trash")
     return target
+
+
+def _keep_modes(new: Path, old: Path) -> None:
+    """The permissions of the checkpoint a save replaces, on the new one (a folder made
+    private stays private), as writing over a file keeps its mode."""
+    try:
+        os.chmod(new, stat.S_IMODE(os.stat(old).st_mode))
+    except FileNotFoundError:  # the first save: the umask's
+        return
+    for file in new.iterdir():
+        try:
+            found = os.stat(old / file.name, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(found.st_mode):
+            os.chmod(file, stat.S_IMODE(found.st_mode))
 
 
 def load_training_checkpoint(directory: str | os.PathLike[str]):
