@@ -440,3 +440,14 @@ class SleepsAtExit(Honest):
         import atexit
 
         atexit.register(time.sleep, 600)
+
+
+class ExitsFromAnExitHandler(Honest):
+    """Registers ``os._exit(0)`` as an exit handler: with --no-isolate it was the judge's
+    patched os._exit, called after the run, and printed a traceback of gptspec's own."""
+
+    def __init__(self) -> None:
+        import atexit
+        import os
+
+        atexit.register(os._exit, 0)

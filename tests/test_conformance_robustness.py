@@ -404,6 +404,13 @@ def test_no_isolate_bounds_the_backends_exit_handlers(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["pass"] == 1
 
 
+def test_no_isolate_an_exit_handlers_os_exit_is_the_real_one_after_the_run(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsFromAnExitHandler",
+                        "--no-isolate", "--report", "report.json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["pass"] == 1
+
+
 def test_no_isolate_turns_os_exit_into_an_error_of_its_check(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsInForward",
                         "--no-isolate")

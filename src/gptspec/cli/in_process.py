@@ -45,7 +45,9 @@ class InProcessGuard:
         self.last = time.monotonic()
 
     def _exit(self, code: int = 0) -> Any:
-        if os.getpid() != self.judge:  # a child the backend forked exits as it asks
+        if os.getpid() != self.judge or self.done.is_set():
+            # a child the backend forked, or an exit handler it registered (bound to this
+            # function) called after the run: the exit it asks for
             self.real_exit(code)
         # kept: in a finalizer Python ignores the SystemExit, and the check would pass
         self.exit_called = code
