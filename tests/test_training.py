@@ -275,6 +275,9 @@ def test_token_files_of_either_byte_order_give_the_same_batches(tmp_path, dtype)
     x, y = TokenData(data, data, 8).batch("train", 4, np.random.default_rng(0))
     expected = TokenData(ids, ids, 8).batch("train", 4, np.random.default_rng(0))
     assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+    (tmp_path / "text.npy").write_text("First Citizen:\n")
+    with pytest.raises(DataError, match="is not a NumPy .npy file"):
+        open_tokens(tmp_path / "text.npy", 50_000)
     np.save(tmp_path / "signed.npy", ids.astype(">i2" if "2" in dtype else ">i4"))
     with pytest.raises(DataError, match="flat uint16 or uint32"):
         open_tokens(tmp_path / "signed.npy", 50_000)

@@ -46,6 +46,10 @@ def open_tokens(path: str | os.PathLike[str], vocab_size: int,
         raise DataError(f"token file {file} not found")
     try:
         if file.suffix == ".npy":
+            with open(file, "rb") as head:  # np.load reads anything else as a pickle
+                if head.read(6) != b"\x93NUMPY":
+                    raise DataError(f"token file {file} is not a NumPy .npy file (it lacks "
+                                    "the format's header); give a .npy array or a raw .bin")
             data = np.load(file, mmap_mode="r", allow_pickle=False)
         else:
             dt = np.dtype(dtype) if dtype else token_dtype(vocab_size)
