@@ -107,7 +107,7 @@ for name, data, needle in [
     ("missing", "{w}/nope.txt", "does not exist"), ("directory", "{w}/sub", "directory"),
     ("empty", "{w}/empty.txt", "empty"), ("latin-1", "{w}/latin1.txt", "utf-8"),
     ("under-a-file", "{w}/text.txt/x", "does not exist"),
-    ("fifo", "{w}/fifo", "not a regular file"), ("long-name", "{w}/" + LONG, "longer"),
+    ("fifo", "{w}/fifo", "no process was writing to it"), ("long-name", "{w}/" + LONG, "longer"),
     ("token-file-out-of-range", "{w}/big-ids.npy", "vocab"),
 ]:
     case(f"train-data-{name}", _with(TRAIN, "--data", data), needle)

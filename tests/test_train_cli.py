@@ -160,3 +160,25 @@ def test_a_mixed_precision_the_cpu_would_not_use_is_refused_on_resume(tmp_path, 
     assert len(err.splitlines()) == 1
     with pytest.raises(ValueError, match="mixed precision on CUDA"):
         train.TrainSettings(device="cpu", precision="float16")
+
+
+def test_a_text_corpus_from_a_pipe_trains_as_from_its_file(tmp_path, corpus):
+    """`train --data <(command)` was refused ("is not a regular file"): a text corpus is
+    read once, into tokens.bin, so a pipe serves; a token file is memory-mapped, so it
+    must stay a regular file."""
+    import os
+
+    read, write = os.pipe()
+    os.write(write, TEXT.encode())
+    os.close(write)
+    try:
+        assert main(["train", *TINY, "--out", str(tmp_path / "piped"), "--data",
+                     f"/dev/fd/{read}", "--steps", "2"]) == 0
+    finally:
+        os.close(read)
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 0
+    assert (tmp_path / "piped" / "tokens.bin").read_bytes() == \
+        (tmp_path / "out" / "tokens.bin").read_bytes()
+    os.mkfifo(tmp_path / "ids.bin")
+    assert main(["train", *TINY, "--out", str(tmp_path / "x"), "--data",
+                 str(tmp_path / "ids.bin"), "--steps", "2"]) == 2

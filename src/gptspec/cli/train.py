@@ -87,8 +87,11 @@ def stdlib_text() -> tuple[str, str]:
     return "\n".join(parts), f"the .py files of Python's standard library ({root})"
 
 
+TOKEN_FILES = (".bin", ".npy")  # memory-mapped token ids (a regular file); else text
+
+
 def read_text(path: Path) -> str:
-    checks.input_file(path, "--data")
+    checks.input_file(path, "--data", pipe=True)
     try:
         return checks.read_input(path, "--data").decode("utf-8")
     except UnicodeDecodeError as err:
@@ -207,8 +210,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         thing = out / name
         if thing.exists() and (thing.is_dir() != (kind == "folder") or thing.is_symlink()):
             raise CLIError(f"--out: {thing} exists and is not a {kind} this run can replace")
-    if args.data is not None:
-        checks.input_file(args.data, "--data")
+    if args.data is not None:  # a text corpus is read once: a pipe will do
+        checks.input_file(args.data, "--data", pipe=Path(args.data).suffix not in TOKEN_FILES)
         for name in ("loss.png", "tokens.bin", "checkpoint"):  # what the run writes in OUT
             target = out / name
             data = Path(os.path.realpath(args.data))
