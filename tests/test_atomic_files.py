@@ -78,3 +78,46 @@ def test_a_link_is_written_through_and_stays_a_link(tmp_path):
     write_text(tmp_path / "link.json", "new")
     assert (tmp_path / "link.json").is_symlink()
     assert (tmp_path / "real.json").read_text() == "new"
+
+
+def test_a_device_or_pipe_is_written_in_place(tmp_path):
+    """--output /dev/null or /dev/stdout was refused ("exists and is not a regular file"):
+    a stream has nothing to replace, so its bytes are written to it; a FIFO that nobody
+    reads is an error, not a wait."""
+    import threading
+
+    write_bytes("/dev/null", b"discarded")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="no process reads from it"):
+        write_bytes(fifo, b"x")
+    got: list[bytes] = []
+    ready = threading.Event()
+
+    def reader() -> None:  # open before the writer; read until its bytes and their end
+        import time
+
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        ready.set()
+        data, deadline = b"", time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer, nothing written yet
+                chunk = None
+            if chunk:
+                data += chunk
+            elif chunk == b"" and data:  # the writer closed after writing
+                break
+            else:
+                time.sleep(0.01)
+        os.close(fd)
+        got.append(data)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    ready.wait(10)
+    write_bytes(fifo, b"through the pipe")
+    thread.join(10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert not [p for p in tmp_path.iterdir() if p.name != "fifo"]

@@ -287,3 +287,15 @@ def test_dash_is_a_standard_stream_where_one_is_taken_and_refused_elsewhere(tmp_
         assert b"is not taken here" in said or b"not a standard stream" in said, (args, said)
         assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "-").exists() and not (tmp_path / "run").exists()
+
+
+def test_output_to_a_device(tmp_path, trained, corpus):
+    """--output /dev/null and /dev/stdout were refused as "not a regular file"; a device
+    that refuses the bytes (/dev/full) is a one-line error."""
+    args = ["tokenizer", "encode", "--tokenizer", str(trained), "--input", str(corpus)]
+    assert run_cli([*args, "--output", "/dev/null"]).returncode == 0
+    proc = run_cli([*args, "--output", "/dev/stdout"])
+    assert proc.returncode == 0 and proc.stdout.split() == run_cli(args).stdout.split()
+    proc = run_cli([*args, "--output", "/dev/full"])
+    assert proc.returncode == 2 and b"No space left on device" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

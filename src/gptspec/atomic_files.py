@@ -8,6 +8,7 @@ power cut. On any error the temporary file is removed and the target is left as 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -70,6 +71,9 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
     private ones. A symbolic link is written through, as ``open(path, "w")`` would: the
     file it points to is replaced, the link stays."""
     target = Path(path)
+    if is_stream(target):  # through any link: /dev/stdout names /proc/self/fd/1
+        yield from _streaming(target)
+        return
     if target.is_symlink():
         target = Path(os.path.realpath(target))
     folder = target.parent
@@ -90,6 +94,42 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
         tmp.unlink(missing_ok=True)
         raise
     fsync_folder(folder)
+
+
+def is_stream(path: Path) -> bool:
+    """A character device or a pipe (/dev/null, /dev/stdout, a FIFO): written in place,
+    there is nothing to replace."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _streaming(target: Path) -> Iterator[Path]:
+    """``replacing`` for a stream: the writer writes a private temporary file, whose bytes
+    then go to ``target`` (a pipe opened without waiting: one nobody reads is an error)."""
+    fd, name = tempfile.mkstemp(prefix=".gptspec-stream-", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        data = tmp.read_bytes()
+        try:
+            out = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as err:
+            if err.errno == errno.ENXIO:  # a FIFO with no reader
+                raise OSError(err.errno, "no process reads from it") from None
+            raise
+        try:
+            os.set_blocking(out, True)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+        finally:
+            os.close(out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes, *, make_parents: bool = False) -> None:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gptspec.atomic_files import is_stream
 from gptspec.cli import CLIError, printable
 
 MAX_SEED = 2**63  # torch.manual_seed and NumPy take any integer in [0, 2^63)
@@ -214,8 +215,10 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     not_in_a_run_checkpoint(p, flag)
     if str(path).endswith(os.sep) or p.is_dir():
         raise CLIError(f"{flag}: {p} is a directory; give a file name")
+    if is_stream(p):  # /dev/null, /dev/stdout, a FIFO: written in place
+        return p
     if p.exists() and not p.is_file():
-        raise CLIError(f"{flag}: {p} exists and is not a regular file")
+        raise CLIError(f"{flag}: {p} exists and is neither a regular file, a device nor a pipe")
     folder = p.absolute().parent
     if not folder.exists():
         raise CLIError(f"{flag}: folder {folder} does not exist")
