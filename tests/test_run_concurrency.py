@@ -576,3 +576,12 @@ def test_a_fresh_run_keeps_a_checkpoint_folder_of_other_files_and_its_own_data(t
         assert main([*args, "--data", str(data), "--out", str(data.parent)]) == 2
         assert "is the run's own" in capsys.readouterr().err
         assert data.read_text() == corpus.read_text()
+
+
+def test_a_checkpoint_folder_with_a_runs_state_counts_as_a_runs(tmp_path, capsys, corpus):
+    """RUN/checkpoint/state.json without the run's lock file (a copied run) was taken for
+    a plain folder, while `train --out RUN` said it held a run (whose resume replaces it)."""
+    _save(tmp_path / "copied" / "checkpoint", 1)
+    assert main(["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260", "--quiet",
+                 "--out", str(tmp_path / "copied" / "checkpoint" / "t.json")]) == 2
+    assert "a training run's checkpoint folder" in capsys.readouterr().err

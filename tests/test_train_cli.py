@@ -182,3 +182,13 @@ def test_a_text_corpus_from_a_pipe_trains_as_from_its_file(tmp_path, corpus):
     os.mkfifo(tmp_path / "ids.bin")
     assert main(["train", *TINY, "--out", str(tmp_path / "x"), "--data",
                  str(tmp_path / "ids.bin"), "--steps", "2"]) == 2
+
+
+def test_a_changed_setting_that_is_refused_blames_the_command_line(tmp_path, corpus, capsys):
+    """`--resume --precision bfloat16` on the CPU said "…/state.json: setting 'precision'
+    bfloat16 …", as if the saved file were wrong."""
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2") == 0
+    capsys.readouterr()
+    assert _train(tmp_path, "--resume", "--steps", "3", "--precision", "bfloat16") == 2
+    err = capsys.readouterr().err
+    assert "bfloat16" in err and "state.json" not in err

@@ -194,8 +194,10 @@ def not_in_a_run_checkpoint(path: Path, flag: str) -> None:
 
     real = Path(os.path.realpath(path))
     for folder in (real, *real.parents):
-        if (folder.name == "checkpoint" or folder.name.startswith(".checkpoint.")) \
-                and (folder.parent / LOCK_FILE).exists():
+        # a run's: its folder has the run's lock, or it holds a run's state (a resume
+        # there would replace it as well)
+        if (folder.name == "checkpoint" or folder.name.startswith(".checkpoint.")) and (
+                (folder.parent / LOCK_FILE).exists() or (folder / "state.json").is_file()):
             where = "is" if folder == real else f"is inside {printable(folder)},"
             raise CLIError(f"{flag}: {printable(path)} {where} a training run's checkpoint "
                            f"folder, which the run replaces at each save; choose another "

@@ -238,7 +238,12 @@ class TrainingRun:
                            f"({checkpoint}); --resume trains on to a larger --steps")
         if checkpoint.is_dir():  # before training, not at the first save
             _writable(checkpoint)
-        settings = _settings({**state["settings"], **changes}, f"{checkpoint / STATE_FILE}: ")
+        try:  # the saved file is blamed only where its own settings are wrong
+            _settings(state["settings"])
+            blame = ""  # what the command line changed (--precision bfloat16 on the CPU)
+        except RunError:
+            blame = f"{checkpoint / STATE_FILE}: "
+        settings = _settings({**state["settings"], **changes}, blame)
         if vet is not None:
             vet(config, settings)
         self.config, self.source = config, data_state["source"]
