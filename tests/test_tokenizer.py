@@ -517,6 +517,9 @@ def test_a_pattern_that_skips_the_sample_text_says_the_text_is_the_samples(patte
 
 
 def test_a_pattern_that_skips_the_training_text_names_the_text_skipped():
+    # the skipped text alone, not what follows it ('\x07cd' was named)
     with pytest.raises(TokenizerError, match=r"in the training text no match covers "
-                                             r"'\\x07cd'"):
+                                             r"'\\x07';"):
         Tokenizer.train("ab\x07cd", 260, pattern="[^\x07]")
+    with pytest.raises(TokenizerError, match="no match covers '€';"):
+        Tokenizer.train("price 5€ ok\n", 260, pattern="(?s)[^€]+")

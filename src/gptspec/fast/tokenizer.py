@@ -208,13 +208,14 @@ def check_pattern_covers(pattern: str, text: str, sample: bool = False) -> None:
     (_PATTERN_PROBE), not the user's, and the line says so."""
     pieces = findall_within_budget(regex.compile(pattern), text)
     if "".join(pieces) != text:
-        covered = 0
+        covered, resumes = 0, len(text)
         for piece in pieces:
             where = text.find(piece, covered)
-            if where != covered:
+            if where != covered:  # the gap ends where the next match begins
+                resumes = where if where > covered else resumes
                 break
             covered += len(piece)
-        skipped = text[covered:covered + 12]
+        skipped = text[covered:min(resumes, covered + 12)]
         if sample:  # the character named is the probe's, not the training text's
             where_said = (f"on the sample text gptspec tries every pattern on "
                           f"({text[:13]!r}…), no match covers character {covered} "
