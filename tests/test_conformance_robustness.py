@@ -411,6 +411,19 @@ def test_no_isolate_an_exit_handlers_os_exit_is_the_real_one_after_the_run(tmp_p
     assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["pass"] == 1
 
 
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_the_run_leaves_no_hypothesis_folder_where_it_runs(tmp_path, isolation):
+    """`cd RUN/checkpoint && gptspec conformance …` wrote Hypothesis's cache there
+    (.hypothesis/constants): it goes to the user's cache folder."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    proc = _hostile_cli(work, "--backend", "hostile_backends:Honest", *isolation,
+                        HOME=str(home), XDG_CACHE_HOME="")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(work.iterdir()) == []
+    assert (home / ".cache" / "gptspec" / "hypothesis").is_dir()
+
+
 def test_no_isolate_turns_os_exit_into_an_error_of_its_check(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ExitsInForward",
                         "--no-isolate")

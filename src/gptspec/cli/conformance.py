@@ -129,6 +129,9 @@ def _cuda() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from gptspec.conformance import report
+    from gptspec.conformance.context import cache_outside_the_working_directory
+
+    cache_outside_the_working_directory()
     from gptspec.conformance.discovery import registered
     from gptspec.conformance.registry import all_checks
 

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import hypothesis
@@ -78,6 +79,29 @@ def wrong_dtype(output: Any, dtype: str, asked: bool = True) -> str:
         return ""
     return (f"forward returned {returned} values that {dtype} cannot hold (e.g. "
             f"{float(off[0])!r}) {why}: it did not compute in {dtype}")
+
+
+def cache_outside_the_working_directory() -> None:
+    """For the ``gptspec conformance`` command (not a library caller's choice): Hypothesis's
+    cache (no examples are kept: database=None) goes under the user's cache folder, not
+    into a ``.hypothesis/`` in whatever folder the command runs in (a run's checkpoint
+    folder, say)."""
+    import tempfile
+
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    home = os.environ.get("HOME")
+    base = Path(xdg) if xdg else Path(home) / ".cache" if home else None
+    for folder in ([base / "gptspec" / "hypothesis"] if base else []) + [
+            Path(tempfile.gettempdir()) / f"gptspec-hypothesis-{os.getuid()}"]:
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if os.access(folder, os.W_OK):
+                set_hypothesis_home_dir(folder)
+                return
+        except OSError:
+            continue
 
 
 def suite_settings(profile: str) -> settings:

@@ -130,6 +130,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     _die_with_the_judge()
     _let_go_of_the_judges_tracker()
     _print_into(output)
+    from gptspec.conformance.context import cache_outside_the_working_directory
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.registry import CHECKS, all_checks
     from gptspec.conformance.runner import (
@@ -140,6 +141,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
         unmet,
     )
 
+    cache_outside_the_working_directory()
     # Ctrl-C reaches every process of the terminal's group: the parent handles it (and
     # stops this one); here it would only print a traceback from inside the backend
     signal.signal(signal.SIGINT, signal.SIG_IGN)
