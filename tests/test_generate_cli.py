@@ -175,3 +175,19 @@ def test_streaming_prints_before_generation_ends(checkpoint, monkeypatch, capsys
     [tokens] = R.generate([tokenizer.encode("Hi")], params, config, 4, temperature=0)
     assert tokenizer.eot_token not in tokens  # (else the last step would print nothing)
     assert events == ["sample", "write"] * 4
+
+
+def test_a_utf8_prompt_under_the_c_locale(checkpoint):
+    """Under LC_ALL=C (PYTHONUTF8=0) the prompt 'héllo' reached Python as surrogates and
+    was refused as "not valid Unicode: lone surrogate"; its bytes are valid UTF-8."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
+    env.pop("PYTHONIOENCODING", None)
+    done = subprocess.run([sys.executable, "-m", "gptspec", "generate", "--checkpoint",
+                           str(checkpoint), "--prompt", "héllo", "--max-new-tokens", "1"],
+                          capture_output=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"h\\xe9llo")  # an ASCII terminal gets escapes

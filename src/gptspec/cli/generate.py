@@ -120,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer.vocab_size > config.vocab_size:
         raise CLIError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                        f"{config.vocab_size}: they do not belong together")
-    try:  # a byte the locale cannot decode reaches Python as a lone surrogate: name the byte
-        args.prompt.encode("utf-8", "surrogateescape").decode("utf-8")
+    try:  # a byte the locale (LC_ALL=C: ASCII) cannot decode reaches Python as a lone
+        # surrogate: the argument's own bytes, read as UTF-8 (or the byte named)
+        args.prompt = args.prompt.encode("utf-8", "surrogateescape").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError) as err:
         raise CLIError(f"--prompt is not valid UTF-8 (byte {err.start}: "
                        f"{err.object[err.start:err.start + 1]!r})") from None
