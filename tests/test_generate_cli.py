@@ -187,7 +187,7 @@ def test_a_utf8_prompt_under_the_c_locale(checkpoint):
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
     env.pop("PYTHONIOENCODING", None)
     done = subprocess.run([sys.executable, "-m", "gptspec", "generate", "--checkpoint",
-                           str(checkpoint), "--prompt", "héllo", "--max-new-tokens", "1"],
+                           str(checkpoint[0]), "--prompt", "héllo", "--max-new-tokens", "1"],
                           capture_output=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(b"h\\xe9llo")  # an ASCII terminal gets escapes
