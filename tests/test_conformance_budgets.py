@@ -13,7 +13,7 @@ import torch
 
 from gptspec import reference as ref
 from gptspec.conformance import budgets as B
-from gptspec.conformance.checks_generation import _step_budgets
+from gptspec.conformance.checks_sampling import _step_budgets
 from gptspec.conformance.gradient_budgets import gpt_backward_bound
 from gptspec.conformance.runner import run_suite
 from gptspec.fast import train
@@ -103,7 +103,7 @@ def test_the_model_bound_is_causal(config, dtype):
     """Row t of the logits' bound depends on the tokens up to t only: each attention row's
     sums are counted over the keys it sees, not the whole sequence's (a masked key's
     weight is an exact zero). So a prefix's bound is the whole sequence's first rows, what
-    generation reads every step's budget from (checks_generation._step_budgets); a wider
+    generation reads every step's budget from (checks_sampling._step_budgets); a wider
     row (a count of T) would budget early rows as if they summed T keys."""
     config = dataclasses.replace(config, n_ctx=12)
     params, _, _ = _case(config)

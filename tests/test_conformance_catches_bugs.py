@@ -256,7 +256,7 @@ def test_a_temperature_divided_in_16_bit_is_caught_at_a_temperature_not_a_power_
     assert status(honest)[0][0] == "pass", status(honest)
     from hypothesis import strategies as st
 
-    from gptspec.conformance import checks_generation
+    from gptspec.conformance import checks_sampling
 
-    monkeypatch.setattr(checks_generation, "TEMPERATURES", st.sampled_from((0.0, 0.5, 1.0, 2.0)))
+    monkeypatch.setattr(checks_sampling, "TEMPERATURES", st.sampled_from((0.0, 0.5, 1.0, 2.0)))
     assert status(buggy)[0][0] == "pass"  # what the check drew before

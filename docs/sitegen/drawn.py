@@ -19,8 +19,8 @@ def section() -> str:
     """The conformance page's section on sizes and magnitudes, in Markdown."""
     from gptspec.conformance import budgets, strategies
     from gptspec.conformance.cases import GPT2_SMALL, MODEL_SHARE, ROW_WISE_SHARE
-    from gptspec.conformance.checks_generation import GENERATION_SHARE
     from gptspec.conformance.checks_gradients import LONG_BATCH, LONG_BATCH_SIZE
+    from gptspec.conformance.checks_sampling import GENERATION_SHARE
     from gptspec.conformance.context import PROFILES
 
     s = strategies

@@ -70,7 +70,7 @@ class RoundedFloat64(TorchBackend):
     def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None) -> np.ndarray:
         """Rounded to float32 at least: the suite's sampling contract (16-bit logits are
-        widened before sampling, conformance/checks_generation.py)."""
+        widened before sampling, conformance/checks_sampling.py)."""
         from gptspec.fast.generate import sampling_distribution
 
         with torch.no_grad():

@@ -518,7 +518,7 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision) -> tuple[Array, Array,
     # row t of a causal mask is budgeted as over its t + 1 keys, not the T of the whole
     # sequence, and every row's budget depends on the rows up to it only: the bound of a
     # sequence's first t + 1 positions is the first t + 1 rows of the whole sequence's
-    # (generation reads every step's budget from one bound: checks_generation).
+    # (generation reads every step's budget from one bound: checks_sampling).
     seen = np.sum(~np.broadcast_to(masked, np.shape(S)), axis=-1, keepdims=True)
     A, eA = softmax_bound(S, eS, p, terms=seen)
     eA = np.where(masked, 0.0, eA)

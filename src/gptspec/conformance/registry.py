@@ -104,7 +104,7 @@ CHECK_MODULES = (
     "gptspec.conformance.checks_loss",
     "gptspec.conformance.checks_gradients",
     "gptspec.conformance.checks_optimizer",
-    "gptspec.conformance.checks_generation",
+    "gptspec.conformance.checks_sampling",
     "gptspec.conformance.checks_costs",
 )
 

@@ -1,4 +1,5 @@
-"""Generation: the sampling distribution, greedy decoding, the KV cache, batching, seeds.
+"""Checks of the sampling group (spec/sampling.py, reference/sampling.py): generation,
+the sampling distribution, greedy decoding, the KV cache, batching, seeds.
 
 The backend's ``sampling_distribution`` and ``generate`` are named and called like their
 reference functions. Greedy tokens are compared exactly, with one allowance: where the
