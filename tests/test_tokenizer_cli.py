@@ -299,3 +299,22 @@ def test_output_to_a_device(tmp_path, trained, corpus):
     proc = run_cli([*args, "--output", "/dev/full"])
     assert proc.returncode == 2 and b"No space left on device" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_output_to_dev_stdout_appends_where_the_shell_sent_it(tmp_path, trained, corpus):
+    """`--output /dev/stdout >> log` replaced log by a new file holding only the ids (the
+    link was followed to the file and the file renamed over): the ids now go to the
+    descriptor itself, after what log held."""
+    log = tmp_path / "log.txt"
+    log.write_bytes(b"earlier line\n")
+    inode = log.stat().st_ino
+    expected = run_cli(["tokenizer", "encode", "--tokenizer", str(trained),
+                        "--input", str(corpus)]).stdout
+    for name in ("/dev/stdout", "/proc/self/fd/1"):
+        with open(log, "ab") as out:
+            done = subprocess.run([sys.executable, "-m", "gptspec", "tokenizer", "encode",
+                                   "--tokenizer", str(trained), "--input", str(corpus),
+                                   "--output", name], stdout=out, timeout=120)
+        assert done.returncode == 0
+    assert log.stat().st_ino == inode
+    assert log.read_bytes() == b"earlier line\n" + expected + expected

@@ -71,7 +71,11 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
     private ones. A symbolic link is written through, as ``open(path, "w")`` would: the
     file it points to is replaced, the link stays."""
     target = Path(path)
-    if is_stream(target):  # through any link: /dev/stdout names /proc/self/fd/1
+    descriptor = _own_descriptor(target)
+    if descriptor is not None:  # /dev/stdout … : where the shell sent it, at its offset
+        yield from _streaming(target, descriptor)
+        return
+    if is_stream(target):  # through any link
         yield from _streaming(target)
         return
     if target.is_symlink():
@@ -97,8 +101,10 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
 
 
 def is_stream(path: Path) -> bool:
-    """A character device or a pipe (/dev/null, /dev/stdout, a FIFO): written in place,
-    there is nothing to replace."""
+    """A character device or a pipe (/dev/null, a FIFO), or this process's own descriptor
+    (/dev/stdout, whatever it goes to): written in place, there is nothing to replace."""
+    if _own_descriptor(path) is not None:
+        return True
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -106,28 +112,47 @@ def is_stream(path: Path) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
-def _streaming(target: Path) -> Iterator[Path]:
+def _own_descriptor(path: Path) -> int | None:
+    """N where ``path`` names this process's descriptor N (/dev/stdout, /dev/stderr,
+    /dev/fd/N, /proc/self/fd/N): opened again, a file behind it (``>> log``) would be
+    opened anew and replaced or written from its start, not appended to."""
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    text = os.path.normpath(str(path))
+    if text in named:
+        return named[text]
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if text.startswith(prefix) and text[len(prefix):].isdigit():
+            return int(text[len(prefix):])
+    return None
+
+
+def _streaming(target: Path, descriptor: int | None = None) -> Iterator[Path]:
     """``replacing`` for a stream: the writer writes a private temporary file, whose bytes
-    then go to ``target`` (a pipe opened without waiting: one nobody reads is an error)."""
+    then go to ``target`` (a pipe opened without waiting: one nobody reads is an error),
+    or to this process's ``descriptor`` itself."""
     fd, name = tempfile.mkstemp(prefix=".gptspec-stream-", suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
         data = tmp.read_bytes()
-        try:
-            out = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as err:
-            if err.errno == errno.ENXIO:  # a FIFO with no reader
-                raise OSError(err.errno, "no process reads from it") from None
-            raise
-        try:
+        if descriptor is not None:
+            out = descriptor
+        else:
+            try:
+                out = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as err:
+                if err.errno == errno.ENXIO:  # a FIFO with no reader
+                    raise OSError(err.errno, "no process reads from it") from None
+                raise
             os.set_blocking(out, True)
+        try:
             view = memoryview(data)
             while view:
                 view = view[os.write(out, view):]
         finally:
-            os.close(out)
+            if descriptor is None:
+                os.close(out)
     finally:
         tmp.unlink(missing_ok=True)
 
