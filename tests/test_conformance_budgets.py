@@ -99,42 +99,22 @@ def test_16_bit_attention_weights_of_large_scores_are_within_their_budget(seed):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("config", VARIANTS, ids=["pre", "post-relu", "guide", "gelu_tanh"])
-def test_the_model_bound_is_causal(config, dtype):
-    """Row t of the logits' bound depends on the tokens up to t only: each attention row's
-    sums are counted over the keys it sees, not the whole sequence's (a masked key's
-    weight is an exact zero). So a prefix's bound is the whole sequence's first rows, what
-    generation reads every step's budget from (checks_sampling._step_budgets); a wider
-    row (a count of T) would budget early rows as if they summed T keys."""
+def test_generation_reads_each_steps_budget_from_one_bound(config, dtype):
+    """checks_sampling._step_budgets reads every step's budget from one bound over the
+    longest context: each step's row counts its own keys in the last block (as the
+    context's own bound does), the earlier blocks the longest context's (no fewer). So a
+    step's budget is never below the bound of its context alone, and close to it."""
     config = dataclasses.replace(config, n_ctx=12)
     params, _, _ = _case(config)
     params = {k: B.round_to(v, dtype) for k, v in params.items()}
     tokens = np.random.default_rng(2).integers(0, config.vocab_size, (1, 12))
     p = B.Precision.of(dtype)
-    whole = B.gpt_forward_bound(tokens, params, config, p)
-    for t in (1, 2, 5, 11):
-        prefix = B.gpt_forward_bound(tokens[:, :t], params, config, p)
-        np.testing.assert_allclose(whole[:, :t], prefix, rtol=1e-12, err_msg=str(t))
-    contexts = [list(tokens[0, :t]) for t in (3, 4, 5)] + [list(tokens[0, 1:6])]
+    contexts = [list(tokens[0, :t]) for t in (3, 4, 5, 12)] + [list(tokens[0, 1:6])]
     steps = _step_budgets(contexts, params, config, p)
     for context, budget in zip(contexts, steps, strict=True):
         alone = B.budget(B.gpt_forward_bound(np.asarray([context]), params, config, p))[0, -1]
-        np.testing.assert_allclose(budget, alone, rtol=1e-12)
-
-
-def test_a_masked_row_is_budgeted_over_the_keys_it_sees():
-    """Under a causal mask the first row's weights are exactly (1, 0, …): its softmax
-    and A V sum one term (no rounding but the stores'), wherever the sequence ends."""
-    rng = np.random.default_rng(0)
-    p = B.Precision.of("float32")
-    Q, K, V = (B.round_to(rng.normal(0, 1, (64, 4)), "float32") for _ in range(3))
-    A, eA, O, eO = B.attention_bound(Q, 0 * Q, K, 0 * K, V, 0 * V, ref.causal_mask(64), p)
-    _, _, O1, eO1 = B.attention_bound(Q[:1], 0 * Q[:1], K[:1], 0 * K[:1], V[:1], 0 * V[:1],
-                                      ref.causal_mask(1), p)
-    np.testing.assert_array_equal(O[0], V[0])
-    np.testing.assert_allclose(eO[:1], eO1, rtol=1e-12)
-    # the last row sees every key: as one query over all 64, unmasked
-    np.testing.assert_allclose(eO[-1], B.attention_bound(
-        Q[-1:], 0 * Q[-1:], K, 0 * K, V, 0 * V, np.zeros((1, 64)), p)[3][0], rtol=1e-12)
+        assert np.all(budget >= alone * (1 - 1e-12)), len(context)
+        np.testing.assert_allclose(budget, alone, rtol=0.5)
 
 
 def test_the_softmax_bound_is_first_order_where_errors_are_small():

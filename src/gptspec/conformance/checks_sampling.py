@@ -108,11 +108,12 @@ def _fitted(backend, case: tuple) -> tuple:
 
 
 def _step_budgets(contexts: list[list[int]], params, config, p: Precision) -> list[np.ndarray]:
-    """The budget of the last row of logits of each context (V,), as
-    budgets.gpt_forward_bound gives it for that context alone. The bound is causal: its
-    row t depends on the tokens up to t only (each attention row's sums are counted over
-    the keys it sees: budgets.attention_bound), so every context that is a prefix of a
-    longer one reads its row from the longer one's bound. The contexts of one generation
+    """The budget of the last row of logits of each context (V,), no smaller than
+    budgets.gpt_forward_bound gives it for that context alone: row t of the bound depends
+    on the tokens up to t only, and the rows read count their own keys in the last block
+    (all of their context's, as its own bound does), the earlier blocks the longer
+    context's (no fewer). So every context that is a prefix of a longer one reads its
+    row from the longer one's bound. The contexts of one generation
     extend each other until it crops them: one bound per run of them (over the last of
     each run), where one bound per step cost a whole forward bound for each new token of
     a long context; and of it only the rows read past the blocks that give the others

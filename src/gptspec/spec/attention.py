@@ -408,9 +408,7 @@ def attention_scores(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
                              "δ_ij and the normaliser by √(Σ_k (A_ik δ_ik)²), adding in quadrature; ε_S "
                              "is the scores' error scale (attention_scores' budget without λ) and the "
                              "shift S − max S rounds once more; the exponentials, their sum and the "
-                             "division add softmax's (4 + s_T)u (s_n as in softmax's budget; T the "
-                             "keys the row sees, i + 1 for row i under the causal mask: a masked "
-                             "weight is an exact 0 and rounds nothing), and "
+                             "division add softmax's (4 + s_T)u (s_n as in softmax's budget), and "
                              "storing A rounds once. budgets.softmax_bound carries δ through exp exactly "
                              "((e^{λδ} − 1)/λ in place of δ) and caps a weight whose row is only known "
                              "to lie in [0, 1] at max(A_ij, 1 − A_ij)/λ; masked weights are exactly 0; "
@@ -444,8 +442,7 @@ def attention_weights(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
                         reduction="T",
                         note="ε_A is attention_weights' error scale (its budget without λ), carried "
                              "through the product A V with squares taken entry by entry; the product "
-                             "sums T terms (√T·u; T the keys the row sees, i + 1 for row i under "
-                             "the causal mask) and storing O rounds once; where a row's weights are "
+                             "sums T terms (√T·u) and storing O rounds once; where a row's weights are "
                              "only known to lie in [0, 1], the range of V over the visible keys bounds "
                              "that row's output instead; its check: scores → softmax → A V, propagated "
                              "(budgets.attention_bound)"),
