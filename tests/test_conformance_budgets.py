@@ -288,3 +288,16 @@ def test_the_output_matrix_gradient_sees_the_values_errors_summed_over_queries()
     assert np.all(np.abs(shifts) <= budget), np.max(np.abs(shifts) / budget)
     assert np.max(np.abs(shifts)) > B.budget(np.sqrt(np.square(A) @ np.square(eV)).T
                                              @ np.abs(dY[0])).min() / 10
+
+
+def test_weights_rounded_alike_are_within_their_budget():
+    """A row of 255 near-equal weights (within 0.1 % of each other) stored in bfloat16
+    rounds them all alike, which removed the small differences that carried the output:
+    the quadrature budget was 137 % short of two correct backends (soundness gate, seed
+    537006488: this draw); the coherent worst case bounds it."""
+    from meta.soundness.numpy_emulated import EmulatedNumpy
+
+    suite = run_suite(EmulatedNumpy("cpu", "bfloat16"), profile="default", seed=537006488,
+                      select=lambda c: c.id == "scaled_dot_product_attention.differential")
+    (result,) = suite.results
+    assert result.status == "pass", result.detail

@@ -444,8 +444,10 @@ def attention_weights(Q: sp.Matrix, K: sp.Matrix, M: sp.Matrix) -> sp.Matrix:
                              "through the product A V with squares taken entry by entry; the product "
                              "sums T terms (√T·u) and storing O rounds once; where a row's weights are "
                              "only known to lie in [0, 1], the range of V over the visible keys bounds "
-                             "that row's output instead; its check: scores → softmax → A V, propagated "
-                             "(budgets.attention_bound)"),
+                             "that row's output instead; where a row's weights all lie within a factor "
+                             "1 + 2u of each other, storing them rounds them alike, and u·Σ_j A_ij|V_j| "
+                             "(their worst case) bounds that row; its check: scores → softmax → A V, "
+                             "propagated (budgets.attention_bound)"),
     decisions=(MASK_PLACEMENT, MODIFIED_SOFTMAX),
     sympy_inputs=(("Q", "(T, d_k)"), ("K", "(T, d_k)"), ("V", "(T, d_k)"),
                   ("M", "(T, T) mask")),
