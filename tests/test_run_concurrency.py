@@ -569,12 +569,12 @@ def test_a_fresh_run_keeps_a_checkpoint_folder_of_other_files_and_its_own_data(t
     assert main([*args, "--data", str(corpus), "--out", str(out)]) == 2
     assert "holds files of its own (notes.txt)" in capsys.readouterr().err
     assert (out / "checkpoint" / "notes.txt").read_text() == "mine"
-    for name in ("loss.png", "tokens.bin"):
+    for name in ("loss.png",):  # (a token file given as D/tokens.bin is not written over)
         data = tmp_path / "E" / name
         data.parent.mkdir(exist_ok=True)
         data.write_text(corpus.read_text())
         assert main([*args, "--data", str(data), "--out", str(data.parent)]) == 2
-        assert "is the run's own" in capsys.readouterr().err
+        assert "the run writes its" in capsys.readouterr().err
         assert data.read_text() == corpus.read_text()
 
 
@@ -585,3 +585,33 @@ def test_a_checkpoint_folder_with_a_runs_state_counts_as_a_runs(tmp_path, capsys
     assert main(["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260", "--quiet",
                  "--out", str(tmp_path / "copied" / "checkpoint" / "t.json")]) == 2
     assert "a training run's checkpoint folder" in capsys.readouterr().err
+
+
+def test_a_fresh_run_keeps_the_users_files_of_a_runs_names(tmp_path, capsys, corpus):
+    """A fresh `train --out D` wrote over the user's own D/tokens.bin and D/loss.png (no
+    run had been there: no lock file); a token file given as --data inside D is the
+    run's data, not overwritten, and stays legal."""
+    args = ["train", "--preset", "tiny", "--vocab-size", "256", "--steps", "2", "--no-progress"]
+    out = tmp_path / "D"
+    out.mkdir()
+    (out / "loss.png").write_text("my photo")
+    assert main([*args, "--data", str(corpus), "--out", str(out)]) == 2
+    assert "holds loss.png of its own" in capsys.readouterr().err
+    assert (out / "loss.png").read_text() == "my photo"
+    tokens = tmp_path / "T" / "tokens.bin"
+    tokens.parent.mkdir()
+    (np.frombuffer(corpus.read_bytes(), dtype=np.uint8).astype(np.uint16)).tofile(tokens)
+    assert main([*args, "--data", str(tokens), "--out", str(tokens.parent)]) == 0
+
+
+def test_other_commands_do_not_write_over_a_runs_token_file_or_loss_curve(tmp_path, capsys,
+                                                                         corpus):
+    """`tokenizer encode --output RUN/tokens.bin` or `conformance --report RUN/loss.png`
+    replaced files the run's resume reads, and the resume then failed."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_text("1")
+    for name in ("tokens.bin", "loss.png"):
+        assert main(["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260",
+                     "--quiet", "--out", str(run / name)]) == 2
+        assert f"is a training run's {name}" in capsys.readouterr().err

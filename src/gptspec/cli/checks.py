@@ -193,6 +193,9 @@ def not_in_a_run_checkpoint(path: Path, flag: str) -> None:
     from gptspec.fast.run_lock import LOCK_FILE
 
     real = Path(os.path.realpath(path))
+    if real.name in ("tokens.bin", "loss.png") and (real.parent / LOCK_FILE).exists():
+        raise CLIError(f"{flag}: {printable(path)} is a training run's {real.name}, which "
+                       f"the run writes and its resume reads; choose another {flag}")
     for folder in (real, *real.parents):
         # a run's: its folder has the run's lock, or it holds a run's state (a resume
         # there would replace it as well)

@@ -212,13 +212,15 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise CLIError(f"--out: {thing} exists and is not a {kind} this run can replace")
     if args.data is not None:  # a text corpus is read once: a pipe will do
         checks.input_file(args.data, "--data", pipe=Path(args.data).suffix not in TOKEN_FILES)
-        for name in ("loss.png", "tokens.bin", "checkpoint"):  # what the run writes in OUT
+        written = ("loss.png", "checkpoint") + (  # what the run writes in OUT: tokens.bin
+            ("tokens.bin",) if Path(args.data).suffix not in TOKEN_FILES else ())  # for text
+        for name in written:
             target = out / name
             data = Path(os.path.realpath(args.data))
             if data == Path(os.path.realpath(target)) or data.is_relative_to(
                     os.path.realpath(target)):
-                raise CLIError(f"--data {args.data} is the run's own {target}, which the run "
-                               "writes over; keep the data outside --out's files")
+                raise CLIError(f"--data {args.data}: the run writes its {name} there; keep "
+                               "the data outside --out's files")
     if args.tokenizer is not None:
         checks.input_file(args.tokenizer, "--tokenizer")
     for name in MODEL_FLAGS:

@@ -26,7 +26,7 @@ from gptspec.fast.checkpoint import (
     recover_checkpoint,
 )
 from gptspec.fast.data import DataError, TokenData, open_tokens, tokens_sha256, write_tokens
-from gptspec.fast.run_lock import RunLock, RunLocked, remove_stale_temporaries
+from gptspec.fast.run_lock import LOCK_FILE, RunLock, RunLocked, remove_stale_temporaries
 from gptspec.fast.train import (
     Interrupted,
     Trainer,
@@ -146,6 +146,15 @@ class TrainingRun:
 
     def _fresh(self, config: GPTConfig, changes: dict, corpus: Corpus, vet: Vet | None) -> None:
         out, checkpoint = self.out, self.checkpoint
+        if out.is_dir() and not (out / LOCK_FILE).exists():  # no run was ever here:
+            # files of a run's names are the user's, which the run would write over
+            text = corpus.file is None or corpus.file.suffix not in (".bin", ".npy")
+            written = ("tokens.bin", "loss.png") if text else ("loss.png",)
+            mine = [name for name in written if (out / name).exists()]
+            if mine:
+                raise RunError(f"{out} holds {' and '.join(mine)} of its own, which the run "
+                               f"would write there: move {'it' if len(mine) == 1 else 'them'} "
+                               "or choose another --out")
         if out.is_dir():  # a live writer there is named, whatever it has written yet
             self._claim()
         if out.exists() and ((checkpoint / STATE_FILE).exists() or find_checkpoints(checkpoint)):
