@@ -146,8 +146,10 @@ class TrainingRun:
 
     def _fresh(self, config: GPTConfig, changes: dict, corpus: Corpus, vet: Vet | None) -> None:
         out, checkpoint = self.out, self.checkpoint
-        if out.is_dir() and not (out / LOCK_FILE).exists():  # no run was ever here:
-            # files of a run's names are the user's, which the run would write over
+        alone = os.environ.get("WORLD_SIZE", "1") in ("", "1")  # under torchrun every
+        # rank writes tokens.bin, before or after rank 0 takes the lock
+        if alone and out.is_dir() and not (out / LOCK_FILE).exists():  # no run was ever
+            # here: files of a run's names are the user's, which the run would write over
             text = corpus.file is None or corpus.file.suffix not in (".bin", ".npy")
             written = ("tokens.bin", "loss.png") if text else ("loss.png",)
             mine = [name for name in written if (out / name).exists()]
