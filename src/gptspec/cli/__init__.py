@@ -183,12 +183,9 @@ def _guard_standard_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         if stream is not None and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    if sys.stderr is not None:
-        sys.stderr = _best_effort(sys.stderr)
-    else:  # closed (2>&-): print(file=sys.stderr) would write into standard output
-        sys.stderr = io.TextIOWrapper(io.BufferedWriter(_DiagnosticsSink(2)),
-                                      encoding="utf-8", errors="backslashreplace",
-                                      line_buffering=True, write_through=True)
+    # closed (2>&-), descriptor 2 is /dev/null now: print(file=None) would write into
+    # standard output
+    sys.stderr = _best_effort(sys.stderr) if sys.stderr is not None else _diagnostics(2)
 
 
 class _DiagnosticsSink(io.RawIOBase):
@@ -228,9 +225,13 @@ def _best_effort(stream: TextIO) -> TextIO:
         fd = stream.fileno()
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         return stream  # not a file (a test's capture): left as it is
-    return io.TextIOWrapper(io.BufferedWriter(_DiagnosticsSink(fd)),
-                            encoding=stream.encoding, errors="backslashreplace",
-                            line_buffering=True, write_through=True)
+    return _diagnostics(fd, stream.encoding)
+
+
+def _diagnostics(fd: int, encoding: str = "utf-8") -> TextIO:
+    """A text stream onto descriptor ``fd`` that drops what the descriptor refuses."""
+    return io.TextIOWrapper(io.BufferedWriter(_DiagnosticsSink(fd)), encoding=encoding,
+                            errors="backslashreplace", line_buffering=True, write_through=True)
 
 
 def _run(argv: list[str], which: str | None) -> int:

@@ -52,8 +52,10 @@ def _check(args: argparse.Namespace) -> None:
     if args.seeds is not None:
         checks.integer(args.seeds, "--seeds", low=1, high=MAX_SEEDS)
     if args.data is not None:  # under --plan too: the plan is of this command
+        from gptspec.fast.data import TOKEN_FILE_SUFFIXES
+
         checks.input_file(args.data, "--data")
-        if args.data.suffix in (".bin", ".npy"):
+        if args.data.suffix in TOKEN_FILE_SUFFIXES:
             raise CLIError(f"--data: {args.data} looks like token ids; the studies need text "
                            "(the vocabulary study trains its tokenizers on it)")
     out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)

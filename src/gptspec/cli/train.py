@@ -87,9 +87,6 @@ def stdlib_text() -> tuple[str, str]:
     return "\n".join(parts), f"the .py files of Python's standard library ({root})"
 
 
-TOKEN_FILES = (".bin", ".npy")  # memory-mapped token ids (a regular file); else text
-
-
 def read_text(path: Path) -> str:
     checks.input_file(path, "--data", pipe=True)
     try:
@@ -210,10 +207,13 @@ def check_arguments(args: argparse.Namespace) -> None:
         thing = out / name
         if thing.exists() and (thing.is_dir() != (kind == "folder") or thing.is_symlink()):
             raise CLIError(f"--out: {thing} exists and is not a {kind} this run can replace")
-    if args.data is not None:  # a text corpus is read once: a pipe will do
-        checks.input_file(args.data, "--data", pipe=Path(args.data).suffix not in TOKEN_FILES)
-        written = ("loss.png", "checkpoint") + (  # what the run writes in OUT: tokens.bin
-            ("tokens.bin",) if Path(args.data).suffix not in TOKEN_FILES else ())  # for text
+    if args.data is not None:
+        from gptspec.fast.data import TOKEN_FILE_SUFFIXES
+
+        text = Path(args.data).suffix not in TOKEN_FILE_SUFFIXES
+        checks.input_file(args.data, "--data", pipe=text)  # text is read once: a pipe will do
+        # what the run writes in OUT: tokens.bin only for a text corpus
+        written = ("loss.png", "checkpoint") + (("tokens.bin",) if text else ())
         for name in written:
             target = out / name
             data = Path(os.path.realpath(args.data))

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.atomic_files import fsync_folder, temporary_prefix, write_bytes
+from gptspec.atomic_files import fsync_folder, kept_mode, temporary_prefix, write_bytes
 from gptspec.spec.config import ConfigError, GPTConfig, parse_json
 from gptspec.spec.parameters import ParameterError, check_parameters
 
@@ -577,12 +577,7 @@ def _keep_modes(new: Path, old: Path) -> None:
     except FileNotFoundError:  # the first save: the umask's
         return
     for file in new.iterdir():
-        try:
-            found = os.stat(old / file.name, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(found.st_mode):
-            os.chmod(file, stat.S_IMODE(found.st_mode))
+        os.chmod(file, kept_mode(old / file.name))
 
 
 def load_training_checkpoint(directory: str | os.PathLike[str]):

@@ -17,6 +17,8 @@ import torch
 
 from gptspec.atomic_files import write_bytes
 
+TOKEN_FILE_SUFFIXES = (".bin", ".npy")  # token ids, memory-mapped; any other file is text
+
 
 class DataError(ValueError):
     """A token file that cannot be trained on; the message names the file and the problem."""

@@ -25,7 +25,14 @@ from gptspec.fast.checkpoint import (
     load_training_checkpoint,
     recover_checkpoint,
 )
-from gptspec.fast.data import DataError, TokenData, open_tokens, tokens_sha256, write_tokens
+from gptspec.fast.data import (
+    TOKEN_FILE_SUFFIXES,
+    DataError,
+    TokenData,
+    open_tokens,
+    tokens_sha256,
+    write_tokens,
+)
 from gptspec.fast.run_lock import LOCK_FILE, RunLock, RunLocked, remove_stale_temporaries
 from gptspec.fast.train import (
     Interrupted,
@@ -150,7 +157,7 @@ class TrainingRun:
         # rank writes tokens.bin, before or after rank 0 takes the lock
         if alone and out.is_dir() and not (out / LOCK_FILE).exists():  # no run was ever
             # here: files of a run's names are the user's, which the run would write over
-            text = corpus.file is None or corpus.file.suffix not in (".bin", ".npy")
+            text = corpus.file is None or corpus.file.suffix not in TOKEN_FILE_SUFFIXES
             written = ("tokens.bin", "loss.png") if text else ("loss.png",)
             mine = [name for name in written if (out / name).exists()]
             if mine:
@@ -189,7 +196,7 @@ class TrainingRun:
     def _prepare_data(self, config: GPTConfig, corpus: Corpus) -> tuple[GPTConfig, Any]:
         """(config, tokenizer) of a fresh run; its tokens memory-mapped into self.tokens.
         Every refusal of the input comes before OUT is made."""
-        if corpus.file is not None and corpus.file.suffix in (".bin", ".npy"):
+        if corpus.file is not None and corpus.file.suffix in TOKEN_FILE_SUFFIXES:
             tokenizer = _tokenizer(corpus, None)
             _fits(tokenizer, config)
             try:
