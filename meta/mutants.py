@@ -41,7 +41,7 @@ class Mutant:
     doc: str
     patches: Mapping[str, Callable[..., Any]] = field(default_factory=dict)  # ops.<name>
     make_backend: Callable[[], Any] | None = None
-    # other functions replaced, by dotted path ("gptspec.fast.generate.top_k_filter")
+    # other functions replaced, by dotted path ("gptspec.fast.sampling.top_k_filter")
     elsewhere: Mapping[str, Any] = field(default_factory=dict)  # functions, or data
     dtype: str | None = None  # a bug only one dtype's code path has is run in that dtype
     # a code path only some machines take: (what it needs, whether this machine has it)
@@ -428,12 +428,12 @@ def _plan_at_longest(self: Any, T_new: int, lengths: Any = None) -> Any:
 
 
 def _originals() -> tuple[Any, Any, Any, Any, Any]:
-    from gptspec.fast import generate as gen
+    from gptspec.fast import sampling
     from gptspec.fast.bf16_gemv import BlockedWeight
     from gptspec.fast.kv_cache import KVCache
     from gptspec.fast.prepacked import PackedMatrix
 
-    return (gen.sampling_distribution, KVCache.plan, PackedMatrix.__call__, KVCache.write,
+    return (sampling.sampling_distribution, KVCache.plan, PackedMatrix.__call__, KVCache.write,
             BlockedWeight.__call__)
 
 
@@ -933,13 +933,13 @@ MUTANTS: tuple[Mutant, ...] = (
          sequence_log_probability=_log_probability_not_shifted),
     _gen("top_k_off_by_one", ("top_k_filter",),
          "top-k keeps the k + 1 largest logits.",
-         gptspec__fast__generate__top_k_filter=_top_k_off_by_one),
+         gptspec__fast__sampling__top_k_filter=_top_k_off_by_one),
     _gen("nucleus_without_crossing_token", ("nucleus_filter",),
          "The nucleus drops the token whose probability carries the mass past p.",
-         gptspec__fast__generate__nucleus_filter=_nucleus_without_crossing_token),
+         gptspec__fast__sampling__nucleus_filter=_nucleus_without_crossing_token),
     _gen("temperature_multiplies", ("temperature_softmax",),
          "The logits multiplied by the temperature instead of divided by it.",
-         gptspec__fast__generate__sampling_distribution=_sampling_temperature_multiplies),
+         gptspec__fast__sampling__sampling_distribution=_sampling_temperature_multiplies),
     _gen("stale_kv_cache_position", ("kv_cache_attention", "generate"),
          "A cached step embeds its new token at the previous position (stale length).",
          gptspec__fast__kv_cache__KVCache__plan=_stale_cache_position),

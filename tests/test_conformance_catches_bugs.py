@@ -230,7 +230,7 @@ def test_a_temperature_divided_in_16_bit_is_caught_at_a_temperature_not_a_power_
     import torch
 
     from gptspec.fast.backend import TorchBackend
-    from gptspec.fast.generate import sampling_distribution
+    from gptspec.fast.sampling import sampling_distribution
 
     class TemperatureIn16Bit(TorchBackend):
         def sampling_distribution(self, z, temperature=1.0, top_k=None, top_p=None):

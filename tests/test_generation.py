@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 
 from gptspec import reference as R
 from gptspec.fast import ops
-from gptspec.fast.generate import GREEDY, Sampling, generate, stream
-from gptspec.fast.generate import nucleus_filter as fast_nucleus
-from gptspec.fast.generate import sampling_distribution as fast_distribution
-from gptspec.fast.generate import top_k_filter as fast_top_k
+from gptspec.fast.generate import generate, stream
 from gptspec.fast.model import GPT
+from gptspec.fast.sampling import GREEDY, Sampling
+from gptspec.fast.sampling import nucleus_filter as fast_nucleus
+from gptspec.fast.sampling import sampling_distribution as fast_distribution
+from gptspec.fast.sampling import top_k_filter as fast_top_k
 from gptspec.spec import REGISTRY, init_parameters, preset
 
 U64 = 2.0**-53  # float64 unit roundoff

@@ -71,7 +71,7 @@ class RoundedFloat64(TorchBackend):
                               top_p: float | None = None) -> np.ndarray:
         """Rounded to float32 at least: the suite's sampling contract (16-bit logits are
         widened before sampling, conformance/checks_sampling.py)."""
-        from gptspec.fast.generate import sampling_distribution
+        from gptspec.fast.sampling import sampling_distribution
 
         with torch.no_grad():
             q = sampling_distribution(self._to_torch(np.asarray(z)), temperature, top_k, top_p)

@@ -112,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
     check_settings(args)
     stdout = standard_stream("stdout", "generate writes the text there")
 
-    from gptspec.fast.generate import NonFiniteLogits, Sampling, stream
+    from gptspec.fast.generate import stream
     from gptspec.fast.model import GPT
+    from gptspec.fast.sampling import NonFiniteLogits, Sampling
 
     checks.device(args.device)
     config, params, tokenizer = load_checkpoint(args.checkpoint)

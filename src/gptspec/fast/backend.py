@@ -125,19 +125,34 @@ class TorchBackend(OptionalOperations):
         rounded = {k: self._to_torch(np.asarray(v)) for k, v in params.items()}
         return train.train_loop(tokens, rounded, config, settings, self.device, self.torch_dtype)
 
-    # --- generation (gptspec.fast.generate), under the reference functions' names ------------
+    # --- generation (gptspec.fast.generate, .sampling), under the reference functions' names -
 
     def generate(self, prompts: Any, params: Mapping[str, Any], config: GPTConfig,
-                 max_new_tokens: int, **options: Any) -> Any:
-        from gptspec.fast.generate import generate_from_parameters
+                 max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, eot_token: int | None = None,
+                 rng: np.random.Generator | None = None, return_logits: bool = False) -> Any:
+        """``gptspec.reference.generate``'s signature: the seed of the torch sampler is
+        drawn from ``rng`` (a NumPy Generator), logits come back as NumPy arrays."""
+        from gptspec.fast.generate import generate
+        from gptspec.fast.sampling import Sampling
 
-        return generate_from_parameters(self.model(params, config), prompts, max_new_tokens,
-                                        **options)
+        model = self.model(params, config)
+        sampling = Sampling(temperature, top_k, top_p)
+        if not sampling.greedy and rng is None:
+            raise ValueError("sampling (temperature > 0) needs an explicit seeded rng")
+        seed = None if rng is None else int(rng.integers(2**63 - 1))
+        prompts_ = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+        result = generate(model, prompts_, max_new_tokens, sampling, eot_token=eot_token,
+                          seed=seed, return_logits=return_logits)
+        if not return_logits:
+            return result
+        tokens, logits = result
+        return tokens, [z.numpy() for z in logits]
 
     @torch.no_grad()
     def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None) -> np.ndarray:
-        from gptspec.fast.generate import sampling_distribution
+        from gptspec.fast.sampling import sampling_distribution
 
         return self._to_numpy(sampling_distribution(self._to_torch(np.asarray(z)), temperature,
                                                     top_k, top_p))
