@@ -386,7 +386,9 @@ case("convert--to-hf-config-nested-deep", ["convert", "--to-hf", "{w}/deep-confi
 # transformers weights: a FIFO (the read blocked for ever), a tensor in two files (which
 # one transformers takes is not defined), integers (quantized, without their scales)
 for name, needle in [("weights-fifo", "regular file"), ("tensor-twice", "stored twice"),
-                     ("integer-weights", "floating-point")]:
+                     ("integer-weights", "floating-point"),
+                     *[(f"{file}-{kind}", f"{file}.json is not a regular file")
+                       for file in ("config", "tokenizer") for kind in ("fifo", "folder")]]:
     case(f"convert--from-hf-{name}", ["convert", "--from-hf", f"{{w}}/hf/{name}",
                                       "{w}/gs-new"], needle)
 # hostile tokenizer files: added tokens that were skipped unnoticed; patterns that only a
@@ -724,6 +726,11 @@ def _hf_variants(world: Path) -> None:
     weights_file = next(folder.glob("*.safetensors"))
     weights_file.unlink()
     os.mkfifo(weights_file)
+    for name in ("config.json", "tokenizer.json"):  # "not found" was said of a FIFO, a folder
+        for kind, make in (("fifo", os.mkfifo), ("folder", os.mkdir)):
+            folder = variant(f"{name.split('.')[0]}-{kind}")
+            (folder / name).unlink()
+            make(folder / name)
     folder = variant("tensor-twice")
     shutil.copy(weights, folder / "copy.safetensors")
     variant("integer-weights", tensors=lambda a: a.update(
@@ -959,12 +966,19 @@ def test_names_are_printed_as_written_in_every_line_of_output(tmp_path, capsys,
     assert "x[/]y/checkpoint: sizes" in captured.out and "[b]/checkpoint: sizes" in captured.out
 
 
-@pytest.mark.parametrize(("name", "command"), [
-    ("state.json", ["train", "--resume", "--no-progress", "--steps", "3", "--out", "run"]),
-    ("tokenizer.json", ["generate", "--checkpoint", "run/checkpoint", "--prompt", "hi"])])
-def test_a_fifo_in_a_checkpoint_files_place_is_refused_not_waited_on(tmp_path, name, command):
+@pytest.mark.parametrize(("name", "command", "message"), [
+    ("state.json", ["train", "--resume", "--no-progress", "--steps", "3", "--out", "run"],
+     "state.json is not a regular file"),
+    ("tokenizer.json", ["generate", "--checkpoint", "run/checkpoint", "--prompt", "hi"],
+     "cannot load the tokenizer of 'run/checkpoint': run/checkpoint/tokenizer.json is not a "
+     "regular file"),
+    ("tokenizer.json", ["convert", "--to-hf", "run/checkpoint", "hf"],
+     "tokenizer.json is not a regular file; --no-tokenizer")])
+def test_a_fifo_in_a_checkpoint_files_place_is_refused_not_waited_on(tmp_path, name, command,
+                                                                      message):
     """Opening a FIFO for reading waits for a writer: train --resume and generate waited
-    for ever on a checkpoint whose state.json or tokenizer.json was one."""
+    for ever on a checkpoint whose state.json or tokenizer.json was one (generate then
+    blamed the model; convert said the tokenizer was not found and left it out)."""
     (tmp_path / "text.txt").write_text(TEXT)
     assert _run(["train", "--preset", "tiny", "--vocab-size", "256", "--data",
                  str(tmp_path / "text.txt"), "--out", str(tmp_path / "run"), "--no-progress",
@@ -975,3 +989,4 @@ def test_a_fifo_in_a_checkpoint_files_place_is_refused_not_waited_on(tmp_path, n
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert message in proc.stderr

@@ -14,6 +14,7 @@ renamed into place, and refuse an OUT_DIR that already holds what they would wri
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,10 @@ def _checkpoint_tokenizer(source: str) -> Any:
     from gptspec.fast.tokenizer import Tokenizer
 
     file = _tokenizer_file(source)
-    if not file.is_file():
+    if not os.path.lexists(file):
         return None
+    if not file.is_file():  # a FIFO would block the read; a folder is no tokenizer
+        raise CLIError(f"{file} is not a regular file{NO_TOKENIZER_HINT}")
     try:
         return Tokenizer.load(file)
     except (ValueError, OSError) as err:  # TokenizerError is a ValueError

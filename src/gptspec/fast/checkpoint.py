@@ -237,6 +237,11 @@ def _fd_path(fd: int) -> str:
     return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else f"/dev/fd/{fd}"
 
 
+def _error_for(name: str) -> type[CheckpointError]:
+    # the tokenizer's own error, so that a reader blames tokenizer.json, not the model
+    return TokenizerFileMissing if name == TOKENIZER_FILE else CheckpointError
+
+
 @contextlib.contextmanager
 def _pinned(folder: Path, names: tuple[str, ...], settled: bool) -> Iterator[dict[str, str]]:
     """Open ``names`` in ``folder`` through one descriptor of the folder; yield a path to
@@ -263,13 +268,13 @@ def _pinned(folder: Path, names: tuple[str, ...], settled: bool) -> Iterator[dic
                             raise _Moved() from None
                         continue
                     except OSError as err:
-                        raise CheckpointError(f"cannot read {folder / name}: "
-                                              f"{err.strerror}") from None
+                        raise _error_for(name)(f"cannot read {folder / name}: "
+                                               f"{err.strerror}") from None
                     if stat.S_ISREG(os.fstat(fd).st_mode):
                         fds[name] = fd
                     else:  # a FIFO, a device, a folder: there, but no checkpoint file
                         os.close(fd)
-                        raise CheckpointError(f"{folder / name} is not a regular file")
+                        raise _error_for(name)(f"{folder / name} is not a regular file")
             finally:
                 os.close(folder_fd)
         yield {name: _fd_path(fd) for name, fd in fds.items()}

@@ -43,6 +43,16 @@ class TokenizerInteropError(InteropError):
     """A tokenizer that cannot be carried across (the weights alone still could be)."""
 
 
+def _is_file(file: Path, error: type[InteropError] = InteropError) -> bool:
+    """Whether ``file`` is there as a regular file; one that is there as something else
+    (a folder, a FIFO that would block the read, a device) is refused by name."""
+    if not os.path.lexists(file):
+        return False
+    if not file.is_file():
+        raise error(f"{file} is not a regular file")
+    return True
+
+
 def _transformers() -> Any:
     try:
         import transformers
@@ -220,7 +230,7 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
     """Read a ``save_pretrained`` directory (config.json + safetensors; never pickle)."""
     transformers = _transformers()
     p = Path(path)
-    if not (p / "config.json").is_file():
+    if not _is_file(p / "config.json"):
         raise InteropError(f"{p} is not a transformers model directory: no config.json")
     try:  # transformers would take the last of a key given twice: refuse it instead
         parse_json((p / "config.json").read_bytes())
@@ -406,7 +416,7 @@ def save_hf_tokenizer(folder: str | os.PathLike[str], tokenizer: Any, n_ctx: int
 def _tokenizer_settings(folder: Path) -> dict:
 
     file = folder / TOKENIZER_CONFIG
-    if not file.is_file():
+    if not _is_file(file, TokenizerInteropError):
         return {}
     try:
         settings = parse_json(file.read_text(encoding="utf-8"))
@@ -430,10 +440,13 @@ def load_hf_tokenizer(path: str | os.PathLike[str]) -> Any:
         raise TokenizerInteropError(f"{folder / TOKENIZER_CONFIG}: add_prefix_space=true is "
                                     f"not supported (gptspec encodes text as it is)")
     vocab, merges = folder / "vocab.json", folder / "merges.txt"
+    has_json = _is_file(folder / TOKENIZER_JSON, TokenizerInteropError)
+    has_vocab, has_merges = (not has_json and _is_file(file, TokenizerInteropError)
+                             for file in (vocab, merges))
     try:
-        if (folder / TOKENIZER_JSON).is_file():
+        if has_json:
             return tokenizer_files.load(folder / TOKENIZER_JSON, "hf")
-        if vocab.is_file() and merges.is_file():
+        if has_vocab and has_merges:
             added = settings.get("added_tokens_decoder")
             special = {t["content"]: int(i) for i, t in added.items()
                        if isinstance(t, dict) and t.get("special") and "content" in t} \
@@ -442,12 +455,13 @@ def load_hf_tokenizer(path: str | os.PathLike[str]) -> Any:
     except (TokenizerError, ValueError) as err:  # TokenizerFileError names the file
         raise TokenizerInteropError(f"unsupported tokenizer: {str(err).splitlines()[0]}") \
             from None
-    foreign = [name for name in FOREIGN_TOKENIZER_FILES if (folder / name).is_file()]
+    foreign = [name for name in FOREIGN_TOKENIZER_FILES
+               if _is_file(folder / name, TokenizerInteropError)]
     if foreign:
         raise TokenizerInteropError(f"unsupported tokenizer: {folder / foreign[0]} is not a "
                                     f"byte-level BPE that gptspec can represent (it reads "
                                     f"tokenizer.json or vocab.json + merges.txt)")
-    if vocab.is_file() or merges.is_file():
-        have, lack = (vocab, merges) if vocab.is_file() else (merges, vocab)
+    if has_vocab or has_merges:
+        have, lack = (vocab, merges) if has_vocab else (merges, vocab)
         raise TokenizerInteropError(f"unsupported tokenizer: {have} without {lack.name}")
     return None
