@@ -615,3 +615,42 @@ def test_other_commands_do_not_write_over_a_runs_token_file_or_loss_curve(tmp_pa
         assert main(["tokenizer", "train", "--data", str(corpus), "--vocab-size", "260",
                      "--quiet", "--out", str(run / name)]) == 2
         assert f"is a training run's {name}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["--data", "EMPTY"], ["--train-tokenizer", "100000"]])
+def test_a_refused_fresh_run_leaves_its_folder_as_it_found_it(tmp_path, capsys, corpus, bad):
+    """A fresh run refused after it took the lock left OUT/.train.lock (and could leave
+    tokens.bin) behind, in a folder the user had made empty."""
+    (tmp_path / "EMPTY").write_text("")
+    bad = [str(tmp_path / "EMPTY") if word == "EMPTY" else word for word in bad]
+    for out in (tmp_path / "made", tmp_path / "new" / "deeper"):
+        if out.name == "made":
+            out.mkdir()
+        args = ["train", *TINY, "--data", str(corpus), "--out", str(out), "--steps", "2", *bad]
+        assert main(args) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+        assert (sorted(out.iterdir()) == []) if out.name == "made" else not out.parent.exists()
+
+
+def test_a_lock_file_removed_by_its_holder_is_taken_afresh(tmp_path, monkeypatch):
+    """A process that opened the lock file just before its holder removed it must not
+    hold a lock on the removed file: a third would lock the new one beside it."""
+    first = RunLock(tmp_path)
+    assert first.created
+    first.release(remove=True)
+    assert not (tmp_path / LOCK_FILE).exists()
+    lock = RunLock._lock
+    removals = []
+
+    def removed_before_locking(self, out):  # the holder lets go between open and flock
+        if not removals:
+            removals.append(os.fstat(self.fd).st_ino)
+            (tmp_path / LOCK_FILE).unlink()
+        lock(self, out)
+
+    monkeypatch.setattr(RunLock, "_lock", removed_before_locking)
+    second = RunLock(tmp_path)
+    assert removals and os.stat(tmp_path / LOCK_FILE).st_ino == os.fstat(second.fd).st_ino
+    assert (tmp_path / LOCK_FILE).read_text().strip() == str(os.getpid())
+    second.release()
+    assert (tmp_path / LOCK_FILE).exists()  # kept unless asked

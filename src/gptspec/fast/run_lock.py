@@ -4,8 +4,9 @@
 pid there; a second ``gptspec train`` on the same OUT is refused (:class:`RunLocked`,
 naming the holder's pid) instead of saving over the first one's checkpoint. The kernel
 drops the lock when its holder dies however it dies, so a killed run's lock is simply
-taken by the next run, which writes its own pid over the dead one. Cleaning up what a
-killed run left (temporary files) is safe only while holding the lock.
+taken by the next run, which writes its own pid over the dead one. A run refused before
+it wrote anything removes the lock file it made. Cleaning up what a killed run left
+(temporary files) is safe only while holding the lock.
 """
 
 from __future__ import annotations
@@ -25,13 +26,32 @@ class RunLocked(RuntimeError):
 
 class RunLock:
     def __init__(self, out: str | os.PathLike[str]) -> None:
-        import fcntl
-
         self.path = Path(out) / LOCK_FILE
+        self.created = False  # whether this process made the lock file
+        for _ in range(100):
+            self.fd = self._open()
+            self._lock(out)
+            if self._still_named():
+                break
+            # the holder before us removed the file as it let go (release(remove=True)):
+            # our lock is on a name nobody else will lock again; take the new one
+            os.close(self.fd)
+        else:
+            raise OSError(errno.EAGAIN, f"{self.path} keeps being removed; try again")
+        # the holder's pid, for the refusal above: written whole with one write after
+        # truncating, so a reader sees the old pid, nothing, or this one
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def _open(self) -> int:
         # never through a link: the pid written below would overwrite the link's target
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            self.fd = os.open(self.path, flags | os.O_NONBLOCK, 0o644)
+            try:
+                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                self.created = True
+            except FileExistsError:
+                fd = os.open(self.path, flags | os.O_NONBLOCK)
         except OSError as err:
             if self.path.is_symlink():
                 raise OSError(err.errno, f"{self.path} is a symbolic link, which a run's "
@@ -40,10 +60,15 @@ class RunLock:
                 raise OSError(err.errno, f"{self.path} is a directory, which a run's lock "
                                          "file never is; remove it") from None
             raise
-        if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO or a device: no pid there
-            os.close(self.fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device: no pid there
+            os.close(fd)
             raise OSError(errno.EINVAL, f"{self.path} is not a regular file, which a run's "
                                         "lock file always is; remove it")
+        return fd
+
+    def _lock(self, out: str | os.PathLike[str]) -> None:
+        import fcntl
+
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -63,14 +88,24 @@ class RunLock:
         except OSError:
             os.close(self.fd)
             raise
-        # the holder's pid, for the refusal above: written whole with one write after
-        # truncating, so a reader sees the old pid, nothing, or this one
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
-    def release(self) -> None:
+    def _still_named(self) -> bool:
+        """Whether the locked file is still the one at self.path."""
+        try:
+            named = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(self.fd)
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+    def release(self, remove: bool = False) -> None:
+        """Let the run go. ``remove``: delete the lock file too (a run that wrote nothing);
+        safe because a process that locks the removed file sees it no longer named and
+        takes the lock again."""
         if self.fd >= 0:
-            os.close(self.fd)  # closing drops the flock; the file stays (no unlink race)
+            if remove and self._still_named():
+                self.path.unlink(missing_ok=True)
+            os.close(self.fd)  # closing drops the flock
             self.fd = -1
 
     def __enter__(self) -> RunLock:

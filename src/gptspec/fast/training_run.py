@@ -85,6 +85,8 @@ class TrainingRun:
         self.source = ""  # what the tokens were made from, as state.json says
         self.rank, self.world = 0, 1
         self.stopped_by = 0  # the signal that interrupted train(), once it has
+        self._made: list[Path] = []  # folders a fresh run made, the deepest first
+        self._wrote_tokens = False
 
     def __enter__(self) -> TrainingRun:
         return self
@@ -108,7 +110,7 @@ class TrainingRun:
         try:
             run._fresh(config, changes, corpus, vet)
         except BaseException:
-            run.close()
+            run._discard()
             raise
         return run
 
@@ -125,10 +127,31 @@ class TrainingRun:
             raise
         return run
 
+    def _discard(self) -> None:
+        """Let go of a fresh run refused before its first save, leaving OUT as it was found:
+        the tokens.bin, lock file and folders it made go (a single process only: under
+        torchrun the other ranks may still be writing)."""
+        lock = self._lock
+        alone = os.environ.get("WORLD_SIZE", "1") in ("", "1")
+        if lock is None or not alone or find_checkpoints(self.checkpoint):
+            self.close()
+            return
+        if self._wrote_tokens:
+            (self.out / "tokens.bin").unlink(missing_ok=True)
+        lock.release(remove=lock.created)
+        self._lock = None
+        for folder in self._made:  # the deepest first; one the user filled meanwhile stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
     def _claim(self, resume: bool = False) -> None:
         """Make OUT this process's to write (refused if another live run writes it), then
         remove what killed runs left there; every later write happens under the lock."""
         out = self.out
+        if not self._made and not resume:
+            self._made = [folder for folder in (out, *out.parents) if not folder.exists()]
         out.mkdir(parents=True, exist_ok=True)
         if self._lock is not None or os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 writes
             return
@@ -218,6 +241,7 @@ class TrainingRun:
             raise RunError(f"{source}: {err}") from None
         self._claim()  # makes OUT only now: a refused input leaves no folder
         written = write_tokens(self.out / "tokens.bin", ids, config.vocab_size)
+        self._wrote_tokens = True
         self.tokens, self.source = open_tokens(written, config.vocab_size), source
         return config, tokenizer
 
