@@ -372,6 +372,16 @@ case("conformance-check-empty-pattern", _with(CONF, "--check", ""), "empty")
 case("conformance-list-checks-unknown-area", ["conformance", "--list-checks", "--area", "x"],
      "no checks")
 case("resume-steps-below-the-checkpoint", _with(RESUME, "--steps", "1"), "below")
+# a list prints and runs nothing: --report beside it was ignored without a word
+for mode in ("--list-checks", "--list-backends"):
+    for flag, value in [("--report", "{w}/list.json"), ("--markdown", "{w}/list.md"),
+                        ("--backend", "torch"), ("--seed", "3"), ("--profile", "quick")]:
+        case(f"conformance{mode}-with{flag}", ["conformance", mode, flag, value],
+             f"{flag} is not used with {mode}")
+case("conformance--list-backends-with--check", ["conformance", "--list-backends", "--check",
+                                                 "softmax*"], "--check is not used")
+case("conformance--list-checks-unknown-pattern", ["conformance", "--list-checks", "--check",
+                                                   "nothing*"], "matches no check")
 for name, needle in [("underscore", "1_0"), ("plus", "+5"), ("other-digits", "٣"),
                      ("stray-comma", "stray comma"), ("trailing-comma", "stray comma")]:
     case(f"tokenizer-decode-ids-{name}", _with(DEC, "--input", f"{{w}}/bad-ids/{name}"), needle)

@@ -93,3 +93,14 @@ def test_a_refused_dtype_is_recorded_with_its_reason(tmp_path, monkeypatch, caps
     assert runs[0]["checks"] == [] and "refused" not in runs[1]
     assert runs[1]["counts"]["pass"] == 1
     assert "refused: computes in float64 only, not bfloat16" in capsys.readouterr().out
+
+
+def test_the_list_of_checks_is_narrowed_by_check_patterns(capsys):
+    from gptspec.cli import main
+    from gptspec.conformance.registry import all_checks
+
+    assert main(["conformance", "--list-checks", "--check", "softmax*", "--check",
+                 "gelu.differential"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    wanted = [c.id for c in all_checks() if c.id.startswith("softmax") or c.id == "gelu.differential"]
+    assert listed == wanted and len(listed) >= 3

@@ -119,6 +119,28 @@ def _locate_backends(args: argparse.Namespace) -> dict[str, Path | None]:
     return files
 
 
+def _only_list_flags(args: argparse.Namespace) -> None:
+    """--list-checks (narrowed by --check and --area) and --list-backends print a list and
+    run nothing: a flag of a run beside them would be ignored without a word."""
+    if args.list_checks and args.list_backends:
+        raise CLIError("--list-checks and --list-backends: give one of them")
+    mode = "--list-checks" if args.list_checks else "--list-backends"
+    run_only = {"--backend": args.backend, "--device": args.device, "--dtype": args.dtype,
+                "--report": args.report, "--markdown": args.markdown,
+                "--save-failures": args.save_failures, "--isolate/--no-isolate": args.isolate,
+                # given other than their defaults
+                "--profile": None if args.profile == "default" else 1,
+                "--seed": None if args.seed == 0 else 1,
+                "--timeout": None if args.timeout == 300.0 else 1,
+                "--adjudicate-with": None if args.adjudicate_with == "torch" else 1}
+    if args.list_backends:
+        run_only.update({"--check": args.check, "--area": None if args.area == "all" else 1})
+    for flag, value in run_only.items():
+        if value is not None:
+            raise CLIError(f"{flag} is not used with {mode}, which prints a list and runs "
+                           "no check")
+
+
 def _cuda() -> bool:
     try:
         import torch
@@ -136,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from gptspec.conformance.registry import all_checks
 
     if args.list_backends or args.list_checks:
+        _only_list_flags(args)
         standard_stream("stdout", "the list is printed there")
     else:
         standard_stream("stdout", "the checks' verdicts are printed there")
@@ -147,11 +170,6 @@ def run(args: argparse.Namespace) -> int:
     area = None if args.area == "all" else args.area
     if area is not None and not all_checks(area):
         raise CLIError(f"no checks in area {args.area!r}")
-    if args.list_checks:
-        with writing_stdout():
-            for c in all_checks(area):
-                print(f"{c.id:<44} {c.kind:<12} {', '.join(c.entries)}")
-        return 0
     if args.check and "" in args.check:  # it would match every check (a prefix of all)
         raise CLIError("--check: the pattern is empty (omit --check to run every check)")
 
@@ -159,11 +177,6 @@ def run(args: argparse.Namespace) -> int:
         return not args.check or any(fnmatch.fnmatch(check.id, p) or check.id.startswith(p)
                                      for p in args.check)
 
-    checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0, high=MAX_TIMEOUT)
-    if 0 < args.timeout < MIN_TIMEOUT:  # a timer this short is rounded to none at all
-        raise CLIError(f"--timeout must be 0 (none) or at least {MIN_TIMEOUT:g} s, "
-                       f"got {args.timeout:g}")
-    checks.seed(args.seed)
     # each pattern on its own: a mistyped one beside one that matches was dropped silently
     ids = [c.id for c in all_checks(area)]
     for pattern in args.check or ():
@@ -171,6 +184,16 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"--check {pattern} matches no check"
                            f"{'' if area is None else f' in area {args.area!r}'} "
                            "(gptspec conformance --list-checks lists them)")
+    if args.list_checks:
+        with writing_stdout():
+            for c in filter(selected, all_checks(area)):
+                print(f"{c.id:<44} {c.kind:<12} {', '.join(c.entries)}")
+        return 0
+    checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0, high=MAX_TIMEOUT)
+    if 0 < args.timeout < MIN_TIMEOUT:  # a timer this short is rounded to none at all
+        raise CLIError(f"--timeout must be 0 (none) or at least {MIN_TIMEOUT:g} s, "
+                       f"got {args.timeout:g}")
+    checks.seed(args.seed)
     backend_files = _locate_backends(args)
     for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
         if path is not None:
