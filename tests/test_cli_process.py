@@ -408,3 +408,25 @@ def test_an_error_with_a_standard_error_that_cannot_be_written_still_fails():
         done = subprocess.run([*GPTSPEC, "info", "no-such-preset"], stdout=subprocess.PIPE,
                               stderr=full, timeout=120)
     assert done.returncode == 2
+
+
+def test_a_home_that_cannot_be_written_gives_one_line_warnings(tmp_path, model):
+    """With HOME unwritable the kernels cannot be built and matplotlib has no config
+    folder: Python's warning form (file:line and the source line) and matplotlib's two
+    long log lines used to surround the output."""
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    (tmp_path / "text.txt").write_text(TEXT)
+    env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+           "XDG_CONFIG_HOME": str(home / "config"), "TORCH_EXTENSIONS_DIR": str(home / "ext")}
+    env.pop("MPLCONFIGDIR", None)
+    for command in (["generate", "--checkpoint", str(model), "--prompt", "hi",
+                     "--max-new-tokens", "2"],
+                    [*TRAIN, "--data", str(tmp_path / "text.txt"), "--out",
+                     str(tmp_path / "run"), "--steps", "2"]):
+        proc = subprocess.run([*GPTSPEC, *command], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        for line in proc.stderr.splitlines():
+            assert line.startswith(f"gptspec {command[0]}: warning: "), proc.stderr
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 0

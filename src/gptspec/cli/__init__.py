@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                 signal.signal(signal.SIGINT, _interrupt)  # (one inherited as ignored stays so)
             sys.unraisablehook = _stop_again
+            warnings.showwarning = _warning_line(f"gptspec{f' {which}' if which else ''}")
         return _run(argv, which)
     except KeyboardInterrupt as stop:  # while the subcommand's modules were being imported
         return _interrupted(f"gptspec{f' {which}' if which else ''}", stop)
@@ -115,6 +117,25 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # it ends the process, silently
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             sys.unraisablehook = sys.__unraisablehook__
+            warnings.showwarning = _python_showwarning
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _warning_line(who: str):
+    """gptspec's own warnings as one line, as its errors are (Python's form quotes the
+    source line that raised it); other libraries' keep Python's form."""
+    show = _python_showwarning
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+    def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
+        if not os.path.abspath(filename).startswith(package):
+            return show(message, category, filename, lineno, file, line)
+        text = str(message).removeprefix("gptspec: ")
+        print(f"{who}: warning: {printable(text)}", file=file or sys.stderr)
+
+    return showwarning
 
 
 class Terminated(KeyboardInterrupt):

@@ -12,6 +12,11 @@ from typing import Any
 
 
 def _pyplot() -> Any:
+    import logging
+
+    # with HOME unwritable matplotlib works from a temporary config folder and says so in
+    # two long lines of its log; the figure is written all the same
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
     import matplotlib
 
     matplotlib.use("Agg")

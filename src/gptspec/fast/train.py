@@ -609,6 +609,11 @@ def plot_loss_curve(history: dict, path: str | os.PathLike[str]) -> Path:
     """Training and validation loss against step, as a PNG written atomically."""
     target = Path(path)
     with signals_held():  # a signal must not cut matplotlib's first import in half
+        import logging
+
+        # with HOME unwritable matplotlib works from a temporary config folder and says so in
+        # two long lines of its log; the figure is written all the same
+        logging.getLogger("matplotlib").setLevel(logging.ERROR)
         import matplotlib
 
         matplotlib.use("Agg")
