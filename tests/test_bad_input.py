@@ -99,7 +99,8 @@ case("train-eval-batches-too-many", _with(TRAIN, "--eval-batches", str(10**12)),
 case("train-preset-empty", _with(TRAIN, "--preset", ""), "preset")
 case("train-out-symlink-loop", _with(TRAIN, "--out", "{w}/loop"), "symbolic link")
 for value, needle in [("foo", "not a device"), ("cuda", "cuda"), ("cuda:7", "cuda"),
-                      ("mps", "not supported"), ("", "device"), ("cpu:zero", "device")]:
+                      ("mps", "not supported"), ("", "device"), ("cpu:zero", "device"),
+                      ("cpu:7", "one device")]:
     case(f"train-device={value or 'empty'}", _with(TRAIN, "--device", value), needle)
 
 # --- train: files --------------------------------------------------------------------------

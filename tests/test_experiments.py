@@ -433,3 +433,13 @@ def test_log_lines_spell_a_names_escape_sequences_out(tmp_path, capsys, monkeypa
                  str(out)]) == 0
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and "res\\x1b[2J/tying.json and 2 figures" in printed
+
+
+def test_the_plan_prints_its_flops_in_a_unit_that_shows_them(capsys):
+    """A quick plan's total was printed as "0.0 TFLOP of training"."""
+    assert main(["experiment", "all", "--quick", "--plan"]) == 0
+    out = capsys.readouterr().out
+    total = out.strip().splitlines()[-1]
+    assert total.startswith("in all: ") and " 0.0 " not in total and "FLOP" in total
+    number, unit = total.split()[2:4]
+    assert 1 <= float(number) < 1000 and unit in ("MFLOP", "GFLOP", "TFLOP", "PFLOP")

@@ -192,3 +192,26 @@ def test_a_changed_setting_that_is_refused_blames_the_command_line(tmp_path, cor
     assert _train(tmp_path, "--resume", "--steps", "3", "--precision", "bfloat16") == 2
     err = capsys.readouterr().err
     assert "bfloat16" in err and "state.json" not in err
+
+
+def test_a_warm_up_longer_than_the_schedule_is_said(tmp_path, corpus, capsys):
+    """--warmup 50 on a 3-step run was shortened to 3 steps without a word."""
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "3", "--warmup", "50") == 0
+    assert ("warning: a warm-up of 50 steps does not fit the schedule's 3: the learning rate "
+            "warms up over 3 steps instead") in capsys.readouterr().err
+    assert _train(tmp_path, "--resume", "--steps", "4", "--warmup", "4") == 0
+    assert "warm-up" not in capsys.readouterr().err
+
+
+def test_each_heads_width_is_a_flag(tmp_path, corpus, capsys):
+    """The refusal of --n-heads 3 with --d-model 16 said 'd_head' must be given, which no
+    flag could give."""
+    args = ["--data", str(corpus), "--steps", "2", "--d-model", "16", "--n-heads", "3"]
+    assert _train(tmp_path, *args) == 2
+    assert "'d_head' must be given" in capsys.readouterr().err
+    assert _train(tmp_path, *args, "--d-head", "4") == 0
+    config, _ = load_model(tmp_path / "out" / "checkpoint")
+    assert (config.n_heads, config.d_head, config.d_model) == (3, 4, 16)
+    assert main(["train", "--out", str(tmp_path / "out"), "--resume", "--steps", "3",
+                 "--d-head", "5", "--no-progress"]) == 2
+    assert "--d-head 5 contradicts the checkpoint" in capsys.readouterr().err

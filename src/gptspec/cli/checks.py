@@ -355,6 +355,8 @@ def device(name: str, flag: str = "--device") -> str:
     except (RuntimeError, ValueError, TypeError):
         raise CLIError(f"{flag}: {name!r} is not a device (cpu, cuda, cuda:1, …)") from None
     if parsed.type == "cpu":
+        if parsed.index not in (None, 0):  # PyTorch takes any index there and ignores it
+            raise CLIError(f"{flag} {name}: the CPU is one device (cpu, or cpu:0)")
         return name
     if parsed.type != "cuda":
         raise CLIError(f"{flag}: device type {parsed.type!r} is not supported (cpu or cuda)")

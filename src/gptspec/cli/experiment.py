@@ -54,7 +54,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.data is not None:  # under --plan too: the plan is of this command
         from gptspec.fast.data import TOKEN_FILE_SUFFIXES
 
-        checks.input_file(args.data, "--data")
+        checks.input_file(args.data, "--data", pipe=True)  # <(command): read once
         if args.data.suffix in TOKEN_FILE_SUFFIXES:
             raise CLIError(f"--data: {args.data} looks like token ids; the studies need text "
                            "(the vocabulary study trains its tokenizers on it)")
@@ -93,8 +93,17 @@ def _print_plan(studies, seeds: int) -> None:
             print(f"  {a.name:<14} V {c.vocab_size:>5}  d {c.d_model:>4}  L {c.n_layers}  "
                   f"h {c.n_heads:>2}  d_H {c.d_head:>3}  {'tied' if c.tied_embeddings else 'untied'}"
                   f"  params {param_count_total(c):>9,} (non-embedding {non_embedding_params(c):,})"
-                  f"  steps {a.steps:>5}  {flops / 1e12:.3f} TFLOP")
-    print(f"in all: {total / 1e12:.1f} TFLOP of training")
+                  f"  steps {a.steps:>5}  {_flop_text(flops)}")
+    print(f"in all: {_flop_text(total)} of training")
+
+
+def _flop_text(flops: float) -> str:
+    """3 significant digits in the largest unit that keeps the number ≥ 1 (a quick plan's
+    total printed as "0.0 TFLOP" said there was no training at all)."""
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if flops >= size:
+            return f"{flops / size:.3g} {unit}"
+    return f"{flops:.3g} FLOP"
 
 
 def _corpus(args: argparse.Namespace, scale):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported when run: `gptspec train --help` does not pay for 
     from gptspec.spec.config import GPTConfig
 
 MODEL_FLAGS: dict[str, type] = {"vocab_size": int, "n_ctx": int, "d_model": int, "n_layers": int,
-               "n_heads": int, "d_ff": int}
+               "n_heads": int, "d_head": int, "d_ff": int}
 HISTORY_BYTES_PER_STEP = 136  # [step, loss] as Python keeps it (measured with tracemalloc)
 EVAL_BYTES_PER_BATCH = 32  # a float and its list slot: an evaluation keeps each batch's loss
 TRAIN_FLAGS: dict[str, tuple[str, type]] = {"steps": ("max_steps", int), "batch_size": ("batch_size", int),
@@ -158,6 +158,14 @@ def _train(args: argparse.Namespace, training: TrainingRun) -> int:
                   f"{len(training.tokens):,} tokens of {source}; {trainer.tokens_per_step:,} "
                   f"tokens per step{f' on {world} processes' if world > 1 else ''}, device "
                   f"{training.settings.device}", flush=True)
+        settings = training.settings
+        schedule = settings.decay_steps or settings.max_steps
+        if args.warmup is not None and settings.warmup_steps > schedule:
+            # TrainSettings.learning_rate shortens it (the default's, quietly)
+            print(f"gptspec train: warning: a warm-up of {settings.warmup_steps} steps does "
+                  f"not fit the schedule's {schedule}: the learning rate warms up over "
+                  f"{schedule} step{'s' if schedule > 1 else ''} instead", file=sys.stderr,
+                  flush=True)
     try:
         status = training.train(progress=not args.no_progress and sys.stderr is not None)
     except RunDiverged as err:

@@ -55,9 +55,10 @@ def open_tokens(path: str | os.PathLike[str], vocab_size: int,
             data = np.load(file, mmap_mode="r", allow_pickle=False)
         else:
             dt = np.dtype(dtype) if dtype else token_dtype(vocab_size)
-            if file.stat().st_size % dt.itemsize:
-                raise DataError(f"token file {file} is truncated: its size is not a multiple "
-                                f"of {dt.itemsize} bytes ({dt.name})")
+            size = file.stat().st_size
+            if size % dt.itemsize:  # cut short, or written for another vocabulary: not said
+                raise DataError(f"token file {file} holds {size:,} bytes, not a whole number "
+                                f"of {dt.itemsize}-byte ids ({dt.name})")
             data = (np.memmap(file, dtype=dt, mode="r") if file.stat().st_size
                     else np.zeros(0, dt))
     except (ValueError, OSError) as err:
