@@ -420,10 +420,10 @@ def _plan_attends_padding(self: Any, T_new: int, lengths: Any = None) -> Any:
 
 
 def _plan_at_longest(self: Any, T_new: int, lengths: Any = None) -> Any:
-    if lengths is None and self._uniform is None:
+    if lengths is None and self.uniform_length is None:
         # the batch's longest length stands in for every row's once the rows differ: the
         # plan of one length (slice writes, no mask) at that length
-        self._uniform = self._bound
+        self.uniform_length = self._bound
     return _ORIGINAL_PLAN(self, T_new, lengths)
 
 

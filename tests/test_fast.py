@@ -374,7 +374,7 @@ def test_a_cache_at_the_wrong_position_is_caught() -> None:
     right = model(torch.as_tensor(tokens[:, 6:7]), cache=cache)
     assert B.compare(as_numpy(right), want[:, 6:7], bound[:, 6:7]).passed
     cache.lengths -= 1  # the planted bug: the 8th token goes to position 6, not 7
-    cache._uniform = None
+    cache.uniform_length = None
     wrong = model(torch.as_tensor(tokens[:, 7:8]), cache=cache)
     assert not B.compare(as_numpy(wrong), want[:, 7:8], bound[:, 7:8]).passed
 

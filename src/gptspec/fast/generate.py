@@ -2,12 +2,11 @@
 
 ``stream(model, prompts, max_new_tokens, ...)`` yields, per step (one forward call for the
 batch), the new token of every sequence still going; ``generate(...)`` drains it. Its
-meaning is the reference loop (``gptspec.reference.generate``); the cache computes the
+meaning is the reference loop (``gptspec.reference.generate``), the cache computing the
 same logits from one new row per step. Prompts of different lengths are right-padded and
 fed once, so a prompt gives the same tokens alone or in a batch; each sequence stops on
 its own (end-of-text or length); a context reaching n_ctx is cropped and the cache
-refilled. 16-bit CPU weights are prepacked and bound to the model while it generates
-(``gptspec.fast.prepacked``); tokens are drawn by ``gptspec.fast.sampling``.
+refilled. 16-bit CPU weights are prepacked while it generates (``fast.prepacked``).
 """
 
 from __future__ import annotations
@@ -134,9 +133,8 @@ def stream(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
         raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
     if eot_token is not None and not 0 <= eot_token < config.vocab_size:
         raise ValueError(f"eot_token {eot_token} lies outside [0, {config.vocab_size})")
-    device = model.wte.device
     if generator is None and not sampling.greedy:
-        generator = torch.Generator(device=device)
+        generator = torch.Generator(device=model.wte.device)
         if seed is None:
             generator.seed()
         else:
@@ -185,9 +183,8 @@ def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             if token is None:
                 continue
             out[b].append(token)
-            if return_logits:
-                assert step.logits is not None
-                z = step.logits[b]  # 16-bit logits widened to float32
+            if step.logits is not None:  # return_logits: 16-bit logits widened to float32
+                z = step.logits[b]
                 step_logits[b].append((z if z.dtype == torch.float64 else z.float()).cpu())
             if on_token is not None:
                 on_token(b, token)

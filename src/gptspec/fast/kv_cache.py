@@ -2,12 +2,11 @@
 
 The KV-cache identity: attention of the token at position t over the cached keys and
 values of positions 0 … t equals row t of full causal attention, so decoding through a
-cache gives the full forward's logits at one row per step instead of T. Each sequence b
-has its own length ``lengths[b]`` (valid cached positions); its next token gets position
-``lengths[b]`` and is written into that slot. Prompts of different lengths are fed
-right-padded, ``lengths`` saying how many new tokens are real, so a prompt gives the
-same logits alone and inside a batch. A ``Plan`` says where one forward call's tokens go;
-``Plan()`` is the whole sequence without a cache, ``KVCache.plan`` the cached steps.
+cache gives the full forward's logits at one row per step instead of T. Sequence b's
+next token gets position ``lengths[b]`` and is written into that slot; prompts of
+different lengths are fed right-padded, ``lengths`` saying how many new tokens are real.
+A ``Plan`` says where one forward call's tokens go: ``Plan()`` the whole sequence without
+a cache, ``KVCache.plan`` the cached steps.
 """
 
 from __future__ import annotations
@@ -45,11 +44,9 @@ WHOLE_SEQUENCE = Plan()
 
 
 class KVCache:
-    """Per layer keys and values of shape (B, h, max_len, d_k), preallocated, and the
-    number of valid positions of each sequence (``lengths``, shape (B,)).
-
-    ``k[layer]`` and ``v[layer]`` are the layer's cache; ``max_len`` defaults to n_ctx
-    (a smaller one saves memory when generation is known to stop earlier).
+    """Per layer keys and values ``k[layer]``, ``v[layer]`` of shape (B, h, max_len, d_k),
+    preallocated, and the number of valid positions of each sequence (``lengths``, (B,));
+    ``max_len`` defaults to n_ctx (less saves memory where generation stops earlier).
 
     Padding tokens are written too, so that no step needs a data-dependent index (a
     device sync on CUDA): at their own slot when it lies past the sequence's new length
@@ -70,8 +67,7 @@ class KVCache:
             raise ValueError(f"KVCache batch_size must be a positive integer, got {batch_size!r}")
         max_len = config.n_ctx if max_len is None else max_len
         if not 0 < max_len <= config.n_ctx:
-            raise ValueError(f"KVCache max_len must lie in [1, n_ctx={config.n_ctx}], "
-                             f"got {max_len}")
+            raise ValueError(f"KVCache max_len must lie in [1, n_ctx={config.n_ctx}], got {max_len}")
         self.config = config
         self.batch_size = batch_size
         self.max_len = max_len
@@ -81,42 +77,30 @@ class KVCache:
         self._v = torch.zeros_like(self._k)
         self.k = self._k[:, :, :, :max_len]  # views without the scratch slot
         self.v = self._v[:, :, :, :max_len]
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)
-        self._uniform: int | None = 0  # the common length while all sequences share one
-        self._bound = 0  # an upper bound of max(lengths), known without reading the device
-
-    @property
-    def device(self) -> torch.device:
-        return self.k.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k.dtype
-
-    @property
-    def uniform_length(self) -> int | None:
-        """The length every sequence has, if they all have the same one (else None)."""
-        return self._uniform
+        self.device, self.dtype = self.k.device, self.k.dtype
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        # the length of every sequence while they all have the same one (else None), and
+        # an upper bound of max(lengths): both known without reading the device
+        self.uniform_length: int | None = 0
+        self._bound = 0
 
     def reset(self) -> None:
         """Forget every sequence (the storage is kept)."""
         self.lengths.zero_()
-        self._uniform = 0
+        self.uniform_length = 0
         self._bound = 0
 
     def plan(self, T_new: int, lengths: Tensor | None = None) -> Plan:
         """Positions, write slots and attention mask of T_new new tokens per sequence, of
         which ``lengths[b]`` are real (all of them when ``lengths`` is None). While every
         sequence has one length and all tokens are real, it reads nothing from the device."""
-        t = self._uniform
+        t = self.uniform_length
         if lengths is None and t is not None:
             if t + T_new > self.max_len:
-                raise ValueError(f"sequence 0 would reach length {t + T_new}, beyond the "
-                                 f"cache's {self.max_len} positions (n_ctx={self.config.n_ctx})")
-            if t == 0 or T_new == 1:  # the causal mask, or every slot visible: no mask
-                return Plan(t, causal=t == 0, cache=self, n_keys=t + T_new)
-            return Plan(t, causal=False, mask=self._mask(T_new, t + T_new), cache=self,
-                        n_keys=t + T_new)
+                raise self._too_long(0, t + T_new)
+            # no mask: from slot 0 SDPA's causal one, or one new token that sees every slot
+            mask = None if t == 0 or T_new == 1 else self._mask(T_new, t + T_new)
+            return Plan(t, causal=t == 0, mask=mask, cache=self, n_keys=t + T_new)
         B, dev = self.batch_size, self.device
         if lengths is None:
             advance = torch.full((B,), T_new, dtype=torch.long, device=dev)
@@ -133,8 +117,7 @@ class KVCache:
         new_lengths = self.lengths + advance
         if bool((new_lengths > self.max_len).any()):
             b = int(torch.argmax(new_lengths))
-            raise ValueError(f"sequence {b} would reach length {int(new_lengths[b])}, beyond the "
-                             f"cache's {self.max_len} positions (n_ctx={self.config.n_ctx})")
+            raise self._too_long(b, int(new_lengths[b]))
         positions = self.lengths[:, None] + torch.arange(T_new, device=dev)  # (B, T_new)
         n_keys = min(self._bound + T_new, self.max_len)
         rows = torch.arange(B, device=dev)[:, None].expand(B, T_new)
@@ -145,6 +128,10 @@ class KVCache:
         return Plan(0, positions.clamp(max=self.config.n_ctx - 1), False,
                     self._mask(T_new, n_keys, positions), self, n_keys, rows, slots, advance,
                     last)
+
+    def _too_long(self, b: int, length: int) -> ValueError:
+        return ValueError(f"sequence {b} would reach length {length}, beyond the cache's "
+                          f"{self.max_len} positions (n_ctx={self.config.n_ctx})")
 
     def _mask(self, T_new: int, n_keys: int, positions: Tensor | None = None) -> Tensor:
         """(B, 1, T_new, n_keys): new token i (position ``positions[b, i]``, by default
@@ -169,5 +156,5 @@ class KVCache:
     def advance(self, plan: Plan, T_new: int) -> None:
         """Move every sequence's length past its real new tokens (after all layers wrote)."""
         self.lengths += T_new if plan.advance is None else plan.advance
-        self._uniform = plan.start + T_new if plan.rows is None else None
+        self.uniform_length = plan.start + T_new if plan.rows is None else None
         self._bound = min(self._bound + T_new, self.max_len)

@@ -116,12 +116,8 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, plan: Plan = WHOLE_SEQUENCE, layer: int = 0) -> Tensor:
         m = cast("dict[str, nn.Module]", self._modules)  # (see GPT.run)
-        attn = m["attn"]
-
-        def attend(h: Tensor) -> Tensor:
-            return attn(h, plan, layer)
-
-        return self.residual(x, m["ln_1"], attend, m.get("ln_2"), m["ffn"])
+        return self.residual(x, m["ln_1"], lambda h: m["attn"](h, plan, layer), m.get("ln_2"),
+                             m["ffn"])
 
 
 class GPT(nn.Module):
@@ -208,32 +204,29 @@ class GPT(nn.Module):
         sequence b takes position ``cache.lengths[b] + i``, its keys and values are cached,
         and only the new tokens' logits are returned. ``lengths`` (B,) says how many of the
         new tokens are real (right padding); the logits at padding are meaningless.
+        Products by weights that ``gptspec.fast.prepacked.bind`` packed take its kernel.
 
         ``last_only=True`` returns only the logits of each sequence's last (real) new token,
-        shape (B, 1, V), and skips the unembedding of the others (what generation needs).
-
-        Products by weights that ``gptspec.fast.prepacked.bind`` packed (generation, for
-        16-bit weights on the CPU) take the packed kernel: the same products, faster."""
+        shape (B, 1, V), and skips the unembedding of the others."""
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
         if T == 0 and last_only:
             raise ValueError("last_only needs at least one token")
-        if cache is None:
-            if lengths is not None:
-                raise ValueError("lengths is only meaningful with a cache")
-            if T > self.config.n_ctx:
-                raise ValueError(f"sequence length {T} exceeds n_ctx={self.config.n_ctx}")
-            if T == 0:
-                return self.wte.new_empty(B, 0, self.config.vocab_size)
-            return self._forward(tokens, last_only)
-        if cache.batch_size != B:
-            raise ValueError(f"tokens have batch size {B}, the cache {cache.batch_size}")
-        if cache.device != self.wte.device or cache.dtype != self.wte.dtype:
-            raise ValueError(f"the cache is {cache.dtype} on {cache.device}, the model "
-                             f"{self.wte.dtype} on {self.wte.device}")
-        plan = cache.plan(T, lengths)
+        if cache is not None:
+            if cache.batch_size != B:
+                raise ValueError(f"tokens have batch size {B}, the cache {cache.batch_size}")
+            if cache.device != self.wte.device or cache.dtype != self.wte.dtype:
+                raise ValueError(f"the cache is {cache.dtype} on {cache.device}, the model "
+                                 f"{self.wte.dtype} on {self.wte.device}")
+            plan = cache.plan(T, lengths)
+        elif lengths is not None:
+            raise ValueError("lengths is only meaningful with a cache")
+        elif T > self.config.n_ctx:
+            raise ValueError(f"sequence length {T} exceeds n_ctx={self.config.n_ctx}")
         if T == 0:
             return self.wte.new_empty(B, 0, self.config.vocab_size)
+        if cache is None:
+            return self._forward(tokens, last_only)
         return self.run(tokens, plan, last_only)
 
     def _forward(self, tokens: Tensor, last_only: bool = False) -> Tensor:

@@ -1,14 +1,12 @@
 """Weight matrices packed once for 16-bit decoding on the CPU: faster, same products.
 
 A decoding step reads every weight once; bfloat16 halves those bytes, but PyTorch's
-16-bit CPU matmul reorders the weight into oneDNN's layout on every call, which costs
-more than it saves. Packing ahead of time keeps the saving: ``OneDNNWeight`` (oneDNN's
-layout, bfloat16 and float16) or ``BlockedWeight`` (the AVX-512 BF16 GEMV of
-``gptspec.fast.bf16_gemv``, one-row bfloat16 products). ``benchmarks/generation.py``
-measures the effect. Both accumulate in float32 and round once, as ``ops.linear`` does,
-so the dtype's budgets apply unchanged. ``bind(model)`` (generation, while it runs) has
-the model's modules multiply by them; a parameter changed in place (version counter) or
-needing a gradient takes the plain product. Float32 is never packed. See ARCHITECTURE.md.
+16-bit CPU matmul reorders the weight into oneDNN's layout on every call. Packing ahead
+of time keeps the saving: ``OneDNNWeight`` (oneDNN's layout) or ``BlockedWeight`` (the
+one-row GEMV of ``gptspec.fast.bf16_gemv``). Both accumulate in float32 and round once,
+as ``ops.linear`` does, so the dtype's budgets apply unchanged. ``bind(model)``
+(generation, while it runs) has the model's modules multiply by them; a parameter
+changed since (version counter) or needing a gradient takes the plain product.
 """
 
 from __future__ import annotations
@@ -85,27 +83,22 @@ class PackedMatrix:
     @classmethod
     def of(cls, parameter: Tensor, transposed: bool,
            layout: type[OneDNNWeight] | type[BlockedWeight] = OneDNNWeight) -> PackedMatrix:
-        matrix = parameter.detach()
-        matrix = matrix.t().contiguous() if transposed else matrix.contiguous()
+        A = parameter.detach()
         return cls(parameter, parameter._version, parameter.data_ptr(), transposed,
-                   layout.of(matrix))
+                   layout.of((A.t() if transposed else A).contiguous()))
 
     @property
     def current(self) -> bool:
         p = self.parameter
         return p._version == self.version and p.data_ptr() == self.data_ptr
 
-    def accepts(self, x: Tensor) -> bool:
-        """Whether this layout multiplies ``x`` well (the GEMV kernel: one row only)."""
-        return not self.weight.one_row_only or x.numel() == x.shape[-1]
-
     def applies_to(self, x: Tensor) -> bool:
         """Whether the packed kernel may multiply ``x``: the parameter current (unchanged
-        since packing), x of its dtype and device, rows its layout takes, and no gradient
-        to record (the kernel has no backward)."""
+        since packing), x of its dtype and device, rows its layout takes (the GEMV kernel:
+        one), and no gradient to record (the kernel has no backward)."""
         p = self.parameter
         return (self.current and x.dtype == p.dtype and x.device == p.device
-                and self.accepts(x)
+                and (not self.weight.one_row_only or x.numel() == x.shape[-1])
                 and not (torch.is_grad_enabled() and (x.requires_grad or p.requires_grad)))
 
     def product(self, x: Tensor, bias: Tensor | None) -> Tensor:
@@ -139,9 +132,7 @@ class PrepackedWeights:
     def current_for(self, model: GPT) -> bool:
         """Packed from exactly these parameters, none changed since (a dtype or device move
         replaces every parameter's storage, so it makes them all stale)."""
-        matrices = list(_matrices(model))
-        return len(matrices) == len(self.table) and all(
-            id(p) in self.table and self.table[id(p)].current for p, _ in matrices)
+        return [id(p) for p, _ in _matrices(model)] == list(self.table) and self.current
 
     def operand(self, W: Tensor) -> Tensor | PackedMatrix:
         """What to pass to ``ops.linear`` or ``ops.unembed_tied`` for the parameter W: its
@@ -194,19 +185,16 @@ def for_model(model: GPT, rows: int | None = None) -> PrepackedWeights | None:
     will multiply, if known; 1 (batch-1 decoding) in bfloat16 picks the GEMV kernel's
     layout where it is available (``gptspec.fast.bf16_gemv``), anything else oneDNN's."""
     wte = model.wte
-    if not supported(wte.device, wte.dtype):
+    # made under inference_mode, the weights have no version counter to tell staleness
+    if not supported(wte.device, wte.dtype) or wte.is_inference():
         return None
-    if wte.is_inference():  # made under inference_mode: no version counter to tell staleness
-        return None
-    layout: type[OneDNNWeight] | type[BlockedWeight] = OneDNNWeight
-    if rows == 1 and wte.dtype == torch.bfloat16 and bf16_gemv.available():
-        layout = BlockedWeight
+    one_row = rows == 1 and wte.dtype == torch.bfloat16 and bf16_gemv.available()
+    layout = BlockedWeight if one_row else OneDNNWeight
     packed = model.__dict__.get("_prepacked_weights")
     if packed is None or packed.layout is not layout or not packed.current_for(model):
-        # one packed copy at a time: every reference to the old one is dropped before the
-        # new one is built
+        # one packed copy at a time, kept on the model (not a submodule or buffer: never
+        # saved): every reference to the old one is dropped before the new one is built
         model.__dict__.pop("_prepacked_weights", None)
         del packed
-        packed = PrepackedWeights(model, layout)
-        model.__dict__["_prepacked_weights"] = packed  # not a submodule or buffer: never saved
+        packed = model.__dict__["_prepacked_weights"] = PrepackedWeights(model, layout)
     return packed
