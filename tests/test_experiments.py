@@ -443,3 +443,22 @@ def test_the_plan_prints_its_flops_in_a_unit_that_shows_them(capsys):
     assert total.startswith("in all: ") and " 0.0 " not in total and "FLOP" in total
     number, unit = total.split()[2:4]
     assert 1 <= float(number) < 1000 and unit in ("MFLOP", "GFLOP", "TFLOP", "PFLOP")
+
+
+def test_a_pipe_is_text_data_as_for_train(tmp_path, capsys, corpus):
+    """`experiment --data <(command)` was refused as not a regular file (train takes it)."""
+    import os
+    import threading
+
+    read, write = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(write, corpus.read_bytes()),
+                                              os.close(write)))
+    writer.start()
+    try:
+        assert main(["experiment", "vocab", "--quick", "--jobs", "1", "--data",
+                     f"/dev/fd/{read}", "--out", str(tmp_path / "x")]) == 0, \
+            capsys.readouterr().err
+        assert json.loads((tmp_path / "x" / "vocab.json").read_text())
+    finally:
+        writer.join()
+        os.close(read)
