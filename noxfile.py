@@ -166,7 +166,9 @@ def soundness(session: nox.Session) -> None:
     (meta/soundness/) must pass every check at the thorough profile, at 3 seeds drawn afresh
     each run, in float32, bfloat16 and float16; prints the seeds, backend × dtype × seed →
     passed/failed and the worst fraction of budget. Options after --: --quick (the CI part),
-    --backend, --dtype, --seed N (repeatable: those seeds), --seeds N, --profile P."""
+    --backend, --dtype, --seed N (repeatable: those seeds), --seeds N, --profile P, --jobs N,
+    --record LEDGER (append each run), --ledger LEDGER (count the seeds passed on this
+    judge, in several sittings: meta/soundness/ledger.jsonl)."""
     install(session)
     session.run("python", "-m", "meta.soundness.gate", *session.posargs)
 

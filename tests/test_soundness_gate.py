@@ -56,3 +56,49 @@ def test_a_failing_run_fails_the_gate_and_prints_its_reproduction(monkeypatch, c
     assert ("reproduce: python -m meta.soundness.gate --backend numpy-emulated --dtype bfloat16 "
             "--profile thorough --area all --seed 7") in out
     assert "0 of 1 runs passed every check" in out
+
+
+def _row(backend, dtype, seed, ok=True):
+    result = SimpleNamespace(id="softmax.differential", status="pass" if ok else "fail",
+                             worst_fraction=0.5 if ok else 1.2, detail="")
+    counts = {"pass": int(ok), "fail": int(not ok), "error": 0, "blocked": 0,
+              "not-implemented": 0}
+    suite = SimpleNamespace(ok=ok, counts=counts, results=[result])
+    return gate.Row(backend, dtype, seed, gate.PROFILE_OF.get(backend, "thorough"), suite, 1.0)
+
+
+def test_the_ledger_counts_a_seed_only_when_every_run_passed_on_this_judge(tmp_path):
+    """Seeds run in several sittings add up, but only on the same judge, at the full
+    profile and area, with every backend × dtype passed; a failure is listed."""
+    ledger = tmp_path / "ledger.jsonl"
+    for seed in (1, 2):
+        for backend in gate.BACKENDS:
+            for dtype in gate.FULL_DTYPES:
+                if (seed, backend, dtype) != (2, "numpy-emulated", "float16"):
+                    gate.record(ledger, _row(backend, dtype, seed), "judge-a", "all")
+    gate.record(ledger, _row("numpy-emulated", "float16", 2), "judge-b", "all")  # other judge
+    gate.record(ledger, _row("numpy-emulated", "float16", 2), "judge-a", "forward")  # part
+    text, complete, failed = gate.ledger_summary(ledger, "judge-a")
+    assert (complete, failed) == (1, 0), text
+    assert "seeds that passed every backend × dtype (12 runs each): 1: 1" in text
+    assert "2 (11 of 12)" in text
+    gate.record(ledger, _row("torch-explicit", "bfloat16", 3, ok=False), "judge-a", "all")
+    text, complete, failed = gate.ledger_summary(ledger, "judge-a")
+    assert failed == 1 and "FAILED torch-explicit bfloat16 seed 3" in text
+
+
+def test_the_judges_identity_changes_with_its_code(tmp_path, monkeypatch):
+    before = gate.judge_identity()
+    assert before == gate.judge_identity()
+    copy = tmp_path / "root"
+    for folder in gate.JUDGED_CODE:
+        src = ROOT / folder
+        for file in src.rglob("*.py"):
+            target = copy / file.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(file.read_bytes())
+    monkeypatch.setattr(gate, "ROOT", copy)
+    same = gate.judge_identity()
+    budgets = copy / "src/gptspec/conformance/budgets.py"
+    budgets.write_text(budgets.read_text() + "\n# a change\n")
+    assert gate.judge_identity() != same

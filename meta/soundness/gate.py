@@ -5,19 +5,31 @@ the suite (a budget derived wrongly), not a bug of the backend.
     python -m meta.soundness.gate          # every backend × dtype × 3 random seeds, thorough
     python -m meta.soundness.gate --quick  # CI: 1 random seed, float32 and bfloat16, two backends
     python -m meta.soundness.gate --seed 7 # that seed only (repeatable): a reproduction
+    python -m meta.soundness.gate --jobs 2 --record meta/soundness/ledger.jsonl
+    python -m meta.soundness.gate --ledger meta/soundness/ledger.jsonl  # seeds passed so far
 
 Seeds are drawn afresh each run (a fixed set lets a budget fit those seeds only) and
 printed with the command reproducing a failure; exits 1 on any failure. The compiled
-backend recompiles per configuration, so it runs the quick profile.
+backend recompiles per configuration, so it runs the quick profile. A full gate over
+many seeds outlasts one sitting on a small machine: ``--record`` appends each run to a
+ledger under the identity of the judge (the code the verdicts depend on and the versions
+of Hypothesis, NumPy and PyTorch), and ``--ledger`` counts the seeds that passed on the
+judge as it is now; a change to that code starts the count again.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import datetime
+import hashlib
+import json
+import multiprocessing
 import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from gptspec.conformance.runner import SuiteResult, run_suite
 
@@ -76,6 +88,87 @@ class Row:
         return max(scored, key=lambda r: r.worst_fraction or 0.0).id if scored else "-"
 
 
+ROOT = Path(__file__).resolve().parents[2]
+# what a verdict of the gate depends on: the judge, the reference, the spec, the backends
+# judged (the soundness variants and the built-in one the compiled variant is)
+JUDGED_CODE = ("src/gptspec/spec", "src/gptspec/reference", "src/gptspec/conformance",
+               "src/gptspec/fast", "meta/soundness")
+FULL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def judge_identity() -> str:
+    """A short digest of the code in JUDGED_CODE and of the libraries that draw and
+    compute the examples: equal identities give equal verdicts for a seed."""
+    digest = hashlib.sha256()
+    for folder in JUDGED_CODE:
+        for file in sorted((ROOT / folder).rglob("*")):
+            if file.suffix in (".py", ".cpp", ".h", ".toml") and "__pycache__" not in file.parts:
+                digest.update(file.relative_to(ROOT).as_posix().encode() + b"\0")
+                digest.update(file.read_bytes() + b"\0")
+    import hypothesis
+    import numpy
+    import torch
+
+    for library in (hypothesis, numpy, torch):
+        digest.update(f"{library.__name__} {library.__version__}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def record(path: Path, row: Row, identity: str, area: str) -> None:
+    """Append one run to the ledger: one line, written with one append (runs in other
+    processes may append beside it)."""
+    entry = {"judge": identity, "area": area, "backend": row.backend, "dtype": row.dtype, "seed": row.seed,
+             "profile": row.profile, "passed": row.suite.ok, "counts": row.suite.counts,
+             "worst": round(row.worst, 6), "worst_check": row.worst_check,
+             "failures": [r.id for r in row.suite.results
+                          if r.status in ("fail", "error", "blocked")],
+             "seconds": round(row.seconds), "when": datetime.datetime.now(
+                 datetime.UTC).isoformat(timespec="seconds")}
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def ledger_summary(path: Path, identity: str) -> tuple[str, int, int]:
+    """(text, seeds whose every backend × dtype passed at its full profile, failed runs)
+    for the judge ``identity``."""
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    mine = [e for e in entries if e["judge"] == identity]
+    full = {(b, d) for b in BACKENDS for d in FULL_DTYPES}
+    by_seed: dict[int, set[tuple[str, str]]] = {}
+    failed = [e for e in mine if not e["passed"]]
+    for e in mine:
+        if (e["passed"] and e["area"] == "all"
+                and e["profile"] == PROFILE_OF.get(e["backend"], "thorough")):
+            by_seed.setdefault(e["seed"], set()).add((e["backend"], e["dtype"]))
+    complete = sorted(seed for seed, runs in by_seed.items() if runs >= full)
+    partial = {seed: len(runs) for seed, runs in by_seed.items() if not runs >= full}
+    worst = max(mine, key=lambda e: e["worst"], default=None)
+    lines = [f"judge {identity}: {len(mine)} runs recorded ({len(entries) - len(mine)} on "
+             "other versions of the judge, not counted)",
+             f"seeds that passed every backend × dtype ({len(full)} runs each): "
+             f"{len(complete)}{': ' + ', '.join(map(str, complete)) if complete else ''}"]
+    if partial:
+        lines.append("seeds begun: " + ", ".join(f"{s} ({n} of {len(full)})"
+                                                  for s, n in sorted(partial.items())))
+    if worst is not None:
+        lines.append(f"worst fraction of budget: {100 * worst['worst']:.3g}% "
+                     f"({worst['worst_check']}, {worst['backend']} {worst['dtype']}, "
+                     f"seed {worst['seed']})")
+    for e in failed:
+        lines.append(f"FAILED {e['backend']} {e['dtype']} seed {e['seed']} ({e['profile']}): "
+                     + ", ".join(e["failures"]))
+    return "\n".join(lines), len(complete), len(failed)
+
+
+def _one_thread_each() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def run_one(backend: str, dtype: str, seed: int, profile: str, area: str) -> Row:
     start = time.perf_counter()
     suite = run_suite(BACKENDS[backend](dtype=dtype), profile=PROFILE_OF.get(backend, profile),
@@ -129,7 +222,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="consecutive seeds from this one instead of random ones")
     parser.add_argument("--profile", default=None, choices=("quick", "default", "thorough"))
     parser.add_argument("--area", default="all")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, in processes of one thread each")
+    parser.add_argument("--record", type=Path, default=None, metavar="LEDGER",
+                        help="append each run to this ledger (JSON lines)")
+    parser.add_argument("--ledger", type=Path, default=None,
+                        help="run nothing: count the seeds this ledger shows passed on the "
+                             "judge as it is now; exits 1 if any run on it failed")
     args = parser.parse_args(argv)
+    if args.ledger is not None:
+        text, _, failed = ledger_summary(args.ledger, judge_identity())
+        print(text)
+        return 1 if failed else 0
+    identity = judge_identity() if args.record is not None else ""
     backends = args.backend or (list(QUICK_BACKENDS) if args.quick else list(BACKENDS))
     dtypes = args.dtype or (["float32", "bfloat16"] if args.quick
                             else ["float32", "bfloat16", "float16"])
@@ -139,19 +244,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seeds {', '.join(map(str, seeds))} ({how}), profile {profile}", flush=True)
 
     rows, start = [], time.perf_counter()
-    for backend in backends:
-        for dtype in dtypes:
-            for seed in seeds:
-                row = run_one(backend, dtype, seed, profile, args.area)
-                rows.append(row)
-                print(table([row]).splitlines()[1], flush=True)
-                for r in row.suite.results:
-                    if r.status in ("fail", "error", "blocked"):
-                        print(f"    {r.status.upper()} {r.id}: {r.detail}", flush=True)
-                if not row.suite.ok:
-                    print(f"    reproduce: python -m meta.soundness.gate --backend {backend} "
-                          f"--dtype {dtype} --profile {profile} --area {args.area} "
-                          f"--seed {seed}", flush=True)
+    work = [(backend, dtype, seed, profile, args.area)
+            for backend in backends for dtype in dtypes for seed in seeds]
+
+    def report(row: Row) -> None:
+        rows.append(row)
+        if args.record is not None:
+            record(args.record, row, identity, args.area)
+        print(table([row]).splitlines()[1], flush=True)
+        for r in row.suite.results:
+            if r.status in ("fail", "error", "blocked"):
+                print(f"    {r.status.upper()} {r.id}: {r.detail}", flush=True)
+        if not row.suite.ok:
+            print(f"    reproduce: python -m meta.soundness.gate --backend {row.backend} "
+                  f"--dtype {row.dtype} --profile {profile} --area {args.area} "
+                  f"--seed {row.seed}", flush=True)
+
+    if args.jobs > 1:
+        with concurrent.futures.ProcessPoolExecutor(
+                args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_one_thread_each) as pool:
+            for future in concurrent.futures.as_completed(
+                    [pool.submit(run_one, *job) for job in work]):
+                report(future.result())
+    else:
+        for job in work:
+            report(run_one(*job))
     print()
     print(table(rows))
     bad = [r for r in rows if not r.suite.ok]
