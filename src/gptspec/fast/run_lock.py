@@ -11,6 +11,7 @@ it wrote anything removes the lock file it made. Cleaning up what a killed run l
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -47,11 +48,15 @@ class RunLock:
         # never through a link: the pid written below would overwrite the link's target
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            try:
-                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-                self.created = True
-            except FileExistsError:
-                fd = os.open(self.path, flags | os.O_NONBLOCK)
+            while True:  # made here, or there: removed between the two opens, try again
+                try:
+                    fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                    self.created = True
+                    break
+                except FileExistsError:
+                    with contextlib.suppress(FileNotFoundError):
+                        fd = os.open(self.path, flags | os.O_NONBLOCK)
+                        break
         except OSError as err:
             if self.path.is_symlink():
                 raise OSError(err.errno, f"{self.path} is a symbolic link, which a run's "
