@@ -53,14 +53,8 @@ class KVCache:
     (never attended before a real token overwrites it) or, past the end, into one scratch
     slot behind the ``max_len`` visible ones (never attended at all)."""
 
-    def __init__(
-        self,
-        config: GPTConfig,
-        batch_size: int,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype | str = torch.float32,
-        max_len: int | None = None,
-    ) -> None:
+    def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype | str = torch.float32, max_len: int | None = None) -> None:
         from gptspec.fast.model import resolve_dtype  # model imports this module
 
         if not isinstance(batch_size, int) or batch_size <= 0:
