@@ -13,11 +13,12 @@ and inside LayerNorm, softmax and the activations, their own u for stored result
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import overload
+from dataclasses import dataclass, field
+from typing import Any, overload
 
 import numpy as np
 from scipy.special import erf
@@ -219,6 +220,8 @@ class Comparison:
     expected: float
     bound: float
     problem: str = ""  # set when the comparison could not be made (shape, NaN …)
+    # (actual, expected, bound) as compared: a failure's reproduction saves them
+    arrays: tuple[Any, Any, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
@@ -243,7 +246,12 @@ def percent_of_budget(fraction: float) -> str:
 def compare(actual, expected, bound) -> Comparison:
     """Compare elementwise: |actual − expected| ≤ bound (a budget: λ × error scale).
     Where the reference is ±∞ the backend must give the same infinity; a NaN where the
-    reference has none fails."""
+    reference has none fails. The outcome carries the three arrays as given."""
+    return dataclasses.replace(_compare(actual, expected, bound),
+                               arrays=(actual, expected, bound))
+
+
+def _compare(actual, expected, bound) -> Comparison:
     expected = np.asarray(expected, dtype=np.float64)
     try:
         actual = np.asarray(actual, dtype=np.float64)

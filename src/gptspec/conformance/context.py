@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,22 +290,6 @@ def declared_capabilities(backend: Any) -> frozenset[str] | None:
     return frozenset(declared)
 
 
-@contextlib.contextmanager
-def keeping_comparisons(ctx: CheckContext) -> Iterator[None]:
-    """While a check runs, keep the arrays of its latest comparison on ``ctx``."""
-    original = budgets.compare
-
-    def compare(actual: Any, expected: Any, bound: Any) -> Comparison:
-        ctx.last_arrays = (actual, expected, bound)
-        return original(actual, expected, bound)
-
-    budgets.compare = compare  # checks call it as budgets.compare (B.compare)
-    try:
-        yield
-    finally:
-        budgets.compare = original
-
-
 @dataclass
 class CheckContext:
     backend: Any
@@ -317,7 +301,6 @@ class CheckContext:
     comparisons: int = 0
     examples: int = 0
     falsifying: list[str] = field(default_factory=list)
-    last_arrays: tuple | None = None
     failure: FailureCapture | None = None
     not_applicable: int = 0  # examples skipped: the backend cannot express them
     not_applicable_reason: str = ""
@@ -361,8 +344,8 @@ class CheckContext:
     def _capture(self, what: str, message: str, comparison: Comparison | None) -> None:
         calls = list(getattr(self.backend, "calls", []))
         actual = expected = bound = None
-        if comparison is not None and self.last_arrays is not None:
-            actual, expected, bound = self.last_arrays
+        if comparison is not None and comparison.arrays is not None:
+            actual, expected, bound = comparison.arrays
         self.failure = FailureCapture(what, message, calls, actual, expected, bound, comparison)
 
     def require(self, condition: bool, message: str) -> None:
@@ -389,7 +372,6 @@ class CheckContext:
                 self.examples += 1
                 if isinstance(self.backend, RecordingBackend):
                     self.backend.calls.clear()
-                self.last_arrays = None
                 try:
                     test(*a, **k)
                 except NotApplicable as err:

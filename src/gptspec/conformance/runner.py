@@ -29,7 +29,6 @@ from gptspec.conformance.context import (
     RecordingBackend,
     WrongDtype,
     declared_capabilities,
-    keeping_comparisons,
     keeping_cwd,
     suite_settings,
 )
@@ -245,7 +244,7 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
     start = time.perf_counter()
     status, detail = "pass", ""
     try:
-        with keeping_cwd(), keeping_comparisons(ctx), _time_limit(timeout):
+        with keeping_cwd(), _time_limit(timeout):
             check.fn(recording, ctx)
     except KeyboardInterrupt:
         raise
