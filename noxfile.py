@@ -180,7 +180,7 @@ def ecosystem(session: nox.Session) -> None:
     in docs/ecosystem/ (the Compatibility page's data); fails on a failure that
     docs/ecosystem/adjudications.toml does not explain. Options after --: --profile P
     (default: default), --out DIR, --engine NAME, --check PATTERN, --seed N."""
-    install(session, "interop,jax,onnx,independent")
+    install(session, "interop,jax,onnx,interop-onnx,independent")
     session.run("python", "-m", "gptspec.adapters.ecosystem", *session.posargs)
 
 

@@ -312,3 +312,63 @@ def test_transformers_gelu_new_cancels_in_bfloat16():
     assert got[0] == 0.0 and gelu_tanh(np.array([-4.0]))[0] == pytest.approx(-7.0246e-5, 1e-3)
     assert got[1] == -0.005859375 and gelu_tanh(np.array([-3.0]))[0] == pytest.approx(-0.0036374,
                                                                                          1e-4)
+
+
+# --- transformers' GPT-2 exported by torch.onnx, run by ONNX Runtime (hf-onnx) --------------
+
+
+def _small_gpt2(tied):
+    from gptspec.spec.config import GPTConfig
+    from gptspec.spec.parameters import parameter_schema
+
+    config = GPTConfig(vocab_size=37, n_ctx=9, d_model=12, n_layers=2, n_heads=3, d_ff=20,
+                       tied_embeddings=tied)
+    rng = np.random.default_rng(1)
+    params = {s.name: rng.normal(size=s.shape) for s in parameter_schema(config)}
+    return config, params, rng.integers(0, 37, size=(2, 7))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_hf_onnx_logits_are_transformers_own_within_float32_roundoff(tied):
+    """The exported graph run by ONNX Runtime gives transformers' own float32 logits (those
+    of GPT2LMHeadModel in torch) to float32 roundoff, with new weights bound to one export."""
+    from gptspec.adapters.transformers import SdpaBackend
+    from gptspec.adapters.transformers_onnx import TransformersOnnxBackend
+
+    config, params, tokens = _small_gpt2(tied)
+    backend, hf = TransformersOnnxBackend(), SdpaBackend()
+    for scale in (1.0, 0.5):  # a second set of weights: the same export, rebound
+        weights = {k: scale * v for k, v in params.items()}
+        got, want = backend.forward(tokens, weights, config), hf.forward(tokens, weights, config)
+        assert got.shape == (2, 7, 37) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    assert len(backend._exports) == 1
+    np.testing.assert_array_equal(backend.forward(tokens[:1, :3], params, config),
+                                  backend.forward(tokens[:, :3], params, config)[:1])
+
+
+def test_hf_onnx_declines_what_it_cannot_compute():
+    from gptspec.adapters.transformers_onnx import TransformersOnnxBackend
+
+    with pytest.raises(protocol.NotApplicable, match="no bfloat16 kernel"):
+        TransformersOnnxBackend(dtype="bfloat16")
+    assert TransformersOnnxBackend(dtype="float16").dtype == "float16"
+    config, _, _ = _small_gpt2(True)
+    assert "pre-LN" in TransformersOnnxBackend.supports(config.replace(norm="post"))
+    assert TransformersOnnxBackend.supports(config) is None
+
+
+def test_a_dropped_layer_norm_bias_in_the_exported_graph_fails_the_model_check():
+    """A planted bug in the exported graph's initializers: every ln_1 bias left at zero."""
+    from gptspec.adapters.transformers_onnx import TransformersOnnxBackend
+
+    class Planted(TransformersOnnxBackend):
+        def weights(self, params, config):
+            out = super().weights(params, config)
+            return {k: np.zeros_like(v) if k.endswith("ln_1.bias") else v
+                    for k, v in out.items()}
+
+    status = _statuses(Planted(), {"gpt_forward.differential"}, dtype="float32")
+    assert status["gpt_forward.differential"].status == "fail"
+    status = _statuses(TransformersOnnxBackend(), {"gpt_forward.differential"}, dtype="float32")
+    assert status["gpt_forward.differential"].status == "pass"

@@ -210,3 +210,19 @@ def test_a_logits_only_engine_nobody_here_wrote_is_judged_on_thirty_checks():
         judged = [s for s in statuses if s not in ("not-implemented", "not-applicable")]
         assert len(judged) >= 30, (dtype, len(judged))
         assert set(judged) == {"pass"}, (dtype, sorted(set(judged)))
+
+
+def test_transformers_exported_to_onnx_is_judged_on_thirty_checks():
+    """transformers' GPT-2 exported by torch.onnx and run by ONNX Runtime (hf-onnx), as
+    committed by the ecosystem run at the default profile: in each dtype it computes in, at
+    least 30 checks reach a verdict and none fails; bfloat16 it declines."""
+    engine = next(e for e in ecosystem.ENGINES if e.backend == "hf-onnx")
+    assert engine.dtypes == ("float32", "float16")
+    for dtype in engine.dtypes:
+        path = ROOT / ecosystem.REPORT_DIR / ecosystem.report_name("hf-onnx", dtype)
+        (run,) = json.loads(path.read_text(encoding="utf-8"))["runs"]
+        assert run["settings"]["profile"] == "default"
+        statuses = [c["status"] for c in run["checks"]]
+        judged = [s for s in statuses if s not in ("not-implemented", "not-applicable")]
+        assert len(judged) >= 30, (dtype, len(judged))
+        assert set(judged) == {"pass"}, (dtype, sorted(set(judged)))

@@ -63,6 +63,10 @@ ENGINES: tuple[Engine, ...] = (
            "GPT2LMHeadModel of transformers (SDPA attention) as most engines are brought: "
            "logits only; judged through the probes, generation and sampling through its "
            "forward", areas=("model",)),
+    Engine("hf-onnx", ("float32", "float16"), "interop-onnx",
+           "GPT2LMHeadModel of transformers (eager attention), exported to ONNX by torch.onnx "
+           "and run by ONNX Runtime's CPU provider, not optimum: logits only, as hf-logits "
+           "(ORT's CPU provider has no bfloat16 kernels for it)", areas=("model",)),
     Engine("tiktoken", ("float64",), "",
            "tiktoken's Encoding built from the spec's merges as byte ranks; encodes and decodes "
            "(it has no trainer)", areas=("tokenizer",)),
