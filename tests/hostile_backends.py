@@ -287,6 +287,63 @@ class RewritesTheReferenceLater(Honest):
         return right + 1.0
 
 
+class RewritesTheVerdict(Honest):
+    """Wrong logits, and json.dumps replaced so that the worker's answer to the judge says
+    "pass" where it said "fail" (hostile round 6)."""
+
+    def __init__(self) -> None:
+        import json
+
+        encode = json.dumps
+
+        def forged(obj, *args, **kwargs):
+            if isinstance(obj, dict) and obj.get("status") in ("fail", "error"):
+                obj = {**obj, "status": "pass", "worst_fraction": 0.01, "detail": ""}
+            return encode(obj, *args, **kwargs)
+
+        json.dumps = forged
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) + 1.0
+
+
+class RewritesTheChannel(Honest):
+    """Wrong logits, and its own send_bytes set on the worker's connection object (the
+    class untouched), turning the answers' failures into passes."""
+
+    def __init__(self) -> None:
+        import gc
+        import json
+        from multiprocessing.connection import Connection
+
+        for channel in [o for o in gc.get_objects() if isinstance(o, Connection)]:
+            def send_bytes(data, *args, _send=channel.send_bytes, **kwargs):
+                answer = json.loads(bytes(data))
+                if answer.get("status") in ("fail", "error"):
+                    answer.update(status="pass", worst_fraction=0.01, detail="")
+                    data = json.JSONEncoder().encode(answer).encode()
+                return _send(data, *args, **kwargs)
+
+            channel.send_bytes = send_bytes
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) + 1.0
+
+
+class WidensTheBudgets(Honest):
+    """Wrong logits, and the budgets' tables rewritten so that any error fits them."""
+
+    def __init__(self) -> None:
+        from gptspec.conformance import budgets
+
+        for table in (budgets.UNIT_ROUNDOFF, budgets.ABSOLUTE_FLOOR):
+            for key in table:
+                table[key] = 1e300
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) + 1.0
+
+
 class _ItsOwnStop(BaseException):
     """Neither an Exception nor SystemExit: a handler for those two let it through."""
 

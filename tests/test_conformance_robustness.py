@@ -361,14 +361,20 @@ def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path):
     assert "  backend output: 97 passed, 0 failed" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["PatchesTheReference", "RewritesTheReferenceLater"])
-def test_a_backend_that_patches_the_reference_gets_no_pass(tmp_path, name):
+@pytest.mark.parametrize(("name", "patched"), [
+    ("PatchesTheReference", "gptspec.reference.output"),
+    ("RewritesTheReferenceLater", "gptspec.reference.output"),
+    ("RewritesTheVerdict", "json.dumps"),
+    ("RewritesTheChannel", "the backend changed the worker's channel"),
+    ("WidensTheBudgets", "gptspec.conformance.budgets.")])
+def test_a_backend_that_patches_the_reference_gets_no_pass(tmp_path, name, patched):
     # isolated, the reference runs in the backend's process: a patch there forged a pass
     proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{name}",
                         "--check", "gpt_forward.*")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "PASS" not in proc.stdout and "Traceback" not in proc.stderr
-    assert "the backend changed the judge's own code (gptspec.reference.output" in proc.stdout
+    assert (f"the backend changed the judge's own code ({patched}" in proc.stdout
+            or patched.startswith("the backend") and patched in proc.stdout)
 
 
 def test_a_report_onto_the_backends_own_file_is_refused(tmp_path):

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import numpy as np
+
 from gptspec.conformance.discovery import BackendError, BackendRefused
 from gptspec.conformance.protocol import shown
 from gptspec.conformance.registry import Check, all_checks
@@ -85,19 +87,36 @@ def _die_with_the_judge() -> None:
         os._exit(1)
 
 
+# the modules whose functions a verdict passes through, up to the bytes sent to the judge
 _JUDGE = ("gptspec.spec", "gptspec.reference", "gptspec.conformance", "numpy", "hypothesis",
-          "math", "builtins", "operator")
+          "math", "builtins", "operator", "json", "dataclasses", "multiprocessing.connection")
+# the worker's answers are encoded by an encoder made before any backend code runs: a
+# backend that replaced json.dumps rewrote them (a failure sent as a pass)
+_ENCODE = json.JSONEncoder(default=str).encode
+_OWN = ("gptspec.spec", "gptspec.reference", "gptspec.conformance")  # and their tables
+_TABLES = (int, float, str, bytes, tuple, frozenset, dict, list, set)
+
+
+def _table_print(value: Any) -> str:
+    """What a module-level constant holds now (the budgets' unit roundoffs, say)."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {value.shape} {hash(value.tobytes())}"
+    return repr(value)
 
 
 def judge_fingerprint() -> dict[str, tuple[Any, Any]]:
     """Every function and class of the judge's loaded modules (and of their classes), with
-    its code object: held, so that none is collected and its id reused."""
+    its code object: held, so that none is collected and its id reused; and what each
+    constant of the judge's own modules holds."""
     prints: dict[str, tuple[Any, Any]] = {}
     for name, module in list(sys.modules.items()):
         if module is None or not any(name == p or name.startswith(p + ".") for p in _JUDGE):
             continue
+        own = any(name == p or name.startswith(p + ".") for p in _OWN)
         for attr, value in list(getattr(module, "__dict__", {}).items()):
             if not callable(value):
+                if own and isinstance(value, (*_TABLES, np.ndarray)) and not attr.startswith("__"):
+                    prints[f"{name}.{attr}"] = (None, _table_print(value))
                 continue
             prints[f"{name}.{attr}"] = (value, getattr(value, "__code__", None))
             if isinstance(value, type) and value.__module__ == name:
@@ -115,7 +134,8 @@ def tampered(before: dict[str, tuple[Any, Any]]) -> str:
     could forge a pass: this catches the patch, not a backend that hides it better."""
     now = judge_fingerprint()
     for key, (value, code) in before.items():
-        if key in now and (now[key][0] is not value or now[key][1] is not code):
+        if key in now and (now[key][0] is not value or (
+                now[key][1] != code if value is None else now[key][1] is not code)):
             return (f"the backend changed the judge's own code ({key}): no check of this run "
                     "can be trusted")
     return ""
@@ -146,6 +166,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     # stops this one); here it would only print a traceback from inside the backend
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     all_checks()  # every check module loaded (CHECKS filled) before the backend's code runs
+    _keep_channel(conn)
     judge = judge_fingerprint()
     umask = os.umask(0o022)  # the judge's, for the failures it saves (keeping_cwd: each check)
     os.umask(umask)
@@ -159,7 +180,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
         message = (str(err) if isinstance(err, BackendError) else
                    f"backend {spec!r} failed to start: {type(err).__name__} {err}".rstrip())
         refused = {"refused": err.reason} if isinstance(err, BackendRefused) else {}
-        _send(conn, json.dumps({"load_error": message, **refused}).encode())
+        _send(conn, _ENCODE({"load_error": message, **refused}).encode())
         return
     origin = {**described, "spec": spec, "device": device or described["device"],
               "dtype": dtype or described["dtype"]}
@@ -167,7 +188,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     # them as blocked (runner.walk)
     unmet_by_id = {} if mismatch else {c.id: why for c in all_checks()
                                        if (why := unmet(backend, c))}
-    _send(conn, json.dumps({"backend": described, "unmet": unmet_by_id}).encode())
+    _send(conn, _ENCODE({"backend": described, "unmet": unmet_by_id}).encode())
     while True:
         try:
             check_id = conn.recv_bytes().decode()
@@ -192,7 +213,7 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
             mismatch = tampered(judge)
             if mismatch:
                 result = dtype_error(check, mismatch)
-        _send(conn, json.dumps(result.to_dict(), default=str).encode())
+        _send(conn, _ENCODE(result.to_dict()).encode())
 
 
 def _channel_lost(err: OSError) -> NoReturn:
@@ -204,9 +225,29 @@ def _channel_lost(err: OSError) -> NoReturn:
     os._exit(1)
 
 
+_CHANNEL: dict[str, Any] = {}  # the worker's channel as it was before the backend loaded
+
+
+def _keep_channel(conn: Any) -> None:
+    _CHANNEL.update(send=type(conn).send_bytes, state=dict(vars(conn)))
+
+
 def _send(conn: Any, data: bytes) -> None:
+    """Send through the channel as it was made: a backend that set its own send_bytes on
+    the connection object rewrote the answers (a failure sent as a pass)."""
+    if _CHANNEL and vars(conn) != _CHANNEL["state"]:
+        vars(conn).clear()
+        vars(conn).update(_CHANNEL["state"])
+        _CHANNEL["changed"] = True  # no later answer can be trusted either
+    if _CHANNEL.get("changed"):
+        answer = json.loads(data)
+        if "status" in answer:
+            answer.update(status="error", worst_fraction=None,
+                          detail="the backend changed the worker's channel to the judge: no "
+                                 "check of this run can be trusted")
+            data = _ENCODE(answer).encode()
     try:
-        conn.send_bytes(data)
+        (_CHANNEL.get("send") or type(conn).send_bytes)(conn, data)
     except OSError as err:
         _channel_lost(err)
 
