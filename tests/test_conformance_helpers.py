@@ -53,6 +53,22 @@ def test_compare_refuses_nan_wrong_shape_and_wrong_infinity():
     assert not B.exact([1.0 + 1e-16 * 4], [1.0]).passed
 
 
+@pytest.mark.parametrize(("result", "said"), [
+    (np.array([1.0 + 0j, 2.0 + 0j]), "complex numbers"),  # NumPy dropped the imaginary part
+    (np.array(["1.0", "2.0"]), "text"),  # and read these as numbers: both passed
+    (["1.0", "2.0"], "text"), (np.array([b"1", b"2"]), "bytes")])
+def test_compare_refuses_results_that_are_not_real_numbers(result, said):
+    outcome = B.compare(result, [1.0, 2.0], 1e-6)
+    assert not outcome.passed and said in outcome.describe()
+
+
+def test_compare_takes_real_numbers_in_any_container():
+    for result in ([1.0, 2.0], np.array([1, 2]), np.array([1.0, 2.0], np.float32),
+                   torch.tensor([1.0, 2.0]), (1.0, 2.0)):
+        assert B.compare(result, [1.0, 2.0], 0.0).passed
+    assert B.exact(np.array([[True, False]]), np.array([[1.0, 0.0]])).passed  # a one-hot
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_model_budget_covers_an_honest_low_precision_computation(dtype):
     """The derived budget must cover a plain same-dtype computation of the model (here

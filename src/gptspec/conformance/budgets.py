@@ -253,6 +253,18 @@ def compare(actual, expected, bound) -> Comparison:
 
 def _compare(actual, expected, bound) -> Comparison:
     expected = np.asarray(expected, dtype=np.float64)
+    kind = getattr(getattr(actual, "dtype", None), "kind", None)
+    if kind is None and isinstance(actual, (list, tuple, str, bytes, complex)):
+        try:  # a nested list: what NumPy makes of it (a tensor has no NumPy dtype)
+            kind = np.asarray(actual).dtype.kind
+        except (TypeError, ValueError):
+            kind = None
+    if kind in ("c", "U", "S", "M", "m", "V"):  # NumPy would drop an imaginary part and
+        # read '1.5' as a number (booleans stay: a one-hot or a mask may be {0, 1} as bool)
+        what = {"c": "complex numbers", "U": "text", "S": "bytes"}
+        return Comparison(math.inf, (), math.nan, math.nan, math.nan,
+                          f"result holds {what.get(kind, 'no real numbers')}, not real "
+                          "numbers")
     try:
         actual = np.asarray(actual, dtype=np.float64)
     except (TypeError, ValueError) as err:
