@@ -215,3 +215,24 @@ def test_each_heads_width_is_a_flag(tmp_path, corpus, capsys):
     assert main(["train", "--out", str(tmp_path / "out"), "--resume", "--steps", "3",
                  "--d-head", "5", "--no-progress"]) == 2
     assert "--d-head 5 contradicts the checkpoint" in capsys.readouterr().err
+
+
+def test_a_setting_missing_from_state_json_is_refused_not_defaulted(tmp_path, corpus, capsys):
+    """With lr and warmup_steps deleted from state.json, a resume went on at the defaults
+    (lr 0.001 where the run had 0.05) without a word."""
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "2", "--lr", "0.05") == 0
+    state_file = tmp_path / "out" / "checkpoint" / "state.json"
+    saved = json.loads(state_file.read_text())
+    edited = {**saved, "settings": {k: v for k, v in saved["settings"].items()
+                                    if k not in ("lr", "warmup_steps")}}
+    state_file.write_text(json.dumps(edited))
+    resume = ["train", "--out", str(tmp_path / "out"), "--resume", "--steps", "3",
+              "--no-progress"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert "lacks the settings lr, warmup_steps" in err and len(err.splitlines()) == 1
+    # a run saved before `compile` was recorded (2026-11-26) was not compiled
+    older = {**saved, "settings": {k: v for k, v in saved["settings"].items()
+                                   if k != "compile"}}
+    state_file.write_text(json.dumps(older))
+    assert main(resume) == 0

@@ -8,6 +8,7 @@ the :class:`~gptspec.fast.train.Trainer`. What it refuses is a :class:`RunError`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import tempfile
@@ -280,6 +281,7 @@ class TrainingRun:
                            f"({checkpoint}); --resume trains on to a larger --steps")
         if checkpoint.is_dir():  # before training, not at the first save
             _writable(checkpoint)
+        _all_settings_saved(state.get("settings"), checkpoint / STATE_FILE)
         try:  # the saved file is blamed only where its own settings are wrong
             _settings(state["settings"])
             blame = ""  # what the command line changed (--precision bfloat16 on the CPU)
@@ -355,6 +357,22 @@ class TrainingRun:
 
 
 # --- the pieces -----------------------------------------------------------------------------
+
+
+# settings a run records since a later version: missing, they mean this default
+SETTINGS_ADDED_LATER = {"compile": False}  # since 2026-11-26: older runs were not compiled
+
+
+def _all_settings_saved(saved: Any, state_file: Path) -> None:
+    """A resumed run goes on with its own settings: one missing from state.json (an edit, a
+    damaged file) would have been replaced by its default without a word."""
+    if not isinstance(saved, dict):
+        raise RunError(f"{state_file}: 'settings' is not an object")
+    missing = [f.name for f in dataclasses.fields(TrainSettings)
+               if f.name not in saved and f.name not in SETTINGS_ADDED_LATER]
+    if missing:
+        raise RunError(f"{state_file} lacks the setting{'s' if len(missing) > 1 else ''} "
+                       f"{', '.join(missing)} of the run it saved (edited or damaged)")
 
 
 def _settings(values: dict, where: str = "") -> TrainSettings:
