@@ -306,6 +306,205 @@ def test_an_interrupted_study_continues_where_it_stopped(tmp_path, capsys, corpu
     assert name.lower() in line and "train.lr" in line and "other settings" in line
     assert _results(runs)[name][1] == (runs / name).read_bytes()
 
+    # 5. a result whose numbers no run can produce is run again, with a line naming its
+    # file (it gave an unnamed ValueError, or a 300-digit bits per byte); and a token file
+    # changed in the cache is made again, not trained on (issue 29): the run is the same,
+    # bit for bit
+    record["settings"]["train"]["lr"] /= 2
+    record["result"]["bits_per_byte"] = "x"
+    (runs / name).write_text(json.dumps(record))
+    cached = next((out / ".cache").glob("*/*.train.npy"))
+    ids = np.load(cached)
+    np.save(cached, np.random.default_rng(0).permutation(ids))  # the same ids, shuffled
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert f"{runs / name}: result.bits_per_byte is \"x\", not a number" in said
+    assert "3 finished earlier, 1 to run" in said
+    assert f"{cached} is not the file the cache made" in said
+    assert np.array_equal(np.load(cached), ids)
+    assert json.loads((runs / name).read_text())["result"] == old["result"] | {
+        "seconds": json.loads((runs / name).read_text())["result"]["seconds"]}
+
+
+def test_a_damaged_run_record_is_run_again_naming_its_file(tmp_path):
+    """Issue 29: a saved run's bits per byte of "x", NaN, null or a list gave a ValueError
+    that named no file; −1e308 was accepted and printed with 300 digits. Such a record is
+    a cache miss: run again, with one line naming the file and the field."""
+    from gptspec.experiments.runner import MAX_BITS_PER_BYTE, PlannedRun, finished, result_problem
+
+    committed = sorted((ROOT / "docs" / "experiments" / ".runs").glob("*/*.seed*.json"))
+    committed = [p for p in committed if not p.name.endswith(".spec.json")]
+    for path in committed:  # every real result passes
+        record = json.loads(path.read_text())
+        assert result_problem(record, record["settings"]) is None, path
+    source = json.loads(committed[0].read_text()) if committed else None
+    if source is None:
+        pytest.skip("no committed run results to start from")
+    study = design(source["settings"]["study"], FULL)
+    arm = next(a for a in study.arms if a.name == source["settings"]["arm"])
+    run = PlannedRun(study, arm, source["settings"]["seed"], source["settings"], None,  # type: ignore[arg-type]
+                     tmp_path)
+    notes: list[str] = []
+    run.result_path.write_text(json.dumps(source))
+    assert finished(run, notes.append) == source and not notes
+    bad = {"x": "not a number", float("nan"): "not a finite number", None: "not a number",
+           "[1]": "not a number", -1e308: "outside", 1e308: "outside",
+           MAX_BITS_PER_BYTE * 1.01: "outside", 1.0: "nats_per_token"}
+    for value, why in bad.items():
+        record = json.loads(json.dumps(source))
+        record["result"]["bits_per_byte"] = [1] if value == "[1]" else value
+        run.result_path.write_text(json.dumps(record))
+        notes.clear()
+        assert finished(run, notes.append) is None, value
+        assert len(notes) == 1 and str(run.result_path) in notes[0], notes
+        assert "result.bits_per_byte" in notes[0] and why in notes[0], notes
+    for change, field in ((lambda r: r["result"]["curve"].pop(), "result.curve"),
+                          (lambda r: r["result"]["curve"][0].__setitem__(1, -1.0), "result.curve"),
+                          (lambda r: r["result"].__setitem__("val_tokens", 10**12), "val_tokens"),
+                          (lambda r: r["result"]["seconds"].pop("train_wall"), "train_wall"),
+                          (lambda r: r["result"].__setitem__("train_flops", True), "train_flops"),
+                          (lambda r: r.__setitem__("provenance", []), "provenance"),
+                          (lambda r: r.__setitem__("result", 5), "result")):
+        record = json.loads(json.dumps(source))
+        change(record)
+        run.result_path.write_text(json.dumps(record))
+        notes.clear()
+        assert finished(run, notes.append) is None and field in notes[0], (field, notes)
+
+
+def test_a_users_files_in_out_are_not_replaced(tmp_path, capsys, corpus):
+    """Issue 29: `experiment --out DIR` replaced the user's own DIR/vocab.json and
+    DIR/vocab-final.svg, and with `--data DIR/vocab.json` the corpus itself. Each is
+    refused in one line naming it, before anything is made."""
+    out = tmp_path / "res"
+    out.mkdir()
+    own = {"vocab.json": '{"my": "own vocab file"}',
+           "vocab-final.svg": "<svg>mine</svg>", "vocab-curves.svg": "<svg>mine</svg>"}
+    for name, text in own.items():
+        (out / name).write_text(text)
+        line = one_line_error(capsys, ["experiment", "vocab", "--quick", "--data", str(corpus),
+                                       "--out", str(out)])
+        assert str(out / name).lower() in line and "move it away" in line, line
+        assert (out / name).read_text() == text
+        (out / name).unlink()
+    # another study's results, and a folder, of the name
+    (out / "vocab.json").write_text(json.dumps({"schema": "gptspec-experiment", "study": "tying"}))
+    line = one_line_error(capsys, ["experiment", "all", "--quick", "--data", str(corpus),
+                                   "--out", str(out)])
+    assert "vocab.json holds the results of the study \"tying\"" in line
+    (out / "vocab.json").unlink()
+    (out / "tying-final.svg").mkdir()
+    line = one_line_error(capsys, ["experiment", "all", "--quick", "--data", str(corpus),
+                                   "--out", str(out)])
+    assert "tying-final.svg is not a regular file" in line
+    (out / "tying-final.svg").rmdir()
+    # the corpus itself, under the name of a study's output or in its working files
+    (out / "vocab.json").write_bytes(corpus.read_bytes())
+    line = one_line_error(capsys, ["experiment", "vocab", "--quick", "--data",
+                                   str(out / "vocab.json"), "--out", str(out)])
+    assert "vocab.json is the --data file" in line
+    assert (out / "vocab.json").read_bytes() == corpus.read_bytes()
+    (out / "vocab.json").unlink()
+    (out / ".cache").mkdir()
+    (out / ".cache" / "text.txt").write_bytes(corpus.read_bytes())
+    line = one_line_error(capsys, ["experiment", "vocab", "--quick", "--data",
+                                   str(out / ".cache" / "text.txt"), "--out", str(out)])
+    assert "working files" in line
+    assert sorted(p.name for p in out.rglob("*")) == [".cache", "text.txt"]  # nothing made
+
+
+def test_a_study_replaces_its_own_figures_only(tmp_path, monkeypatch):
+    """Its results and figures are refreshed, even after a study was killed between its
+    figures and its JSON; a figure the study did not draw is refused, left as it was."""
+    from gptspec.experiments import runner
+    from gptspec.experiments.summary import summarize
+
+    made = tmp_path / "made"
+    made.mkdir()
+    data = synthetic(made, "tying")
+    data["summary"] = summarize(data["design"]["arms"], data["design"]["comparisons"],
+                                data["runs"])
+    out = tmp_path / "res"
+    runner.write_study(data, out)
+    runner.write_study(data, out)  # refreshed in place
+    first = (out / "tying-final.svg").read_bytes()
+
+    # killed after its figures, before its JSON: the new figures are still its own
+    changed = json.loads(json.dumps(data))
+    changed["runs"][0]["result"]["bits_per_byte"] += 0.5
+    changed["summary"] = summarize(changed["design"]["arms"], changed["design"]["comparisons"],
+                                   changed["runs"])
+    real = runner.write_text
+
+    def killed(path, text, **kw):
+        if Path(path).name == "tying.json":
+            raise KeyboardInterrupt
+        real(path, text, **kw)
+
+    monkeypatch.setattr(runner, "write_text", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runner.write_study(changed, out)
+    monkeypatch.setattr(runner, "write_text", real)
+    assert (out / "tying-final.svg").read_bytes() != first
+    runner.check_outputs(["tying"], out)
+    runner.write_study(changed, out)
+
+    (out / "tying-curves.svg").write_text("<svg>mine</svg>")
+    with pytest.raises(runner.ExperimentError, match="tying-curves.svg is not a figure"):
+        runner.write_study(data, out)
+    assert (out / "tying-curves.svg").read_text() == "<svg>mine</svg>"
+
+
+def test_the_token_cache_is_checked_before_it_is_reused(tmp_path, corpus):
+    """Issue 29: a token file changed in OUT/.cache (same length) was trained on, and a
+    damaged one failed every run with NumPy's allow_pickle advice, naming no file, at
+    every rerun. Each cached file's SHA-256 is recorded and checked: a file that differs
+    is made again, and a run's process checks them too."""
+    from gptspec.experiments.corpus import split_text, tokenize
+
+    text = split_text(corpus.read_text(encoding="utf-8"), "spec", 0.1)
+    cache = tmp_path / "cache"
+    made = tokenize(text, 256, cache)
+    files = {"tokenizer": made.tokenizer, "train": made.train, "val": made.val}
+    original = {name: path.read_bytes() for name, path in files.items()}
+    stamps = {name: path.stat().st_mtime_ns for name, path in files.items()}
+    notes: list[str] = []
+    assert tokenize(text, 256, cache, notes.append) == made and not notes
+    assert {name: path.stat().st_mtime_ns for name, path in files.items()} == stamps
+    ids = np.load(made.train)
+    shuffled = np.random.default_rng(0).permutation(ids)  # the same length and ids
+    damage = {"shuffled": lambda p: p.write_bytes(original["train"][:-ids.nbytes]
+                                                  + shuffled.tobytes()),
+              "junk": lambda p: p.write_bytes(b"junk"),
+              "missing": lambda p: p.unlink()}
+    for how, do in damage.items():
+        for name in ("train", "val", "tokenizer"):
+            do(files[name])
+            notes.clear()
+            assert tokenize(text, 256, cache, notes.append) == made, (how, name)
+            assert len(notes) == 1 and str(files[name]) in notes[0], (how, name, notes)
+            assert {n: p.read_bytes() for n, p in files.items()} == original
+    meta = made.train.with_name("bytes.json")
+    record = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**record, "sha256": {}}))  # an old record, without them
+    notes.clear()
+    assert tokenize(text, 256, cache, notes.append) == made and "record" in notes[0]
+
+    # changed after the study's check: the run's process refuses it, naming it
+    spec = {"paths": {name: str(path) for name, path in files.items()},
+            "sha256": made.sha256}
+    worker.check_files(spec)
+    np.save(made.val, np.zeros(5, np.uint16))
+    with pytest.raises(RuntimeError, match=f"{made.val}.*changed after the study checked it"):
+        worker.check_files(spec)
+
+
+def test_seeds_beyond_the_limit_state_the_limit(capsys):
+    """`--seeds 99999999999999999999` said "must be below 2^63"; the limit is 100."""
+    for seeds in ("99999999999999999999", "101", "0"):
+        line = one_line_error(capsys, ["experiment", "vocab", "--plan", "--seeds", seeds])
+        assert "--seeds must be in [1, 100]" in line and "2^63" not in line, line
+
 
 def test_first_difference_names_the_key():
     assert first_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == "a.c was 2, is now 3"

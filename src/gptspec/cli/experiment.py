@@ -8,7 +8,9 @@ study, or all three.
 
 Runs are independent processes, ``--jobs`` at a time, one thread each; finished runs are
 kept in OUT/.runs/, so rerunning continues an interrupted study (runs with other settings
-are refused). Each study writes OUT/<study>.json and OUT/<study>-*.svg for the site.
+are refused; one whose numbers no run can produce is run again). Each study writes
+OUT/<study>.json and OUT/<study>-*.svg for the site, and replaces only its own: a file of
+those names that it did not write, or the --data file, is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     if args.jobs is not None:
         checks.jobs(args.jobs)
-    if args.seeds is not None:
-        checks.integer(args.seeds, "--seeds", low=1, high=MAX_SEEDS)
+    if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
+        # the real bound, whatever the number's size (checks.integer said "below 2^63"
+        # for a number above that, where the limit is MAX_SEEDS)
+        raise CLIError(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
     if args.data is not None:  # under --plan too: the plan is of this command
         from gptspec.fast.data import TOKEN_FILE_SUFFIXES
 
@@ -118,6 +122,27 @@ def _corpus(args: argparse.Namespace, scale):
     return split_text(text, source, scale.val_fraction)
 
 
+def _check_outputs(data: Path | None, out: Path, names: list[str]) -> None:
+    """Before the corpus is read: no file the studies write is the --data file, which is
+    not in their working folders either, and each such file in OUT that exists is the
+    study's own (runner.check_outputs); a user's file of the same name is refused."""
+    from gptspec.experiments.runner import ExperimentError, check_outputs, study_outputs
+
+    for name in names:
+        for path in study_outputs(name, out):
+            checks.not_an_input(path, "--out", {"--data": data})
+    if data is not None and data.exists():
+        real = data.resolve()
+        for working in (out / ".runs", out / ".cache"):
+            if real.is_relative_to(working.resolve()):
+                raise CLIError(f"--data {data} is inside {working}, the studies' working "
+                               "files, which they replace; choose another --data or --out")
+    try:
+        check_outputs(names, out)
+    except ExperimentError as err:
+        raise CLIError(str(err)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
     from gptspec.experiments.studies import SEEDS
@@ -133,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)
     jobs = args.jobs if args.jobs is not None else checks.cores()
+    _check_outputs(args.data, out, [s.name for s in studies])
     corpus = _corpus(args, studies[0].scale)
     command = {"name": args.name, "quick": args.quick, "seeds": seeds,
                "data": str(args.data) if args.data else None}

@@ -6,14 +6,18 @@ the characters, cut at the start of a line. Each BPE tokenizer is trained (the p
 trainer, ``gptspec.fast.tokenizer.Tokenizer.train``, without special tokens, so every id
 is a BPE token) on the training split alone; both splits are then encoded with it and
 kept as ``.npy`` files beside the tokenizer, named by the text's SHA-256, so a rerun on
-the same text reuses them and a different text cannot.
+the same text reuses them and a different text cannot. The cache's record of them
+(``<name>.json``) holds each file's SHA-256, checked before the files are reused: a file
+changed or damaged since it was written (same length or not) is made again, not trained
+on (issue 29).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +67,9 @@ class Tokenized:
     tokenizer_sha256: str
     train_tokens: int
     val_tokens: int
+    # each file's SHA-256 ("tokenizer", "train", "val"), as the cache's record has it: the
+    # run's process checks them again before it trains (the files may change meanwhile)
+    sha256: dict[str, str] = field(default_factory=dict, compare=False)
 
     def describe(self) -> dict:
         """What decides a run's result: the tokenizer's exact content and the split sizes."""
@@ -74,9 +81,52 @@ def _name(vocab: int) -> str:
     return "bytes" if vocab == BYTE_LEVEL else f"bpe-{vocab}"
 
 
-def tokenize(corpus: Corpus, vocab: int, cache: Path) -> Tokenized:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in blocks (a full study's token files are tens
+    of megabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def cache_problem(meta: dict | None, files: dict[str, Path], corpus: Corpus,
+                  vocab: int) -> str | None:
+    """Why the cached files cannot be reused (naming the file at fault), or None when the
+    record is of this corpus and vocabulary and every file has the SHA-256 it records."""
+    if meta is None:
+        return "its record is missing or unreadable"
+    if meta.get("version") != PREPARATION_VERSION or meta.get("corpus") != corpus.sha256 \
+            or meta.get("vocab") != vocab:
+        return "its record is of another corpus, vocabulary or preparation"
+    digests = meta.get("sha256")
+    if not (isinstance(digests, dict) and _count(meta.get("train_tokens"))
+            and _count(meta.get("val_tokens"))
+            and meta.get("tokenizer_sha256") == digests.get("tokenizer")):
+        return "its record does not hold each file's SHA-256 and token count"
+    for name, path in files.items():
+        if not path.is_file():
+            return f"{path} is missing"
+        try:
+            actual = file_sha256(path)
+        except OSError as err:
+            return f"{path} cannot be read ({err.strerror or err})"
+        if actual != digests.get(name):
+            return f"{path} is not the file the cache made (its SHA-256 differs)"
+    return None
+
+
+def tokenize(corpus: Corpus, vocab: int, cache: Path,
+             note: Callable[[str], None] | None = None) -> Tokenized:
     """The tokenizer of ``vocab`` tokens for this corpus and both splits' token ids, made
-    once and kept under ``cache`` (every file written whole, then renamed)."""
+    once and kept under ``cache`` (every file written whole, then renamed). Cached files
+    are reused only if each has the SHA-256 their record holds; otherwise they are made
+    again, and ``note`` is told why (one line naming the file)."""
     from gptspec.fast.tokenizer import Tokenizer
 
     folder = cache / f"{corpus.sha256[:16]}-{len(corpus.train_text)}"
@@ -85,8 +135,10 @@ def tokenize(corpus: Corpus, vocab: int, cache: Path) -> Tokenized:
     files = {"tokenizer": stem.with_suffix(".tokenizer.json"),
              "train": stem.with_suffix(".train.npy"), "val": stem.with_suffix(".val.npy")}
     meta = _read_meta(meta_path)
-    if (meta is None or meta.get("version") != PREPARATION_VERSION
-            or meta.get("corpus") != corpus.sha256 or not all(f.is_file() for f in files.values())):
+    problem = cache_problem(meta, files, corpus, vocab)
+    if problem is not None:
+        if note is not None and (meta_path.exists() or any(f.exists() for f in files.values())):
+            note(f"  cache of {_name(vocab)}: {problem}; making it again")
         tokenizer = (Tokenizer.byte_level() if vocab == BYTE_LEVEL
                      else Tokenizer.train(corpus.train_text, vocab, special_tokens=()))
         if tokenizer.vocab_size != vocab:
@@ -101,12 +153,15 @@ def tokenize(corpus: Corpus, vocab: int, cache: Path) -> Tokenized:
             with replacing(files[split]) as tmp, open(tmp, "wb") as f:
                 np.save(f, ids, allow_pickle=False)
             counts[split] = int(ids.size)
+        digests = {name: file_sha256(path) for name, path in files.items()}
         meta = {"version": PREPARATION_VERSION, "corpus": corpus.sha256, "vocab": vocab,
-                "tokenizer_sha256": hashlib.sha256(files["tokenizer"].read_bytes()).hexdigest(),
+                "tokenizer_sha256": digests["tokenizer"], "sha256": digests,
                 "train_tokens": counts["train"], "val_tokens": counts["val"]}
         write_text(meta_path, json.dumps(meta, indent=1))
+    assert meta is not None
     return Tokenized(vocab, files["tokenizer"], files["train"], files["val"],
-                     meta["tokenizer_sha256"], meta["train_tokens"], meta["val_tokens"])
+                     meta["tokenizer_sha256"], meta["train_tokens"], meta["val_tokens"],
+                     dict(meta["sha256"]))
 
 
 def _read_meta(path: Path) -> dict | None:

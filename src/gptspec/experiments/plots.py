@@ -126,7 +126,12 @@ def final(data: dict) -> bytes:
     return _svg(fig, plt)
 
 
+def figure_names(study: str) -> tuple[str, ...]:
+    """The file names of a study's figures (what the runner writes and checks)."""
+    return f"{study}-final.svg", f"{study}-curves.svg"
+
+
 def figures(data: dict) -> dict[str, bytes]:
     """File name → SVG bytes of each of a study's figures."""
-    name = data["study"]
-    return {f"{name}-final.svg": final(data), f"{name}-curves.svg": curves(data)}
+    final_name, curves_name = figure_names(data["study"])
+    return {final_name: final(data), curves_name: curves(data)}

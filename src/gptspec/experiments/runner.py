@@ -7,14 +7,23 @@ working state, neither committed nor on the site, under ``OUT/.runs/<study>/`` (
 ``<arm>.seed<k>.json`` per finished run) and ``OUT/.cache/`` (tokenizers, token files).
 Resuming: a run whose result file has the same settings is not run again; one whose file
 holds *other* settings is refused before anything starts, naming the file and the first
-difference (delete it to recompute). Each file is written whole, then renamed, so a
-killed study continues when the same command is rerun.
+difference (delete it to recompute); one with these settings whose result is not one a
+run can produce (see ``result_problem``) is run again, with a line naming the file. Each
+file is written whole, then renamed, so a killed study continues when the same command
+is rerun.
+
+The study replaces only its own files: ``OUT/<study>.json`` only if it is a
+``gptspec-experiment`` file of that study, and a figure only if its SHA-256 is one the
+study recorded (in that JSON, or in ``OUT/.runs/<study>/figures.json``, written before the
+figures so that a study killed between its figures and its JSON is still recognised);
+anything else there is refused, naming it, before anything runs (issue 29).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -26,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from gptspec.atomic_files import write_bytes, write_text
-from gptspec.experiments.corpus import Corpus, Tokenized, tokenize
+from gptspec.experiments.corpus import Corpus, Tokenized, file_sha256, tokenize
+from gptspec.experiments.plots import figure_names
 from gptspec.experiments.studies import Arm, Study, curve_steps, training_settings
 from gptspec.experiments.summary import summarize
 from gptspec.reference.costs import param_count_total, training_flops_per_token
@@ -34,6 +44,18 @@ from gptspec.reference.costs import param_count_total, training_flops_per_token
 HARNESS_VERSION = 1  # bump when a run would compute something else from the same settings
 STUDY_SCHEMA = "gptspec-experiment"
 RUN_SCHEMA = "gptspec-experiment-run"
+FIGURES_SCHEMA = "gptspec-experiment-figures"
+
+# The largest bits per byte a run can record. The worker computes each predicted token's
+# cross-entropy in float32 and fails a run whose loss is not finite, so a token costs at
+# most float32's largest value in nats; every token spells at least one byte (no special
+# tokens), so predicted tokens ≤ bytes, and bits per byte = Σ nats / (bytes · ln 2) ≤
+# FLOAT32_MAX / ln 2 ≈ 4.9e38. A tighter bound (8, or log2 V per token, a uniform model's)
+# would not be a bound: a diverged model does worse than uniform (a run on shuffled tokens
+# recorded 8.0013), and a legitimate result refused here would be run again at every
+# invocation, to the same number. Below 0 is impossible (cross-entropy is ≥ 0).
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_BITS_PER_BYTE = FLOAT32_MAX / math.log(2)
 
 
 class ExperimentError(Exception):
@@ -104,18 +126,109 @@ def first_difference(old: Any, new: Any, path: str = "") -> str | None:
     return None
 
 
-def finished(run: PlannedRun) -> dict | None:
-    """The run's earlier result if it has one with these settings; None if it has none;
-    ExperimentError if its file holds other settings or cannot be read."""
+def _number(value: Any, low: float = 0.0, high: float = math.inf) -> str | None:
+    """Why ``value`` is not a finite number in [low, high]; None if it is one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"is {json.dumps(value)[:40]}, not a number"
+    if not math.isfinite(value):
+        return f"is {value}, not a finite number"
+    if not low <= value <= high:
+        return f"is {value:.6g}, outside [{low:g}, {high:.3g}]"
+    return None
+
+
+def _count(value: Any, low: int = 0) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"is {json.dumps(value)[:40]}, not a whole number"
+    return None if value >= low else f"is {value}, below {low}"
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
+def result_problem(record: dict, settings: dict) -> str | None:
+    """What is wrong with a run record's result (the first field at fault and why), or
+    None when it is one a run with these settings can have produced: every number the
+    study, its figures and the site use is there, finite, in its possible range, and the
+    numbers agree with each other and with the settings (bits per byte is nats per token ×
+    tokens / (bytes · ln 2); each validation token but the first is predicted once; the
+    curve is measured at the settings' steps)."""
+    result = record.get("result")
+    if not isinstance(result, dict):
+        return "result is not a JSON object"
+    checks: list[tuple[str, str | None]] = [
+        ("bits_per_byte", _number(result.get("bits_per_byte"), 0.0, MAX_BITS_PER_BYTE)),
+        ("nats_per_token", _number(result.get("nats_per_token"), 0.0, FLOAT32_MAX)),
+        ("val_tokens", _count(result.get("val_tokens"), 1)),
+        ("val_bytes", _count(result.get("val_bytes"), 1)),
+        # every token spells at least one byte
+        ("val_tokens_per_byte", _number(result.get("val_tokens_per_byte"), 0.0, 1.0)),
+        ("train_tokens_per_byte", _number(result.get("train_tokens_per_byte"), 0.0, 1.0)),
+        *((key, _number(result.get(key))) for key in (
+            "train_flops", "train_flops_per_byte", "inference_flops_per_byte",
+            "train_bytes_seen")),
+    ]
+    for key, problem in checks:
+        if problem:
+            return f"result.{key} {problem}"
+    seconds = result.get("seconds")
+    if not isinstance(seconds, dict):
+        return "result.seconds is not a JSON object"
+    for key in ("train_wall", "train_cpu", "eval_wall", "eval_cpu", "process_wall"):
+        problem = _number(seconds.get(key))
+        if problem:
+            return f"result.seconds.{key} {problem}"
+    tokens, n_bytes = result["val_tokens"], result["val_bytes"]
+    if tokens > n_bytes:
+        return f"result.val_tokens ({tokens}) exceeds result.val_bytes ({n_bytes})"
+    expected = result["nats_per_token"] * tokens / (n_bytes * math.log(2))
+    if not _close(result["bits_per_byte"], expected):
+        return (f"result.bits_per_byte ({result['bits_per_byte']:.6g}) is not nats_per_token × "
+                f"val_tokens / (val_bytes · ln 2) = {expected:.6g}")
+    if not _close(result["val_tokens_per_byte"], tokens / n_bytes):
+        return "result.val_tokens_per_byte is not val_tokens / val_bytes"
+    try:
+        split_tokens = settings["tokenizer"]["val_tokens"]
+        steps = settings["eval"]["curve_steps"]
+    except (KeyError, TypeError):
+        return "settings lack tokenizer.val_tokens or eval.curve_steps"
+    if tokens != split_tokens - 1:
+        return (f"result.val_tokens is {tokens}, and the validation split's {split_tokens} "
+                f"tokens predict {split_tokens - 1}")
+    curve = result.get("curve")
+    if not (isinstance(curve, list) and all(isinstance(p, list) and len(p) == 2 for p in curve)
+            and [p[0] for p in curve] == steps):
+        return f"result.curve is not one [step, bits per byte] at each of the steps {steps}"
+    for step, value in curve:
+        problem = _number(value, 0.0, MAX_BITS_PER_BYTE)
+        if problem:
+            return f"result.curve at step {step} {problem}"
+    losses = result.get("train_loss")
+    if not (isinstance(losses, list) and all(
+            isinstance(p, list) and len(p) == 2 and not any(map(_number, p)) for p in losses)):
+        return "result.train_loss is not a list of [step, loss] pairs of finite numbers ≥ 0"
+    provenance = record.get("provenance", {})
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("commit"), str | None):
+        return "provenance is not a JSON object with a commit"
+    return None
+
+
+def finished(run: PlannedRun, note: Callable[[str], None] | None = None) -> dict | None:
+    """The run's earlier result if it has one with these settings; None if it has none,
+    or if its result is not one a run can produce (``result_problem``: the run is done
+    again, and ``note`` gets one line naming the file and the field); ExperimentError if
+    its file holds other settings or cannot be read."""
     path = run.result_path
     if not path.exists():
         return None
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict) or record.get("schema") != RUN_SCHEMA:
+            raise ValueError(f"not a {RUN_SCHEMA} file")
         settings = record["settings"]
-        record["result"]["bits_per_byte"]  # noqa: B018 (present, or the file is not a result)
-        if record.get("schema") != RUN_SCHEMA:
-            raise ValueError("not a gptspec-experiment-run file")
+        if not isinstance(settings, dict):
+            raise ValueError("its settings are not a JSON object")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ExperimentError(f"{path} cannot be read ({err}); delete it to run "
                               f"{run.label} again") from None
@@ -123,6 +236,14 @@ def finished(run: PlannedRun) -> dict | None:
     if differs:
         raise ExperimentError(f"{path} holds a run made with other settings ({differs}); "
                               f"delete it, or {run.folder}, to recompute with these")
+    # The file is this run's own result (its schema, these settings), so it is the
+    # study's to replace: a damaged one is a cache miss, computed again (the same number,
+    # bit for bit on the CPU), not a reason to stop a study that may take hours.
+    problem = result_problem(record, settings)
+    if problem:
+        if note is not None:
+            note(f"  {path}: {problem}; running {run.label} again")
+        return None
     return record
 
 
@@ -142,7 +263,7 @@ def prepare(studies: Sequence[Study], corpus: Corpus, out: Path,
     for v in vocabs:
         start = time.perf_counter()
         try:
-            tokens[v] = tokenize(corpus, v, out / ".cache")
+            tokens[v] = tokenize(corpus, v, out / ".cache", note=log)
         except ValueError as err:
             raise ExperimentError(f"the corpus is too short: {err}") from None
         log(f"  tokenizer {'bytes' if v == 256 else f'BPE {v}'}: {tokens[v].train_tokens:,} "
@@ -177,7 +298,9 @@ def _start(run: PlannedRun) -> _Running:
             "paths": {"tokenizer": str(run.tokens.tokenizer.resolve()),
                       "train": str(run.tokens.train.resolve()),
                       "val": str(run.tokens.val.resolve()),
-                      "result": str(run.result_path.resolve())}}
+                      "result": str(run.result_path.resolve())},
+            # what the cache's record holds of each file, checked again by the run
+            "sha256": run.tokens.sha256}
     write_text(run.spec_path, json.dumps(spec, indent=1) + "\n")
     # one thread per run: the runs are the parallelism (and one thread's results do not
     # depend on how many cores the machine has)
@@ -187,6 +310,14 @@ def _start(run: PlannedRun) -> _Running:
                                 str(run.spec_path)], stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env)
     return _Running(run, process, time.perf_counter(), log)
+
+
+def bpb_text(value: Any) -> str:
+    """Bits per byte to 4 decimals; a number too large for that (a diverged run's,
+    possible up to ``MAX_BITS_PER_BYTE``) in 4 significant digits, not 39 of them."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
+    return repr(value)
 
 
 def _last_line(path: Path) -> str:
@@ -226,7 +357,7 @@ def execute(runs: Sequence[PlannedRun], jobs: int, log: Callable[[str], None],
                 count += 1
                 if r.process.returncode == 0 and r.run.result_path.exists():
                     bpb = json.loads(r.run.result_path.read_text())["result"]["bits_per_byte"]
-                    log(f"  [{count}/{total}] {r.run.label}: {bpb:.4f} bits per byte "
+                    log(f"  [{count}/{total}] {r.run.label}: {bpb_text(bpb)} bits per byte "
                         f"({took:.0f} s)")
                 else:
                     failures.append(f"{r.run.label} failed (exit {r.process.returncode}): "
@@ -310,17 +441,100 @@ def _version(package: str) -> str | None:
         return None
 
 
+def study_outputs(study: str, out: Path) -> list[Path]:
+    """The files a study writes in OUT: its JSON, then its figures."""
+    return [out / f"{study}.json", *(out / name for name in figure_names(study))]
+
+
+def _figures_record(study: str, out: Path) -> Path:
+    return out / ".runs" / study / "figures.json"
+
+
+def _recorded_figures(path: Path) -> dict[str, set[str]]:
+    """Figure name → the SHA-256s a record (the study's JSON, or the figures record)
+    holds; empty if the file is missing or holds none."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        figures = data["figures"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(figures, dict):
+        return {}
+    return {name: {d for d in (digests if isinstance(digests, list) else [digests])
+                   if isinstance(d, str)} for name, digests in figures.items()}
+
+
+def _owned(study: str, out: Path) -> dict[Path, str | None]:
+    """Each of the study's outputs in OUT that exists → its SHA-256 (None for the JSON),
+    once it is known to be the study's own; ExperimentError naming the first that is not
+    (a user's file of the same name, which the study would replace)."""
+    json_path, *figure_paths = study_outputs(study, out)
+    owned: dict[Path, str | None] = {}
+    advice = f"the {study} study writes its results there: move it away or choose another --out"
+    for path in (json_path, *figure_paths):
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            raise ExperimentError(f"{path} is not a regular file; {advice}")
+    recorded: dict[str, set[str]] = {}
+    if json_path.is_file():
+        try:
+            data = json.loads(json_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ExperimentError(f"{json_path} is not a {STUDY_SCHEMA} file (it cannot be read "
+                                  f"as JSON: {str(err)[:60]}); {advice}") from None
+        if not isinstance(data, dict) or data.get("schema") != STUDY_SCHEMA:
+            raise ExperimentError(f"{json_path} is not a {STUDY_SCHEMA} file; {advice}")
+        if data.get("study") != study:
+            raise ExperimentError(f"{json_path} holds the results of the study "
+                                  f"{json.dumps(data.get('study'))[:40]}, not {study}; {advice}")
+        owned[json_path] = None
+        recorded = _recorded_figures(json_path)
+    for name, digests in _recorded_figures(_figures_record(study, out)).items():
+        recorded.setdefault(name, set()).update(digests)
+    for path in figure_paths:
+        if not path.is_file():
+            continue
+        try:
+            digest = file_sha256(path)
+        except OSError as err:
+            raise ExperimentError(f"{path} cannot be read ({err.strerror or err}); "
+                                  f"{advice}") from None
+        if digest not in recorded.get(path.name, set()):
+            raise ExperimentError(f"{path} is not a figure the {study} study drew (no results "
+                                  f"of it in {out} record its SHA-256); {advice}")
+        owned[path] = digest
+    return owned
+
+
+def check_outputs(studies: Sequence[str], out: Path) -> None:
+    """Refuse, naming it, a file in OUT that a study would replace and did not write."""
+    for study in studies:
+        _owned(study, out)
+
+
 def write_study(data: dict, out: Path) -> list[Path]:
-    """The figures (SVG, by matplotlib) and then the study's JSON with their hashes."""
+    """The figures (SVG, by matplotlib) and then the study's JSON with their hashes; first
+    the figures' hashes (old and new) in OUT/.runs/<study>/figures.json, so that figures
+    written by a study killed before its JSON are still known as its own. Refuses
+    (ExperimentError) if one of the files is not the study's own (see ``_owned``)."""
     from gptspec.experiments.plots import figures
 
-    written, hashes = [], {}
-    for name, svg in figures(data).items():
+    study = data["study"]
+    owned = _owned(study, out)  # again: a file may have been put there since the start
+    drawn = figures(data)
+    hashes = {name: hashlib.sha256(svg).hexdigest() for name, svg in drawn.items()}
+    pending = {}
+    for name, digest in hashes.items():
+        earlier = owned.get(out / name)
+        pending[name] = sorted({digest} if earlier is None else {digest, earlier})
+    write_text(_figures_record(study, out),
+               json.dumps({"schema": FIGURES_SCHEMA, "figures": pending}, indent=1) + "\n",
+               make_parents=True)
+    written = []
+    for name, svg in drawn.items():
         write_bytes(out / name, svg, make_parents=True)
-        hashes[name] = hashlib.sha256(svg).hexdigest()
         written.append(out / name)
     data = {**data, "figures": hashes}
-    path = out / f"{data['study']}.json"
+    path = out / f"{study}.json"
     write_text(path, json.dumps(data, indent=1, sort_keys=False) + "\n", make_parents=True)
     return [path, *written]
 
@@ -333,22 +547,24 @@ def run_studies(studies: Sequence[Study], corpus: Corpus, out: Path, jobs: int, 
 
     started = provenance()
     wall = time.perf_counter()
+    check_outputs([s.name for s in studies], out)  # before anything is made or run
     log(f"corpus: {corpus.source}: {corpus.train_bytes:,} bytes for training, "
         f"{corpus.val_bytes:,} for validation")
     tokens = prepare(studies, corpus, out, log)
     runs = plan(studies, seeds, corpus, tokens, out)
     records = {}
     for r in runs:  # every conflict is refused before anything runs
-        record = finished(r)
+        record = finished(r, note=log)
         if record is not None:
             records[str(r.result_path)] = record
     todo = [r for r in runs if str(r.result_path) not in records]
     log(f"{len(runs)} runs: {len(records)} finished earlier, {len(todo)} to run, "
         f"{min(jobs, max(1, len(todo)))} at a time")
     failures = execute(todo, jobs, log, done_before=len(records), total=len(runs))
-    for r in todo:
-        if r.result_path.exists():
-            records[str(r.result_path)] = json.loads(r.result_path.read_text(encoding="utf-8"))
+    for r in todo:  # checked as an earlier result is (a failed rerun left the old file)
+        record = finished(r)
+        if record is not None:
+            records[str(r.result_path)] = record
     for study in studies:
         mine = [r for r in runs if r.study is study]
         if any(str(r.result_path) not in records for r in mine):
@@ -360,7 +576,8 @@ def run_studies(studies: Sequence[Study], corpus: Corpus, out: Path, jobs: int, 
         paths = write_study(data, out)
         best = data["summary"]["best"]
         log(f"{study.name}: {paths[0]} and {len(paths) - 1} figures; lowest validation loss: "
-            f"{best} ({data['summary']['arms'][best]['bits_per_byte']['mean']:.4f} bits per byte)")
+            f"{best} ({bpb_text(data['summary']['arms'][best]['bits_per_byte']['mean'])} "
+            "bits per byte)")
     log(f"done in {(time.perf_counter() - wall) / 60:.1f} min")
     for line in failures:
         log(f"failed: {line}")

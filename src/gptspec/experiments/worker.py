@@ -73,6 +73,22 @@ def curve_starts(n_tokens: int, n_ctx: int, windows: int) -> list[int]:
     return sorted({round(i * last / max(1, windows - 1)) for i in range(windows)})
 
 
+def check_files(spec: dict) -> None:
+    """The tokenizer and token files are the ones the runner checked against the cache's
+    record (their SHA-256 in the spec): a file changed since is not trained on."""
+    from gptspec.experiments.corpus import file_sha256
+
+    for name, digest in spec.get("sha256", {}).items():
+        path = Path(spec["paths"][name])
+        try:
+            actual = file_sha256(path)
+        except OSError as err:
+            raise RuntimeError(f"{path} cannot be read ({err.strerror or err})") from None
+        if actual != digest:
+            raise RuntimeError(f"{path} changed after the study checked it (its SHA-256 "
+                               "differs); run the study again, which makes it again")
+
+
 def run(spec: dict) -> dict:
     """Train and evaluate one run; returns its result record."""
     from gptspec.fast.data import TokenData
@@ -80,6 +96,7 @@ def run(spec: dict) -> dict:
     from gptspec.fast.train import Trainer, TrainSettings
 
     torch.set_num_threads(1)
+    check_files(spec)
     settings, paths = spec["settings"], spec["paths"]
     config = GPTConfig.from_dict(settings["config"])
     train_settings = TrainSettings.from_dict(settings["train"])
@@ -110,12 +127,17 @@ def run(spec: dict) -> dict:
     nats, n_tokens, n_bytes = split_loss(trainer.model, val_ids, window_starts(len(val_ids), T),
                                          T, lengths, batch)
     eval_wall, eval_cpu = time.perf_counter() - wall, time.process_time() - cpu
+    # a result is finite (the runner refuses to reuse one that is not: see
+    # runner.result_problem), so a loss that overflowed float32 fails the run here
+    final = bits_per_byte(nats, n_bytes)
+    if not (math.isfinite(final) and all(math.isfinite(b) for _, b in curve)):
+        raise RuntimeError(f"the validation loss is not finite ({final} bits per byte)")
     tokens_per_step = train_settings.batch_size * T
     train_tok_per_byte = settings["tokenizer"]["train_tokens"] / settings["data"]["train_bytes"]
     val_tok_per_byte = n_tokens / n_bytes
     steps = train_settings.max_steps
     return {
-        "bits_per_byte": bits_per_byte(nats, n_bytes),
+        "bits_per_byte": final,
         "nats_per_token": nats / n_tokens,
         "val_tokens": n_tokens,
         "val_bytes": n_bytes,
