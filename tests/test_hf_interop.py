@@ -577,3 +577,71 @@ def test_an_export_gets_the_permissions_of_files_made_under_the_umask(tmp_path):
     modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("key, dtype", [("dtype", "float16"), ("dtype", "bfloat16"),
+                                        ("torch_dtype", "float16")])
+def test_from_hf_reads_the_weights_as_stored_whatever_dtype_config_json_names(
+        tmp_path, capsys, key, dtype):
+    """transformers 5 loads weights in config.json's dtype: float32 weights under
+    "dtype": "float16" were rounded through float16, and "wrote … (float64)" said nothing."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    from gptspec.fast.checkpoint import load_model
+
+    hf = hf_model_dir(tmp_path / "hf")
+    settings = json.loads((hf / "config.json").read_text())
+    for old in ("dtype", "torch_dtype"):
+        settings.pop(old, None)
+    (hf / "config.json").write_text(json.dumps({**settings, key: dtype}))
+    stored = load_file(hf / "model.safetensors")
+    assert {v.dtype for v in stored.values()} == {np.dtype("float32")}
+    capsys.readouterr()
+    out = tmp_path / "ck"
+    assert convert("--from-hf", hf, out, "--dtype", "float64") == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out / 'model.safetensors'} (float64)"
+    _, params = load_model(out)
+    for name, value in params.items():
+        if hf_interop.hf_name(name) in stored:  # (a tied lm_head is stored once)
+            kept = stored[hf_interop.hf_name(name)]
+            np.testing.assert_array_equal(value, kept.T if name == "w_u" else kept)
+
+
+def test_from_hf_float64_weights_are_kept_exact_or_said_rounded(tmp_path, capsys):
+    """float64 weights: exact with --dtype float64; rounded to the default float32 only
+    as the message says."""
+    from gptspec.fast.checkpoint import load_model
+
+    config, params = from_hf_model(random_hf_model(vocab_size=320, n_positions=16, n_embd=32,
+                                                   n_layer=1))
+    hf = save_hf_dir(tmp_path / "hf", params, config, dtype=torch.float64)
+    capsys.readouterr()
+    assert convert("--from-hf", hf, tmp_path / "exact", "--dtype", "float64") == 0
+    assert capsys.readouterr().out.strip().endswith("(float64)")
+    for name, value in load_model(tmp_path / "exact")[1].items():
+        np.testing.assert_array_equal(value, params[name])
+    assert convert("--from-hf", hf, tmp_path / "f32") == 0
+    said = capsys.readouterr().out.strip()
+    assert said.endswith("(float32; the source's float64 weights rounded to float32: "
+                         "--dtype float64 keeps them exact)"), said
+
+
+def test_to_hf_writes_through_a_link_to_an_empty_folder(tmp_path, capsys):
+    """A link to an empty folder was refused: "cannot write link: Not a directory"."""
+    write_checkpoint(tmp_path / "ck", small_tokenizer())
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to("real")
+    assert convert("--to-hf", tmp_path / "ck", link) == 0
+    assert link.is_symlink() and (tmp_path / "real" / "model.safetensors").is_file()
+    assert from_hf_model(transformers.GPT2LMHeadModel.from_pretrained(str(link)))[0] == \
+        PRESETS["tiny"].replace(vocab_size=320)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "link", "real"]
+    capsys.readouterr()
+    # a link to a folder that is not empty: refused, naming the link; the folder kept
+    assert convert("--to-hf", tmp_path / "ck", link) == 2
+    (line,) = errors(capsys)
+    assert f"{link} already exists and is not an empty directory" in line
+    assert (tmp_path / "real" / "model.safetensors").is_file()

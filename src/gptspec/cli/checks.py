@@ -10,8 +10,10 @@ generators (0 ≤ seed < 2^63); devices for existing on this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,26 +235,111 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     return p
 
 
-def training_run_lock(target: Path, flag: str) -> Any:
+def training_run_lock(target: Path, flag: str, create: Path | None = None,
+                      check: Callable[[], None] | None = None) -> Any:
     """The lock of the training run whose folder holds ``target`` (a file or folder to be
     written: the run's folder, its checkpoint or something inside it), to hold while
     writing; a no-op context elsewhere. Without it a conversion or a tokenizer written into
-    RUN/checkpoint was reported written, then replaced by the run's next save (issue 29)."""
-    import contextlib
+    RUN/checkpoint was reported written, then replaced by the run's next save (issue 29).
 
-    from gptspec.fast.run_lock import LOCK_FILE, RunLock, RunLocked
+    ``create``: the folder whose lock to take when no lock file is there yet (made, with
+    the folders above it, if need be): RUN for a conversion into RUN/checkpoint, which a
+    fresh ``train --out RUN`` would otherwise claim and replace, or the output folder
+    itself, which a second conversion would fill. Each writer then refuses the other,
+    naming its pid. The lock file and folders made for it go afterwards (unless filled).
+    ``check``: the command's checks of its paths, run once a lock file found is held (a
+    live writer's is refused naming it, not taken for a run's), and before any folder is
+    made for one."""
+    from gptspec.fast.run_lock import LOCK_FILE
 
-    for run in (target, target.parent, target.parent.parent):
-        if (run / LOCK_FILE).exists() or (run / LOCK_FILE).is_symlink():
-            try:
-                return RunLock(run)
-            except RunLocked as err:
-                raise CLIError(f"{flag} {printable(target)} is in a training run's folder: "
-                               f"{str(err).split('; ')[0]}; choose another {flag}") from None
-            except OSError as err:
-                raise CLIError(f"{flag} {printable(target)}: cannot take the training run's "
-                               f"lock: {err.strerror or err}") from None
-    return contextlib.nullcontext()
+    def found() -> Path | None:
+        for run in (target, target.parent, target.parent.parent):
+            if (run / LOCK_FILE).exists() or (run / LOCK_FILE).is_symlink():
+                return run
+        return None
+
+    for _ in range(100):
+        run = found()
+        if run is None and check is not None:
+            check()
+            check = None
+            run = found()  # made while the paths were checked
+        folder = run if run is not None else create
+        if folder is None:
+            return contextlib.nullcontext()
+        made = _missing(folder)  # the deepest first
+        lock = _take(folder, target, flag, named=folder == create, made=made)
+        if run is not None and lock.created:  # the file found was removed by its holder
+            lock.release(remove=True)  # as it let go: look again
+            _remove_empty(made)
+            continue
+        try:
+            if not lock.created:  # a run's lock file, maybe one made since the checks
+                if check is not None:
+                    check()
+                not_in_a_run_checkpoint(target, flag)
+        except BaseException:
+            lock.release()
+            _remove_empty(made)
+            raise
+        return _holding(lock, folder, made)
+    raise CLIError(f"{flag} {printable(target)}: the lock file in it keeps being made and "
+                   "removed by other processes; try again")
+
+
+def _missing(folder: Path) -> list[Path]:
+    """``folder`` and the folders above it that do not exist, the deepest first."""
+    missing = []
+    for above in (folder, *folder.parents):
+        if os.path.lexists(above):
+            break
+        missing.append(above)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # the deepest first; one that was filled stays, and those above
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def _take(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) -> Any:
+    """``folder``'s RunLock (the folder made if need be), each refusal in one line.
+    ``named``: the folder is the one the command writes (or a run's folder to be), not a
+    run's folder found above the target."""
+    from gptspec.fast.run_lock import RunLock, RunLocked
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return RunLock(folder)
+    except RunLocked as err:
+        _remove_empty(made)
+        holder = str(err).split("; ")[0]
+        if named:
+            raise CLIError(f"{flag} {printable(target)}: {holder}; wait for it to end or "
+                           f"choose another {flag}") from None
+        raise CLIError(f"{flag} {printable(target)} is in a training run's folder: "
+                       f"{holder}; choose another {flag}") from None
+    except OSError as err:
+        _remove_empty(made)
+        raise CLIError(f"{flag} {printable(target)}: cannot take the lock of "
+                       f"{printable(folder)}: {err.strerror or err}") from None
+
+
+@contextlib.contextmanager
+def _holding(lock: Any, folder: Path, made: list[Path]) -> Iterator[Any]:
+    """Hold ``lock`` while the block writes; then let go. A lock file this process made
+    goes (a run's checkpoint there would need it: none can be, the lock kept runs out),
+    and so do the folders made for it that nothing filled."""
+    from gptspec.fast.checkpoint import find_checkpoints
+
+    try:
+        yield lock
+    finally:
+        lock.release(remove=lock.created and not find_checkpoints(folder / "checkpoint"))
+        _remove_empty(made)
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -8,7 +8,10 @@ The tokenizer travels with the weights, so ``AutoTokenizer.from_pretrained`` and
 with a warning; one that cannot be carried across (not a byte-level BPE gptspec
 reproduces id for id, or more tokens than the model has) is an error before anything is
 written (``--no-tokenizer`` converts the weights alone). Both write safetensors only,
-renamed into place, and refuse an OUT_DIR that already holds what they would write.
+renamed into place, and refuse an OUT_DIR that already holds what they would write, or
+that another gptspec command is writing (one writer per folder: a conversion into
+``RUN/checkpoint`` holds RUN's run lock, see ``checks.training_run_lock``). Weights are
+read as stored, never through the dtype config.json names.
 """
 
 from __future__ import annotations
@@ -48,10 +51,24 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("transformers is not installed: pip install 'gptspec[interop]'") \
             from None
     hf_logging.disable_progress_bar()  # one line of output per conversion
+    checks.path_name(args.out, "OUT_DIR")  # before Path(), which reads "" as "."
     out = Path(args.out)
-    _check_paths(args)
-    with checks.training_run_lock(out, "OUT_DIR"):
+    with checks.training_run_lock(out, "OUT_DIR", create=_writers_folder(args, out),
+                                  check=lambda: _check_paths(args)):
         return _convert(args, out)
+
+
+def _writers_folder(args: argparse.Namespace, out: Path) -> Path | None:
+    """The folder whose lock a conversion holds when no lock file is there yet: one
+    writer at a time. OUT_DIR named ``checkpoint`` is a fresh run's checkpoint folder to
+    be: RUN's lock keeps a ``train --out RUN`` starting meanwhile from replacing it (the
+    train is refused, naming this process, or later refuses a folder of other files).
+    --from-hf fills OUT_DIR file by file: a second conversion into it is refused. (--to-hf
+    renames a whole folder into place, which replaces only an empty one: the second of two
+    is refused by that.)"""
+    if out.name == "checkpoint":
+        return out.parent
+    return out if args.direction == "from-hf" else None
 
 
 def _convert(args: argparse.Namespace, out: Path) -> int:
@@ -134,6 +151,7 @@ def _checkpoint_tokenizer(source: str) -> Any:
 
 
 def _from_hf(args: argparse.Namespace, out: Path) -> None:
+    import numpy as np
     from safetensors import SafetensorError
 
     from gptspec.fast.checkpoint import TOKENIZER_FILE, model_file, save_model
@@ -163,12 +181,16 @@ def _from_hf(args: argparse.Namespace, out: Path) -> None:
                 check_tokenizer_fits(config, tokenizer)
         except TokenizerInteropError as err:
             raise CLIError(f"{err}{NO_TOKENIZER_HINT}") from None
+    # read as stored (float64 holds every stored float type): written in --dtype, which
+    # rounds only float64 weights that float32 cannot hold, as the message then says
+    written = _cast(params, args.dtype)
+    exact = all(np.array_equal(written[name], value) for name, value in params.items())
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         if tokenizer is not None:
             tokenizer.save(out / TOKENIZER_FILE)  # atomic: temporary name, then rename
-        save_model(out, _cast(params, args.dtype), config)  # refuses NaN or infinite weights
+        save_model(out, written, config)  # refuses NaN or infinite weights
     except BaseException as err:
         # all or nothing: no tokenizer left without its model, no folder we made
         if tokenizer is not None:
@@ -179,8 +201,11 @@ def _from_hf(args: argparse.Namespace, out: Path) -> None:
             raise CLIError(_cannot_write(out, err)) from None
         raise
     with_tokenizer = f" and {printable(out / TOKENIZER_FILE)}" if tokenizer is not None else ""
+    rounded = "" if exact else (f"; the source's float64 weights rounded to {args.dtype}: "
+                                "--dtype float64 keeps them exact")
     with writing_stdout():
-        print(f"wrote {printable(model_file(out))} ({args.dtype}){with_tokenizer}", flush=True)
+        print(f"wrote {printable(model_file(out))} ({args.dtype}{rounded}){with_tokenizer}",
+              flush=True)
     if tokenizer is None and not args.no_tokenizer:
         _warn(f"{source} holds no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
               f"wrote the weights only; gptspec generate needs {out / TOKENIZER_FILE}")

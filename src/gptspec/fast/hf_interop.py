@@ -13,6 +13,7 @@ tokenizer.json or GPT-2's vocab.json + merges.txt.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -250,11 +251,29 @@ def load_hf_dir(path: str | os.PathLike[str]) -> tuple[GPTConfig, dict[str, np.n
     check_hf_weights(p, config)  # before from_pretrained, which fills gaps with random values
     try:
         model = transformers.GPT2LMHeadModel.from_pretrained(
-            str(p), local_files_only=True, use_safetensors=True)
+            str(p), local_files_only=True, use_safetensors=True, **_float64(transformers))
     except Exception as err:  # transformers raises many types for a bad file
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InteropError(f"{p}: weights cannot be loaded ({first})") from None
+    loaded = {str(t.dtype).removeprefix("torch.") for t in model.parameters()}
+    if loaded != {"float64"}:  # never the case with the argument above
+        raise InteropError(f"{p}: transformers loaded the weights as {sorted(loaded)}, not "
+                           "float64: they would not be carried exactly")
     return config, params_from_hf(config, model.state_dict())
+
+
+def _float64(transformers: Any) -> dict[str, Any]:
+    """from_pretrained's argument loading every weight as float64, which holds each stored
+    float type (F16, BF16, F32, F64) exactly. Left out, transformers 5 loads them in
+    config.json's ``dtype`` ("auto"): float32 weights under a config saying float16 were
+    rounded to float16, silently (and transformers 4 rounded F64 weights to float32)."""
+    import re
+
+    import torch
+
+    found = re.match(r"(\d+)\.(\d+)", transformers.__version__)
+    version = (int(found[1]), int(found[2])) if found else (5, 0)
+    return {"dtype" if version >= (4, 56) else "torch_dtype": torch.float64}
 
 
 def _hf_shapes(config: GPTConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -338,8 +357,11 @@ def save_hf_dir(path: str | os.PathLike[str], params: Mapping[str, Any], config:
     ``path`` either does not exist or is complete. An existing non-empty ``path`` is
     refused rather than replaced."""
     target = Path(path)
+    if target.is_symlink():  # written through, as atomic_files writes a file's link: the
+        # folder it points to is filled, the link stays
+        target = Path(os.path.realpath(target))
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise InteropError(f"{target} already exists and is not an empty directory")
+        raise InteropError(f"{path} already exists and is not an empty directory")
     if tokenizer is not None:
         check_tokenizer_fits(config, tokenizer)
     model = to_hf_model(params, config, dtype, tokenizer)
@@ -356,13 +378,18 @@ def save_hf_dir(path: str | os.PathLike[str], params: Mapping[str, Any], config:
             os.chmod(f, created_mode(directory=f.is_dir()))
             with open(f, "rb") as handle:
                 os.fsync(handle.fileno())
-        if target.exists():
-            target.rmdir()
-        os.replace(tmp, target)
+        try:  # onto an empty folder too, in one step: one that another process filled
+            # meanwhile is kept (rename(2) replaces only an empty folder)
+            os.replace(tmp, target)
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise InteropError(f"{path} was filled by another process while this "
+                               "conversion ran; nothing was written") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
+    return Path(path)
 
 
 # --- tokenizers -------------------------------------------------------------------------------
