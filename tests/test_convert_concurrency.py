@@ -251,8 +251,6 @@ def test_a_lock_file_a_conversion_made_goes_with_the_folders_made_for_it(tmp_pat
     assert not (tmp_path / LOCK_FILE).exists()
 
 
-@pytest.mark.xfail(strict=True, reason="needs TrainingRun._claim to look at RUN/checkpoint "
-                   "again once it holds the lock (fast/training_run.py, asked for)")
 def test_a_conversion_finished_inside_a_fresh_trains_checks_is_not_replaced(tmp_path,
                                                                             sources):
     """train's checks of RUN (before it reads its data) and its lock (after) are apart:

@@ -162,14 +162,28 @@ class TrainingRun:
             raise RunError(str(err)) from None
         except OSError as err:
             raise RunError(f"--out: cannot lock {out}: {err.strerror}") from None
-        if not resume and find_checkpoints(self.checkpoint):
+        if not resume and ((self.checkpoint / STATE_FILE).exists()
+                           or find_checkpoints(self.checkpoint)):
             # a run that ended between the check in _fresh and the lock
             raise RunError(self._holds_a_run())
+        if not resume:  # nor a conversion into it that ended between them (it held the lock)
+            self._refuse_other_files()
         # under torchrun every rank writes tokens.bin (the same bytes) at this moment: only
         # the files rank 0 alone writes are a killed run's
         together = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
         remove_stale_temporaries(out, ("loss.png",) if together else TEMPORARY_FILES)
         recover_checkpoint(self.checkpoint)  # the temporary folders of killed saves go
+
+    def _refuse_other_files(self) -> None:
+        checkpoint = self.checkpoint
+        if checkpoint.is_dir() and not checkpoint.is_symlink():
+            # not a run's: a run replaces this folder at each save, and its files would go
+            others = sorted(p.name for p in checkpoint.iterdir())
+            if others:
+                shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+                raise RunError(f"{checkpoint} holds files of its own ({shown}), not a "
+                               "training run's checkpoint; a run replaces that folder at "
+                               "each save: move them or choose another --out")
 
     def _holds_a_run(self) -> str:
         return (f"{self.out} already holds a training run; pass --resume to continue it or "
@@ -192,14 +206,7 @@ class TrainingRun:
             self._claim()
         if out.exists() and ((checkpoint / STATE_FILE).exists() or find_checkpoints(checkpoint)):
             raise RunError(self._holds_a_run())
-        if checkpoint.is_dir() and not checkpoint.is_symlink():
-            # not a run's: a run replaces this folder at each save, and its files would go
-            others = sorted(p.name for p in checkpoint.iterdir())
-            if others:
-                shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
-                raise RunError(f"{checkpoint} holds files of its own ({shown}), not a "
-                               "training run's checkpoint; a run replaces that folder at "
-                               "each save: move them or choose another --out")
+        self._refuse_other_files()
         settings = _settings(changes)  # before the data is read: a bad setting costs nothing
         if vet is not None:
             vet(config, settings)
