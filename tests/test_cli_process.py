@@ -430,3 +430,23 @@ def test_a_home_that_cannot_be_written_gives_one_line_warnings(tmp_path, model):
         for line in proc.stderr.splitlines():
             assert line.startswith(f"gptspec {command[0]}: warning: "), proc.stderr
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0
+
+
+def test_a_hangup_saves_the_run_as_ctrl_c_does(tmp_path):
+    """Closing the terminal (SIGHUP) ended `train` with status 129 and nothing saved since
+    the last checkpoint; SIGINT and SIGTERM save first."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*GPTSPEC, *TRAIN, "--data", str(corpus), "--out", str(out),
+                             "--steps", "100000", "--checkpoint-interval", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step 2:"):  # no checkpoint yet: the first save is at step 1000
+            proc.send_signal(signal.SIGHUP)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=300) == 128 + signal.SIGHUP, proc.stderr.read() if proc.stderr else ""
+    assert "interrupted at step" in rest
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] >= 2

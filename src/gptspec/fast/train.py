@@ -93,10 +93,11 @@ def signals_held():
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """SIGINT and SIGTERM raise :class:`Interrupted`, which the training loop handles like
-    Ctrl-C (save, then stop); one that arrives inside :func:`signals_held` waits for its
-    end. Off the main thread (no handlers there) a no-op. A signal inherited as ignored
-    (SIGINT of a job a shell started in the background) stays ignored."""
+    """SIGINT, SIGTERM and SIGHUP (the terminal or SSH session closed) raise
+    :class:`Interrupted`, which the training loop handles like Ctrl-C (save, then stop);
+    one that arrives inside :func:`signals_held` waits for its end. Off the main thread
+    (no handlers there) a no-op. A signal inherited as ignored (SIGINT of a job a shell
+    started in the background, SIGHUP under nohup) stays ignored."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -109,7 +110,8 @@ def stop_on_signals():
         else:
             raise Interrupted(signum)
 
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
+    stops = (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM))
+    old = {sig: signal.signal(sig, handler) for sig in stops
            if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
