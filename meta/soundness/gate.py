@@ -1,20 +1,13 @@
 """The soundness gate: correct backends written differently from the built-in one must
-pass every check, in every dtype, at several seeds. A failure here is a false alarm of
-the suite (a budget derived wrongly), not a bug of the backend.
+pass every check, in every dtype, at several seeds; a failure is a false alarm of the
+suite (a budget derived wrongly), not a bug of the backend.
 
     python -m meta.soundness.gate          # every backend × dtype × 3 random seeds, thorough
     python -m meta.soundness.gate --quick  # CI: 1 random seed, float32 and bfloat16, two backends
     python -m meta.soundness.gate --seed 7 # that seed only (repeatable): a reproduction
-    python -m meta.soundness.gate --jobs 2 --record meta/soundness/ledger.jsonl
-    python -m meta.soundness.gate --ledger meta/soundness/ledger.jsonl  # seeds passed so far
 
-Seeds are drawn afresh each run (a fixed set lets a budget fit those seeds only) and
-printed with the command reproducing a failure; exits 1 on any failure. The compiled
-backend recompiles per configuration, so it runs the quick profile. A full gate over
-many seeds outlasts one sitting on a small machine: ``--record`` appends each run to a
-ledger under the identity of the judge (the code the verdicts depend on and the versions
-of Hypothesis, NumPy and PyTorch), and ``--ledger`` counts the seeds that passed on the
-judge as it is now; a change to that code starts the count again.
+Seeds are drawn afresh and printed with the command reproducing a failure; the compiled
+backend runs the quick profile. ``--record``/``--ledger`` add up seeds across sittings.
 """
 
 from __future__ import annotations
