@@ -3,15 +3,10 @@
     gptspec convert --to-hf CHECKPOINT_DIR OUT_DIR    # a save_pretrained directory
     gptspec convert --from-hf HF_DIR OUT_DIR          # OUT_DIR/model.safetensors + tokenizer.json
 
-The tokenizer travels with the weights, so ``AutoTokenizer.from_pretrained`` and
-``gptspec generate`` give the same ids on either side. A source without one converts
-with a warning; one that cannot be carried across (not a byte-level BPE gptspec
-reproduces id for id, or more tokens than the model has) is an error before anything is
-written (``--no-tokenizer`` converts the weights alone). Both write safetensors only,
-renamed into place, and refuse an OUT_DIR that already holds what they would write, or
-that another gptspec command is writing (one writer per folder: a conversion into
-``RUN/checkpoint`` holds RUN's run lock, see ``checks.training_run_lock``). Weights are
-read as stored, never through the dtype config.json names.
+The tokenizer travels with the weights (``--no-tokenizer``: the weights alone); one that
+cannot be carried across is an error before anything is written. Both write safetensors
+only, renamed into place, read weights as stored, and refuse an OUT_DIR that holds what
+they would write or that another gptspec command writes (``checks.training_run_lock``).
 """
 
 from __future__ import annotations

@@ -6,11 +6,8 @@ study, or all three.
     gptspec experiment all --quick          # tiny models, a few steps, one seed (CI)
     gptspec experiment tying --plan         # the arms, their steps, sizes and FLOPs
 
-Runs are independent processes, ``--jobs`` at a time, one thread each; finished runs are
-kept in OUT/.runs/, so rerunning continues an interrupted study (runs with other settings
-are refused; one whose numbers no run can produce is run again). Each study writes
-OUT/<study>.json and OUT/<study>-*.svg for the site, and replaces only its own: a file of
-those names that it did not write, or the --data file, is refused before anything runs.
+Runs are processes, ``--jobs`` at a time; finished runs are kept in OUT/.runs/, so a
+rerun continues a study. Each study replaces only its own OUT/<study>.json and figures.
 """
 
 from __future__ import annotations

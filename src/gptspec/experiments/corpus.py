@@ -1,15 +1,11 @@
 """The text every study trains and validates on, and its tokenizations.
 
-The split is made on the *text*, not on tokens, so that every tokenizer sees the same
-training text and is judged on the same validation text: the last ``val_fraction`` of
-the characters, cut at the start of a line. Each BPE tokenizer is trained (the project's
-trainer, ``gptspec.fast.tokenizer.Tokenizer.train``, without special tokens, so every id
-is a BPE token) on the training split alone; both splits are then encoded with it and
-kept as ``.npy`` files beside the tokenizer, named by the text's SHA-256, so a rerun on
-the same text reuses them and a different text cannot. The cache's record of them
-(``<name>.json``) holds each file's SHA-256, checked before the files are reused: a file
-changed or damaged since it was written (same length or not) is made again, not trained
-on (issue 29).
+The split is made on the *text*, so every tokenizer sees the same training text and is
+judged on the same validation text: the last ``val_fraction`` of the characters, cut at
+the start of a line. Each BPE tokenizer is trained on the training split alone (no
+special tokens); both splits are encoded with it and cached as ``.npy`` files named by
+the text's SHA-256, with a record of each file's SHA-256: a file changed since it was
+written is made again, not trained on.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Running studies: prepare the tokenizations, plan every run, run the missing ones as
 independent processes, and write each study's results and figures.
 
-Under the output folder OUT: ``OUT/<study>.json`` (schema ``gptspec-experiment``: design,
-data, provenance, every run, the summary, each figure's SHA-256) and ``OUT/<study>-*.svg``;
-working state, neither committed nor on the site, under ``OUT/.runs/<study>/`` (one
-``<arm>.seed<k>.json`` per finished run) and ``OUT/.cache/`` (tokenizers, token files).
-Resuming: a run whose result file has the same settings is not run again; one whose file
-holds *other* settings is refused before anything starts, naming the file and the first
-difference (delete it to recompute); one with these settings whose result is not one a
-run can produce (see ``result_problem``) is run again, with a line naming the file. Each
-file is written whole, then renamed, so a killed study continues when the same command
-is rerun.
-
-The study replaces only its own files: ``OUT/<study>.json`` only if it is a
-``gptspec-experiment`` file of that study, and a figure only if its SHA-256 is one the
-study recorded (in that JSON, or in ``OUT/.runs/<study>/figures.json``, written before the
-figures so that a study killed between its figures and its JSON is still recognised);
-anything else there is refused, naming it, before anything runs (issue 29).
+OUT/<study>.json (schema ``gptspec-experiment``) and OUT/<study>-*.svg are the results;
+OUT/.runs/<study>/ (one ``<arm>.seed<k>.json`` per finished run) and OUT/.cache/ are
+working state. A run whose file has these settings is not run again; other settings are
+refused, naming the file; a result no run can produce (``result_problem``) is run again.
+Files are written whole and renamed. A study replaces only its own files: a JSON of that
+study, figures whose SHA-256 it recorded (also in .runs/<study>/figures.json).
 """
 
 from __future__ import annotations
