@@ -218,7 +218,9 @@ for flag, value, needle in [
     ("--pattern", "(", "compile"), ("--pattern", r"(\w+)|\s+", "capture"),
     ("--pattern", r"\w+", "skips"), ("--pattern", r"[a-z]+| ", "skips"),
     ("--pattern", "", "empty"), ("--pattern", r"\m\w+|\W+|\w", "tiktoken"),
-    ("--pattern", "x*", "skips"), ("--format", "bpe", "invalid choice"),
+    ("--pattern", "x*", "empty string"), ("--format", "bpe", "invalid choice"),
+    # tiktoken's engine panicked on a pattern with an empty alternative (hostile round 6)
+    ("--pattern", "(?s)[a-z]*|.", "empty string"), ("--pattern", r" ?\p{L}*|(?s).", "empty"),
 ]:
     case(f"tokenizer-train{flag}={value.replace('{w}/', '')[:20]}",
          _with(TOK_TRAIN, flag, value), needle)
@@ -414,7 +416,8 @@ for name, needle in [("added-tokens-a-dict", "must be a list"),
                      ("vocabulary-one-id", "gives 'a' and 'b' the same id 0"),
                      ("pattern-look-ahead", "look-ahead"),
                      ("pattern-possessive", "possessive"),
-                     ("pattern-backtracks-on-the-probe", "backtracks")]:
+                     ("pattern-backtracks-on-the-probe", "backtracks"),
+                     ("pattern-matches-nothing", "empty string")]:
     case(f"tokenizer-encode-file-{name}", _with(ENC, "--tokenizer", f"{{w}}/bad-tok/{name}"),
          needle)
 case("tokenizer-encode-backtracking-pattern-and-same-byte-merges",
@@ -589,6 +592,7 @@ def _hostile_tokenizers(folder: Path) -> None:
         "pattern-possessive": _gptspec_tok(pattern=r"\w++|\W"),
         # exponential in the `regex` module on the probe text's every run of characters
         "pattern-backtracks-on-the-probe": _gptspec_tok(pattern=r"(?:[\s\S]|[\s\S])*\x01|[\s\S]"),
+        "pattern-matches-nothing": _gptspec_tok(pattern=r"(?s)[a-z]*|."),
         # two merges spell "aa": tiktoken cannot hold them, encoding runs the pattern in
         # the `regex` module, exponential on a run of a's
         "backtracks-on-a-run": _gptspec_tok(pattern=r"(?:a|a)*b|[\s\S]",

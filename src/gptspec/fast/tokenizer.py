@@ -141,6 +141,11 @@ def resolve_pattern(pattern: str) -> str:
         raise TokenizerError(f"the pre-tokenization pattern uses {construct}, which only a "
                              "backtracking engine can run (unbounded time on a hostile "
                              "text); only the spec's gpt2 and cl100k patterns may")
+    if compiled.search("") is not None or "" in findall_within_budget(compiled, _PATTERN_PROBE):
+        # an empty chunk encodes to nothing, and engines disagree on where the next match
+        # starts after one: tiktoken's panicked on such a pattern
+        raise TokenizerError("the pre-tokenization pattern can match the empty string; every "
+                             "alternative must take at least one character (+, not *)")
     check_pattern_covers(pattern, _PATTERN_PROBE, sample=True)
     try:  # encoding runs the pattern in tiktoken's regex engine, which must accept it too
         tiktoken.Encoding("probe", pat_str=pattern, mergeable_ranks={bytes([b]): b
