@@ -350,8 +350,10 @@ def test_a_backend_name_is_text_in_the_markdown_report():
     assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
 
 
-def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path):
-    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Prints")
+@pytest.mark.parametrize("isolation", ["--isolate", "--no-isolate"])
+def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path, isolation):
+    # in the judge's own process its prints went raw to the verdicts (hostile round 6)
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:Prints", isolation)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for stream in (proc.stdout, proc.stderr):
         assert "\x1b" not in stream

@@ -238,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
                                    ) from None
 
     def past_the_limit(waited: float) -> None:  # the watchdog's thread; the process ends
+        from gptspec.conformance.runner import stop_relaying
+
+        stop_relaying()  # the judge's own output back, for the lines below
         print(f"gptspec conformance: error: the backend has not returned for {waited:.0f} s, "
               f"past --timeout {timeout:g} s, and the timer could not stop it in this process "
               "(--no-isolate); the run ends here, the reports hold the checks that finished",
@@ -291,6 +294,7 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
     from gptspec.conformance.protocol import shown
     from gptspec.conformance.runner import (
         SuiteResult,
+        backend_output_relayed,
         reproduce_command,
         run_suite,
         start_backend,
@@ -311,8 +315,11 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
         else:
             # bounded like a check: the timer interrupts Python code; the worker process
             # bounds the rest (--isolate)
-            backend, origin = start_backend(spec, device=device, dtype=dtype, timeout=timeout)
-            suite = run_suite(backend, origin=origin, dtype=dtype, device=device, **common)
+            with backend_output_relayed():  # its prints, escaped: as the worker's are
+                backend, origin = start_backend(spec, device=device, dtype=dtype,
+                                                timeout=timeout)
+            suite = run_suite(backend, origin=origin, dtype=dtype, device=device,
+                              relay_output=True, **common)
     except BackendRefused as err:
         # the backend declines this dtype or device: recorded with its reason, and the
         # other runs go on

@@ -33,14 +33,13 @@ from gptspec.conformance.runner import (
     CheckResult,
     SuiteResult,
     not_implemented,
+    relay_backend_output,
     run_check,
     suite_settings_dict,
     walk,
 )
 
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
-OUTPUT_LINE_LIMIT = 500  # characters of one line a backend prints, as relayed
-OUTPUT_LINES_SHOWN = 200  # lines relayed after one check; the rest are counted
 
 
 def _print_into(path: str) -> None:
@@ -346,18 +345,9 @@ class _Worker:
                          "the judge's channel)")
 
     def relay(self) -> None:
-        """What the backend printed since the last call, to the judge's standard error:
-        each line escaped and marked as the backend's, so that it can neither drive the
-        terminal nor pass for one of the judge's verdict lines on standard output."""
-        if self.output.closed:
-            return
-        lines = self.output.read().splitlines()
-        for raw in lines[:OUTPUT_LINES_SHOWN]:
-            text = shown(raw.decode("utf-8", "replace"), OUTPUT_LINE_LIMIT)
-            print(f"  backend output: {text}", file=sys.stderr)
-        if len(lines) > OUTPUT_LINES_SHOWN:
-            print(f"  backend output: … {len(lines) - OUTPUT_LINES_SHOWN} more lines",
-                  file=sys.stderr)
+        """What the backend printed since the last call (runner.relay_backend_output)."""
+        if not self.output.closed:
+            relay_backend_output(self.output.read())
 
     def alive(self) -> bool:
         return self.process.is_alive()

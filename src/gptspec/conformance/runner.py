@@ -10,12 +10,15 @@ survives hangs of any kind and crashes of the interpreter.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import signal
+import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -310,6 +313,65 @@ def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precisi
             result.detail += f" (could not save the example: {type(err).__name__}: {err})"
 
 
+OUTPUT_LINE_LIMIT = 500  # characters of one line a backend prints, as relayed
+OUTPUT_LINES_SHOWN = 200  # lines relayed after one check; the rest are counted
+
+
+def relay_backend_output(data: bytes) -> None:
+    """What a backend printed, to the judge's standard error: each line escaped and marked
+    as the backend's, so that it can neither drive the terminal nor pass for one of the
+    judge's verdict lines."""
+    lines = data.splitlines()
+    for raw in lines[:OUTPUT_LINES_SHOWN]:
+        text = shown(raw.decode("utf-8", "replace"), OUTPUT_LINE_LIMIT)
+        print(f"  backend output: {text}", file=sys.stderr)
+    if len(lines) > OUTPUT_LINES_SHOWN:
+        print(f"  backend output: … {len(lines) - OUTPUT_LINES_SHOWN} more lines",
+              file=sys.stderr)
+
+
+_SAVED_OUTPUT: list[int] = []  # the judge's own descriptors 1 and 2 while a check prints aside
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+@contextlib.contextmanager
+def backend_output_relayed() -> Iterator[None]:
+    """A backend run in the judge's process prints (Python's and C code's alike) into a
+    file of its own, relayed when its code returns: raw, its lines could forge verdicts
+    and drive the terminal (``--no-isolate``; isolated, the worker's output is relayed)."""
+    _flush_streams()
+    with tempfile.TemporaryFile() as sink:
+        _SAVED_OUTPUT[:] = [os.dup(1), os.dup(2)]
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            stop_relaying()
+            sink.seek(0)
+            relay_backend_output(sink.read())
+
+
+def stop_relaying() -> None:
+    """The judge's own standard output and error back in place (again: a no-op)."""
+    if _SAVED_OUTPUT:
+        _flush_streams()
+        out, err = _SAVED_OUTPUT
+        _SAVED_OUTPUT.clear()
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+
+
 def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
               select: Callable[[Check], bool] | None = None, area: str | None = "forward",
               reproduce: str = "", on_result: Callable[[CheckResult], None] | None = None,
@@ -317,14 +379,16 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
               stop_on_failure: bool = False, timeout: float | None = None,
               save_failures: str | None = None,
               origin: dict[str, Any] | None = None, plain: str | None = None,
-              dtype: str | None = None, device: str | None = None) -> SuiteResult:
+              dtype: str | None = None, device: str | None = None,
+              relay_output: bool = False) -> SuiteResult:
     """Run every selected check against ``backend``, dependencies first. A check whose
     dependency failed is reported as blocked by the root cause, not run. ``timeout``:
     seconds per check; ``save_failures``: a directory for failing examples (``origin``
     names the backend's spec, device and dtype for the reproducing test); ``plain``: the
     backend spec (as discovery reads it) a low-precision failure is adjudicated against,
     or None; ``dtype``, ``device``: what was asked, which the backend must declare (and
-    compute in; None: the backend's own)."""
+    compute in; None: the backend's own); ``relay_output``: what the backend prints is
+    relayed, escaped (:func:`backend_output_relayed`)."""
     suite = SuiteResult(describe_backend(backend),
                         suite_settings_dict(profile, seed, area, timeout, isolated=False))
     if header:
@@ -332,6 +396,13 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
     evaluate, unimplemented = judge(backend, profile=profile, seed=seed, timeout=timeout,
                                     save_failures=save_failures, origin=origin, plain=plain,
                                     dtype=dtype, device=device)
+    if relay_output:
+        judged = evaluate
+
+        def evaluate(check: Check) -> CheckResult:
+            with backend_output_relayed():
+                return judged(check)
+
     for result in walk(all_checks(area), select, evaluate, reproduce, seed, unimplemented):
         suite.results.append(result)
         if on_result:
