@@ -124,7 +124,12 @@ def _zero_branch_outputs(bp: dict, norm: str) -> dict:
 
 
 @check("residual.identity", entries=("block_pre_ln", "block_post_ln", "block_guide"),
-       kind="property", budget="exact for pre-LN; the LayerNorm budget for post-LN and the Guide")
+       kind="property", budget="exact for pre-LN; the LayerNorm budget for post-LN and the Guide",
+       # its whole-model part reads the block through these maps: one of them broken is
+       # reported as itself, not as the block (a skipped final LayerNorm was)
+       depends_on=("token_embedding.differential", "positional_embedding.differential",
+                   "layer_norm.differential", "final_layer_norm.differential",
+                   "unembed_tied.differential", "unembed_untied.differential"))
 def residual_identity(backend, ctx):
     """Residual identity.
 
