@@ -417,7 +417,8 @@ for name, needle in [("added-tokens-a-dict", "must be a list"),
                      ("pattern-look-ahead", "look-ahead"),
                      ("pattern-possessive", "possessive"),
                      ("pattern-backtracks-on-the-probe", "backtracks"),
-                     ("pattern-matches-nothing", "empty string")]:
+                     ("pattern-matches-nothing", "empty string"),
+                     ("unknown-field", "unknown field 'extra'")]:
     case(f"tokenizer-encode-file-{name}", _with(ENC, "--tokenizer", f"{{w}}/bad-tok/{name}"),
          needle)
 case("tokenizer-encode-backtracking-pattern-and-same-byte-merges",
@@ -593,6 +594,7 @@ def _hostile_tokenizers(folder: Path) -> None:
         # exponential in the `regex` module on the probe text's every run of characters
         "pattern-backtracks-on-the-probe": _gptspec_tok(pattern=r"(?:[\s\S]|[\s\S])*\x01|[\s\S]"),
         "pattern-matches-nothing": _gptspec_tok(pattern=r"(?s)[a-z]*|."),
+        "unknown-field": _gptspec_tok(extra=1),
         # two merges spell "aa": tiktoken cannot hold them, encoding runs the pattern in
         # the `regex` module, exponential on a run of a's
         "backtracks-on-a-run": _gptspec_tok(pattern=r"(?:a|a)*b|[\s\S]",

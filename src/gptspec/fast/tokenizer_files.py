@@ -163,6 +163,12 @@ def _load_gptspec(path: Path, data: bytes) -> Tokenizer:
     if not isinstance(doc, dict) or doc.get("format") != GPTSPEC_FORMAT:
         raise TokenizerFileError(f"{path}: not a gptspec tokenizer file (no \"format\": "
                                  f"\"{GPTSPEC_FORMAT}\")")
+    unknown = sorted(set(doc) - {"format", "version", "pattern", "base", "special_tokens",
+                                 "merges"})
+    if unknown:  # a field this reader would skip may change what the writer meant
+        raise TokenizerFileError(f"{path}: unknown field {str(unknown[0])[:40]!r} (a gptspec "
+                                 "tokenizer holds format, version, pattern, base, "
+                                 "special_tokens and merges)")
     version = _field(path, doc, "version", int)
     if version != GPTSPEC_VERSION:
         raise TokenizerFileError(f"{path}: unsupported version {version} (this reads "
