@@ -341,6 +341,11 @@ def test_writing_stdout_names_only_errors_of_a_write():
     with pytest.raises(OSError) as raised, writing_stdout():
         raise unloadable
     assert raised.value is unloadable
+    # too many open files is an open's: blamed on standard output under ulimit -n 12
+    with pytest.raises(CLIError, match=r"Too many open files: this process may have \d+ "
+                                       r"files open at once \(ulimit -n\)"):
+        with writing_stdout():
+            raise OSError(24, "Too many open files")
 
 
 def test_two_ctrl_cs_end_a_run_whose_worker_ignores_sigterm(tmp_path):

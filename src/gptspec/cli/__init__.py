@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import io
 import os
@@ -67,6 +68,12 @@ def writing_stdout() -> Iterator[None]:
     except OSError as err:
         if err.errno is None:  # no write's: a library that cannot be loaded (ulimit -v)
             raise
+        if err.errno in (errno.EMFILE, errno.ENFILE):  # an open's, never a write's
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise CLIError(f"{err.strerror}: this process may have {limit} files open at "
+                           "once (ulimit -n); raise the limit") from None
         raise CLIError(f"cannot write to standard output: {err.strerror or err}") from None
 
 
