@@ -307,6 +307,16 @@ class RewritesTheVerdict(Honest):
         return gpt_forward(tokens, params, config) + 1.0
 
 
+class SetsPrintOptions(Honest):
+    """Correct, and sets NumPy's legacy print mode (as doctests do): the judge's tables
+    read the same, so this is no tampering."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        np.set_printoptions(legacy="1.25", precision=3, suppress=True)
+
+
 class RewritesTheChannel(Honest):
     """Wrong logits, and its own send_bytes set on the worker's connection object (the
     class untouched), turning the answers' failures into passes."""

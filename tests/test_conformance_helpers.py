@@ -56,7 +56,9 @@ def test_compare_refuses_nan_wrong_shape_and_wrong_infinity():
 @pytest.mark.parametrize(("result", "said"), [
     (np.array([1.0 + 0j, 2.0 + 0j]), "complex numbers"),  # NumPy dropped the imaginary part
     (np.array(["1.0", "2.0"]), "text"),  # and read these as numbers: both passed
-    (["1.0", "2.0"], "text"), (np.array([b"1", b"2"]), "bytes")])
+    (["1.0", "2.0"], "text"), (np.array([b"1", b"2"]), "bytes"),
+    (torch.tensor([1.0 + 0j, 2.0 + 0j]), "complex numbers"),
+    (np.zeros(2, dtype=[("a", "f8")]), "records")])
 def test_compare_refuses_results_that_are_not_real_numbers(result, said):
     outcome = B.compare(result, [1.0, 2.0], 1e-6)
     assert not outcome.passed and said in outcome.describe()
@@ -67,6 +69,8 @@ def test_compare_takes_real_numbers_in_any_container():
                    torch.tensor([1.0, 2.0]), (1.0, 2.0)):
         assert B.compare(result, [1.0, 2.0], 0.0).passed
     assert B.exact(np.array([[True, False]]), np.array([[1.0, 0.0]])).passed  # a one-hot
+    ml_dtypes = pytest.importorskip("ml_dtypes")  # JAX's bfloat16: NumPy dtype kind V
+    assert B.compare(np.array([1.0, 2.0], ml_dtypes.bfloat16), [1.0, 2.0], 0.0).passed
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -375,8 +375,17 @@ def test_a_backend_that_patches_the_reference_gets_no_pass(tmp_path, name, patch
                         "--check", "gpt_forward.*")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "PASS" not in proc.stdout and "Traceback" not in proc.stderr
-    assert (f"the backend changed the judge's own code ({patched}" in proc.stdout
+    assert (f"the backend changed the judge's own code or tables ({patched}" in proc.stdout
             or patched.startswith("the backend") and patched in proc.stdout)
+
+
+def test_a_backend_that_changes_numpys_print_options_is_judged_as_any_other(tmp_path):
+    # the judge's tables are compared as printed: legacy="1.25" respelt a NumPy scalar in
+    # one of them, and every check became "the backend changed the judge's own code"
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:SetsPrintOptions",
+                        "--check", "softmax*")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "changed the judge" not in proc.stdout and "PASS" in proc.stdout
 
 
 def test_a_report_onto_the_backends_own_file_is_refused(tmp_path):

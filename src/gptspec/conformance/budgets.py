@@ -251,20 +251,38 @@ def compare(actual, expected, bound) -> Comparison:
                                arrays=(actual, expected, bound))
 
 
+# NumPy dtype kinds a result may not have (booleans may: a one-hot or a mask as bool; and
+# kind V is also ml_dtypes' bfloat16 and float8, which JAX returns: only a record is refused)
+_NOT_REAL = {"c": "complex numbers", "U": "text", "S": "bytes", "M": "dates",
+             "m": "time spans", "record": "records"}
+
+
+def _kind(actual: Any) -> str | None:
+    """The NumPy dtype kind of a result (a tensor of another library: "c" when complex,
+    else None; its values are read by NumPy below)."""
+    dtype = getattr(actual, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        return "record" if dtype.fields is not None else dtype.kind
+    is_complex = getattr(actual, "is_complex", None)
+    if callable(is_complex):
+        try:
+            return "c" if is_complex() is True else None
+        except Exception:  # noqa: BLE001 — not a tensor's method after all
+            return None
+    if isinstance(actual, (list, tuple, str, bytes, complex)):
+        try:  # a nested list: what NumPy makes of it
+            return np.asarray(actual).dtype.kind
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
 def _compare(actual, expected, bound) -> Comparison:
     expected = np.asarray(expected, dtype=np.float64)
-    kind = getattr(getattr(actual, "dtype", None), "kind", None)
-    if kind is None and isinstance(actual, (list, tuple, str, bytes, complex)):
-        try:  # a nested list: what NumPy makes of it (a tensor has no NumPy dtype)
-            kind = np.asarray(actual).dtype.kind
-        except (TypeError, ValueError):
-            kind = None
-    if kind in ("c", "U", "S", "M", "m", "V"):  # NumPy would drop an imaginary part and
-        # read '1.5' as a number (booleans stay: a one-hot or a mask may be {0, 1} as bool)
-        what = {"c": "complex numbers", "U": "text", "S": "bytes"}
+    kind = _kind(actual)
+    if kind in _NOT_REAL:  # NumPy would drop an imaginary part and read '1.5' as a number
         return Comparison(math.inf, (), math.nan, math.nan, math.nan,
-                          f"result holds {what.get(kind, 'no real numbers')}, not real "
-                          "numbers")
+                          f"result holds {_NOT_REAL[kind]}, not real numbers")
     try:
         actual = np.asarray(actual, dtype=np.float64)
     except (TypeError, ValueError) as err:

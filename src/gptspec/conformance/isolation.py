@@ -96,11 +96,17 @@ _OWN = ("gptspec.spec", "gptspec.reference", "gptspec.conformance")  # and their
 _TABLES = (int, float, str, bytes, tuple, frozenset, dict, list, set)
 
 
+_PRINT_DEFAULTS = dict(precision=8, threshold=1000, edgeitems=3, linewidth=75, suppress=False,
+                       nanstr="nan", infstr="inf", sign="-", floatmode="maxprec", legacy=False)
+
+
 def _table_print(value: Any) -> str:
-    """What a module-level constant holds now (the budgets' unit roundoffs, say)."""
+    """What a module-level constant holds now (the budgets' unit roundoffs, say), spelt
+    the same whatever print options a backend set (legacy="1.25" respells NumPy scalars)."""
     if isinstance(value, np.ndarray):
         return f"{value.dtype} {value.shape} {hash(value.tobytes())}"
-    return repr(value)
+    with np.printoptions(**_PRINT_DEFAULTS):
+        return repr(value)
 
 
 def judge_fingerprint() -> dict[str, tuple[Any, Any]]:
@@ -135,8 +141,8 @@ def tampered(before: dict[str, tuple[Any, Any]]) -> str:
     for key, (value, code) in before.items():
         if key in now and (now[key][0] is not value or (
                 now[key][1] != code if value is None else now[key][1] is not code)):
-            return (f"the backend changed the judge's own code ({key}): no check of this run "
-                    "can be trusted")
+            return (f"the backend changed the judge's own code or tables ({key}): no check "
+                    "of this run can be trusted")
     return ""
 
 
