@@ -646,3 +646,26 @@ def test_whatever_the_plain_backend_raises_is_its_adjudications_note(tmp_path, i
     assert "FAIL  gpt_forward.differential" in proc.stdout
     assert f"adjudication: {said}" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_relayed_backend_output_comes_back_once_and_relaying_does_not_nest(capfd):
+    """--no-isolate: what the backend prints goes aside and is relayed escaped; the
+    watchdog's thread may end the relaying first (a check past its time limit), and the
+    check's own exit then relays nothing twice."""
+    import threading
+
+    from gptspec.conformance.runner import backend_output_relayed, stop_relaying
+
+    with backend_output_relayed():
+        os.write(1, b"\x1b[2Jfrom C\n")
+        os.write(2, b"to stderr\n")
+        with pytest.raises(RuntimeError, match="already"), backend_output_relayed():
+            pass
+        watchdog = threading.Thread(target=stop_relaying)
+        watchdog.start()
+        watchdog.join()
+        os.write(1, b"the judge's own line\n")
+    out, err = capfd.readouterr()
+    assert out == "the judge's own line\n"
+    assert err.count("backend output: \\x1b[2Jfrom C") == 1
+    assert err.count("backend output: to stderr") == 1

@@ -96,8 +96,9 @@ _OWN = ("gptspec.spec", "gptspec.reference", "gptspec.conformance")  # and their
 _TABLES = (int, float, str, bytes, tuple, frozenset, dict, list, set)
 
 
-_PRINT_DEFAULTS = dict(precision=8, threshold=1000, edgeitems=3, linewidth=75, suppress=False,
-                       nanstr="nan", infstr="inf", sign="-", floatmode="maxprec", legacy=False)
+_PRINT_DEFAULTS: dict[str, Any] = dict(
+    precision=8, threshold=1000, edgeitems=3, linewidth=75, suppress=False, nanstr="nan",
+    infstr="inf", sign="-", floatmode="maxprec", legacy=False)
 
 
 def _table_print(value: Any) -> str:

@@ -330,7 +330,8 @@ def relay_backend_output(data: bytes) -> None:
               file=sys.stderr)
 
 
-_SAVED_OUTPUT: list[int] = []  # the judge's own descriptors 1 and 2 while a check prints aside
+_RELAYING: dict[str, Any] = {}  # while a check prints aside: the judge's own fds 1 and 2
+_RELAY_LOCK = threading.Lock()  # the watchdog's thread may end the relaying too
 
 
 def _flush_streams() -> None:
@@ -348,28 +349,44 @@ def backend_output_relayed() -> Iterator[None]:
     file of its own, relayed when its code returns: raw, its lines could forge verdicts
     and drive the terminal (``--no-isolate``; isolated, the worker's output is relayed)."""
     _flush_streams()
-    with tempfile.TemporaryFile() as sink:
-        _SAVED_OUTPUT[:] = [os.dup(1), os.dup(2)]
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
+    sink = tempfile.TemporaryFile()
+    with _RELAY_LOCK:
+        if _RELAYING:
+            raise RuntimeError("backend output is already being relayed")
+        saved: list[int] = []
         try:
-            yield
-        finally:
-            stop_relaying()
-            sink.seek(0)
-            relay_backend_output(sink.read())
+            saved += [os.dup(1), os.dup(2)]
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+        except OSError:
+            for fd in saved:
+                os.dup2(fd, saved.index(fd) + 1)
+                os.close(fd)
+            sink.close()
+            raise
+        _RELAYING.update(out=saved[0], err=saved[1], sink=sink)
+    try:
+        yield
+    finally:
+        stop_relaying()
 
 
 def stop_relaying() -> None:
-    """The judge's own standard output and error back in place (again: a no-op)."""
-    if _SAVED_OUTPUT:
+    """The judge's own standard output and error back in place, and what the backend
+    printed meanwhile relayed (the watchdog calls it too, when a check overruns)."""
+    with _RELAY_LOCK:
+        if not _RELAYING:
+            return
         _flush_streams()
-        out, err = _SAVED_OUTPUT
-        _SAVED_OUTPUT.clear()
+        out, err, sink = _RELAYING.pop("out"), _RELAYING.pop("err"), _RELAYING.pop("sink")
         os.dup2(out, 1)
         os.dup2(err, 2)
         os.close(out)
         os.close(err)
+        sink.seek(0)
+        printed = sink.read()
+        sink.close()
+    relay_backend_output(printed)
 
 
 def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
