@@ -3,9 +3,9 @@ comparisons (the worst fraction of budget, and the example that produced it).
 
 Capturing a failing example's exact inputs: the check sees the backend through a
 :class:`RecordingBackend`, which keeps the calls of the current example (operation or
-``forward``, its arguments and its result), and while a check runs ``budgets.compare`` is
-wrapped so that the arrays of each comparison are kept too. When a comparison fails, the
-context saves both as a :class:`FailureCapture`; Hypothesis replays the minimal example
+``forward``, its arguments and its result), and each comparison carries its arrays
+(``Comparison.arrays``). When a comparison fails, the context saves both as a
+:class:`FailureCapture`; Hypothesis replays the minimal example
 last, so the capture left at the end is the minimal one. ``reproduction`` writes it as an
 ``.npz`` and a pytest file.
 """

@@ -56,8 +56,8 @@ class TrainingDiverged(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM (what batch systems and ``docker stop`` send): both save the
-    checkpoint and stop, like Ctrl-C."""
+    """SIGINT, SIGTERM (what batch systems and ``docker stop`` send) or SIGHUP (a closed
+    terminal): each saves the checkpoint and stops, like Ctrl-C."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -80,7 +80,8 @@ _held: dict[str, Any] = {"depth": 0, "signal": None}  # see stop_on_signals
 @contextlib.contextmanager
 def signals_held():
     """A stretch of work a stopping signal must not cut short (a checkpoint save, the loss
-    curve): a SIGINT or SIGTERM that arrives meanwhile is raised as it ends."""
+    curve): a stopping signal (SIGINT, SIGTERM, SIGHUP) that arrives meanwhile is raised as
+    it ends."""
     _held["depth"] += 1
     try:
         yield
