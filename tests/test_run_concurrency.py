@@ -654,3 +654,24 @@ def test_a_lock_file_removed_by_its_holder_is_taken_afresh(tmp_path, monkeypatch
     assert (tmp_path / LOCK_FILE).read_text().strip() == str(os.getpid())
     second.release()
     assert (tmp_path / LOCK_FILE).exists()  # kept unless asked
+
+
+def test_a_lock_file_made_by_a_racing_fresh_run_goes_with_the_refusal(tmp_path, monkeypatch):
+    """Two fresh runs on one new folder: P makes the lock file, Q wins the lock, P is
+    refused; Q, refused later, kept the file because it had not made it, and the file then
+    turned off the check that keeps the user's own tokens.bin and loss.png."""
+    from gptspec.fast.training_run import Corpus, RunError, TrainingRun
+
+    out = tmp_path / "new"
+    out.mkdir()
+
+    def raced_then_refused(self, *args):
+        RunLock(out).release()  # P: made the file, let go of it
+        self._claim()  # Q takes the lock on P's file
+        assert not self._lock.created
+        raise RunError("refused later")
+
+    monkeypatch.setattr(TrainingRun, "_fresh", raced_then_refused)
+    with pytest.raises(RunError):
+        TrainingRun.fresh(out, CONFIG, {}, Corpus(None, lambda: (TEXT, "text")))
+    assert list(out.iterdir()) == []

@@ -47,6 +47,7 @@ class RunLock:
     def _open(self) -> int:
         # never through a link: the pid written below would overwrite the link's target
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        self.created = False  # of this attempt's file
         try:
             while True:  # made here, or there: removed between the two opens, try again
                 try:

@@ -88,6 +88,7 @@ class TrainingRun:
         self.stopped_by = 0  # the signal that interrupted train(), once it has
         self._made: list[Path] = []  # folders a fresh run made, the deepest first
         self._wrote_tokens = False
+        self._lock_file_found = True  # (fresh() looks)
 
     def __enter__(self) -> TrainingRun:
         return self
@@ -108,6 +109,9 @@ class TrainingRun:
         """A new run in OUT (refused if OUT holds one) of the model ``config``, with the
         default settings but ``changes``, on ``corpus``."""
         run = cls(out)
+        # a lock file found here is a run's (or a conversion's): kept; one that appeared
+        # after this point, made by a fresh run racing this one, goes with this run's refusal
+        run._lock_file_found = (Path(out) / LOCK_FILE).exists()
         try:
             run._fresh(config, changes, corpus, vet)
         except BaseException:
@@ -139,7 +143,7 @@ class TrainingRun:
             return
         if self._wrote_tokens:
             (self.out / "tokens.bin").unlink(missing_ok=True)
-        lock.release(remove=lock.created)
+        lock.release(remove=lock.created or not self._lock_file_found)
         self._lock = None
         for folder in self._made:  # the deepest first; one the user filled meanwhile stays
             try:
