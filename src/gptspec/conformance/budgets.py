@@ -514,6 +514,27 @@ def layer_norm_bound(x, ex, gamma, beta, eps: float, p: Precision) -> tuple[Arra
     return y, _q(e, p.store(y))
 
 
+def root_sum_square(x, axis, keepdims: bool = False) -> Array:
+    """√(Σ x²) along ``axis``, scaled by the largest |x| first: squared as they are, terms
+    below ~1e-154 underflow to zero in float64 (see _quadrature_product)."""
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    top = np.max(x, axis=axis, keepdims=True) if x.size else np.ones_like(x)
+    top = np.where(top > 0, top, 1.0)
+    out = np.sqrt(np.sum(np.square(x / top), axis=axis, keepdims=True)) * top
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def _quadrature_product(X, Y) -> Array:
+    """√(Σ_k X_ik² Y_kj²) with each row of X and column of Y scaled to its largest entry
+    first: squared as they are, errors below ~1e-154 (the far tail of a softmax) underflow
+    to zero in float64 and their budget vanished (a float64 false alarm, seed 31337)."""
+    X, Y = np.abs(np.asarray(X, dtype=np.float64)), np.abs(np.asarray(Y, dtype=np.float64))
+    rows = np.max(X, axis=-1, keepdims=True) if X.shape[-1] else np.ones(X.shape[:-1] + (1,))
+    cols = np.max(Y, axis=-2, keepdims=True) if Y.shape[-2] else np.ones(Y.shape[:-2] + (1,) + Y.shape[-1:])
+    rows, cols = np.where(rows > 0, rows, 1.0), np.where(cols > 0, cols, 1.0)
+    return np.sqrt(np.square(X / rows) @ np.square(Y / cols)) * rows * cols
+
+
 def matmul_bound(A, eA, B, eB, p: Precision, terms: Array | None = None
                  ) -> tuple[Array, Array]:
     """C = A B with errors in both factors. ``terms``: how many of each row's products
@@ -522,7 +543,7 @@ def matmul_bound(A, eA, B, eB, p: Precision, terms: Array | None = None
     A, B = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)
     C = A @ B
     n = A.shape[-1] if terms is None else terms
-    inherited = np.sqrt(np.square(eA) @ np.square(B) + np.square(A) @ np.square(eB))
+    inherited = np.hypot(_quadrature_product(eA, B), _quadrature_product(A, eB))
     local = p.inner_product_scale(n, np.abs(A) @ np.abs(B), C)
     drift = 0.0
     if p.tiny > FLOOR_WORTH_A_TERM:

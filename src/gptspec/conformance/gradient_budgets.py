@@ -37,7 +37,7 @@ def _sum_rows(t, et, p: Precision) -> Bounded:
     the sum's rounding √N·u_acc·Σ|terms|, the stored result's."""
     R, eR = _rows(t), _rows(et)
     s = R.sum(axis=0)
-    return s, _q(np.sqrt(np.sum(np.square(eR), axis=0)),
+    return s, _q(B.root_sum_square(eR, axis=0),
                  p.sum_scale(R.shape[0]) * np.abs(R).sum(axis=0), p.store(s),
                  _floor_drift(np.ones_like(R), R, eR, p))
 
@@ -99,7 +99,7 @@ def positional_embedding_backward_bound(dP, edP, n_ctx: int, p: Precision) -> Bo
     value[:T] = terms.sum(axis=0)
     drift = (np.sum(p.subnormal(terms, errors), axis=0) * p.floor_drift
              if p.tiny > B.FLOOR_WORTH_A_TERM else 0.0)
-    error[:T] = _q(np.sqrt(np.sum(np.square(errors), axis=0)),
+    error[:T] = _q(B.root_sum_square(errors, axis=0),
                    p.sum_scale(terms.shape[0]) * np.abs(terms).sum(axis=0), p.store(value[:T]),
                    drift)
     return value, error
@@ -145,7 +145,7 @@ def softmax_backward_bound(dA, edA, A, eA, p: Precision) -> Bounded:
     n = A.shape[-1]
     terms, e_terms = _product(dA, edA, A, eA, p)
     c = terms.sum(axis=-1, keepdims=True)
-    e_c = _q(np.sqrt(np.sum(np.square(e_terms), axis=-1, keepdims=True)),
+    e_c = _q(B.root_sum_square(e_terms, axis=-1, keepdims=True),
              p.sum_scale(n) * np.abs(terms).sum(axis=-1, keepdims=True))
     diff = dA - c
     e_diff = _q(edA, e_c, p.u_acc * (np.abs(dA) + np.abs(c)))
