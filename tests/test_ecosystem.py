@@ -198,31 +198,27 @@ def test_the_guides_smallest_adapter_runs_through_the_suite():
     assert status["gpt_forward.differential"].not_applicable > 0  # post-LN, Guide: skipped
 
 
-def test_a_logits_only_engine_nobody_here_wrote_is_judged_on_thirty_checks():
-    """transformers' GPT-2 behind forward alone (hf-logits), as committed by the ecosystem
-    run at the default profile: at least 30 checks reach a verdict (pass, fail or blocked;
-    not "not implemented" or "not applicable") in float32 and in bfloat16, and none fails."""
-    for dtype in ("float32", "bfloat16"):
-        path = ROOT / ecosystem.REPORT_DIR / ecosystem.report_name("hf-logits", dtype)
+def _judged_on_thirty_checks(engine: str, dtypes: tuple[str, ...]) -> None:
+    """The engine's committed default-profile reports: in each dtype at least 30 checks
+    reach a verdict (not "not implemented" or "not applicable"), and none fails."""
+    for dtype in dtypes:
+        path = ROOT / ecosystem.REPORT_DIR / ecosystem.report_name(engine, dtype)
         (run,) = json.loads(path.read_text(encoding="utf-8"))["runs"]
         assert run["settings"]["profile"] == "default"
         statuses = [c["status"] for c in run["checks"]]
         judged = [s for s in statuses if s not in ("not-implemented", "not-applicable")]
-        assert len(judged) >= 30, (dtype, len(judged))
-        assert set(judged) == {"pass"}, (dtype, sorted(set(judged)))
+        assert len(judged) >= 30, (engine, dtype, len(judged))
+        assert set(judged) == {"pass"}, (engine, dtype, sorted(set(judged)))
+
+
+def test_a_logits_only_engine_nobody_here_wrote_is_judged_on_thirty_checks():
+    """transformers' GPT-2 behind forward alone (hf-logits), in float32 and bfloat16."""
+    _judged_on_thirty_checks("hf-logits", ("float32", "bfloat16"))
 
 
 def test_transformers_exported_to_onnx_is_judged_on_thirty_checks():
-    """transformers' GPT-2 exported by torch.onnx and run by ONNX Runtime (hf-onnx), as
-    committed by the ecosystem run at the default profile: in each dtype it computes in, at
-    least 30 checks reach a verdict and none fails; bfloat16 it declines."""
+    """transformers' GPT-2 exported by torch.onnx and run by ONNX Runtime (hf-onnx), in
+    each dtype it computes in; bfloat16 it declines."""
     engine = next(e for e in ecosystem.ENGINES if e.backend == "hf-onnx")
     assert engine.dtypes == ("float32", "float16")
-    for dtype in engine.dtypes:
-        path = ROOT / ecosystem.REPORT_DIR / ecosystem.report_name("hf-onnx", dtype)
-        (run,) = json.loads(path.read_text(encoding="utf-8"))["runs"]
-        assert run["settings"]["profile"] == "default"
-        statuses = [c["status"] for c in run["checks"]]
-        judged = [s for s in statuses if s not in ("not-implemented", "not-applicable")]
-        assert len(judged) >= 30, (dtype, len(judged))
-        assert set(judged) == {"pass"}, (dtype, sorted(set(judged)))
+    _judged_on_thirty_checks("hf-onnx", engine.dtypes)

@@ -57,14 +57,7 @@ class TransformersBackend:
 
     # --- what GPT-2 can express ------------------------------------------------------------
 
-    @staticmethod
-    def supports(config: GPTConfig) -> str | None:
-        """None if GPT2LMHeadModel can hold this configuration, else why not (one line)."""
-        try:
-            hf_interop.check_expressible(config)
-        except hf_interop.InteropError as err:
-            return str(err)
-        return None
+    supports = staticmethod(hf_interop.why_inexpressible)
 
     def _require(self, config: GPTConfig) -> None:
         reason = self.supports(config)

@@ -73,14 +73,7 @@ class TransformersOnnxBackend:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r}, dtype={self.dtype!r})"
 
-    @staticmethod
-    def supports(config: GPTConfig) -> str | None:
-        """None if GPT2LMHeadModel can hold this configuration, else why not (one line)."""
-        try:
-            hf_interop.check_expressible(config)
-        except hf_interop.InteropError as err:
-            return str(err)
-        return None
+    supports = staticmethod(hf_interop.why_inexpressible)
 
     # --- export, once per configuration -------------------------------------------------------
 

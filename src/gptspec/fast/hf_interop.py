@@ -87,6 +87,16 @@ def check_expressible(config: GPTConfig) -> None:
             raise InteropError(f"transformers' GPT-2 cannot express config field {why}")
 
 
+def why_inexpressible(config: GPTConfig) -> str | None:
+    """None if GPT2LMHeadModel can hold ``config``, else why not (one line): a backend's
+    ``supports``."""
+    try:
+        check_expressible(config)
+    except InteropError as err:
+        return str(err)
+    return None
+
+
 def config_to_hf(config: GPTConfig, tokenizer: Any = None) -> Any:
     """The GPT2Config of a configuration (dropout off: this project's model has none).
     Its bos and eos ids are the tokenizer's end-of-text token; without a tokenizer,
