@@ -19,6 +19,7 @@ from typing import Any
 
 from gptspec.atomic_files import is_stream
 from gptspec.cli import CLIError, printable
+from gptspec.fast.run_lock import missing_folders, remove_empty
 
 MAX_SEED = 2**63  # torch.manual_seed and NumPy take any integer in [0, 2^63)
 MAX_COUNT = 2**63  # counts (steps, batches, tokens) are kept as 64-bit integers
@@ -267,11 +268,11 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
         folder = run if run is not None else create
         if folder is None:
             return contextlib.nullcontext()
-        made = _missing(folder)  # the deepest first
+        made = missing_folders(folder)  # the deepest first
         lock = _take(folder, target, flag, named=folder == create, made=made)
         if run is not None and lock.created:  # the file found was removed by its holder
             lock.release(remove=True)  # as it let go: look again
-            _remove_empty(made)
+            remove_empty(made)
             continue
         try:
             if not lock.created:  # a run's lock file, maybe one made since the checks
@@ -280,29 +281,11 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
                 not_in_a_run_checkpoint(target, flag)
         except BaseException:
             lock.release()
-            _remove_empty(made)
+            remove_empty(made)
             raise
         return _holding(lock, folder, made)
     raise CLIError(f"{flag} {printable(target)}: the lock file in it keeps being made and "
                    "removed by other processes; try again")
-
-
-def _missing(folder: Path) -> list[Path]:
-    """``folder`` and the folders above it that do not exist, the deepest first."""
-    missing = []
-    for above in (folder, *folder.parents):
-        if os.path.lexists(above):
-            break
-        missing.append(above)
-    return missing
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    for folder in folders:  # the deepest first; one that was filled stays, and those above
-        try:
-            folder.rmdir()
-        except OSError:
-            break
 
 
 def _take(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) -> Any:
@@ -315,7 +298,7 @@ def _take(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) 
         folder.mkdir(parents=True, exist_ok=True)
         return RunLock(folder)
     except RunLocked as err:
-        _remove_empty(made)
+        remove_empty(made)
         holder = str(err).split("; ")[0]
         if named:
             raise CLIError(f"{flag} {printable(target)}: {holder}; wait for it to end or "
@@ -323,7 +306,7 @@ def _take(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) 
         raise CLIError(f"{flag} {printable(target)} is in a training run's folder: "
                        f"{holder}; choose another {flag}") from None
     except OSError as err:
-        _remove_empty(made)
+        remove_empty(made)
         raise CLIError(f"{flag} {printable(target)}: cannot take the lock of "
                        f"{printable(folder)}: {err.strerror or err}") from None
 
@@ -339,7 +322,7 @@ def _holding(lock: Any, folder: Path, made: list[Path]) -> Iterator[Any]:
         yield lock
     finally:
         lock.release(remove=lock.created and not find_checkpoints(folder / "checkpoint"))
-        _remove_empty(made)
+        remove_empty(made)
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -133,6 +133,24 @@ def _holder(fd: int) -> tuple[int | None, str]:
     return None, text[:20]
 
 
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and the folders above it that do not exist, the deepest first."""
+    missing = []
+    for above in (folder, *folder.parents):
+        if os.path.lexists(above):
+            break
+        missing.append(above)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # the deepest first; one that was filled stays, and those above
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 def remove_stale_temporaries(out: Path, names: tuple[str, ...]) -> list[Path]:
     """Delete the temporary files (``.NAME.XXXXXXXX.tmp``, see atomic_files) a killed run
     left beside ``OUT/NAME``. Only for the lock's holder: another writer's are live."""

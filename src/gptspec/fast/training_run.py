@@ -34,7 +34,14 @@ from gptspec.fast.data import (
     tokens_sha256,
     write_tokens,
 )
-from gptspec.fast.run_lock import LOCK_FILE, RunLock, RunLocked, remove_stale_temporaries
+from gptspec.fast.run_lock import (
+    LOCK_FILE,
+    RunLock,
+    RunLocked,
+    missing_folders,
+    remove_empty,
+    remove_stale_temporaries,
+)
 from gptspec.fast.train import (
     Interrupted,
     Trainer,
@@ -137,26 +144,21 @@ class TrainingRun:
         the tokens.bin, lock file and folders it made go (a single process only: under
         torchrun the other ranks may still be writing)."""
         lock = self._lock
-        alone = os.environ.get("WORLD_SIZE", "1") in ("", "1")
-        if lock is None or not alone or find_checkpoints(self.checkpoint):
+        if lock is None or not _single_process() or find_checkpoints(self.checkpoint):
             self.close()
             return
         if self._wrote_tokens:
             (self.out / "tokens.bin").unlink(missing_ok=True)
         lock.release(remove=lock.created or not self._lock_file_found)
         self._lock = None
-        for folder in self._made:  # the deepest first; one the user filled meanwhile stays
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        remove_empty(self._made)  # one the user filled meanwhile stays
 
     def _claim(self, resume: bool = False) -> None:
         """Make OUT this process's to write (refused if another live run writes it), then
         remove what killed runs left there; every later write happens under the lock."""
         out = self.out
         if not self._made and not resume:
-            self._made = [folder for folder in (out, *out.parents) if not folder.exists()]
+            self._made = missing_folders(out)
         out.mkdir(parents=True, exist_ok=True)
         if self._lock is not None or os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 writes
             return
@@ -174,8 +176,7 @@ class TrainingRun:
             self._refuse_other_files()
         # under torchrun every rank writes tokens.bin (the same bytes) at this moment: only
         # the files rank 0 alone writes are a killed run's
-        together = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
-        remove_stale_temporaries(out, ("loss.png",) if together else TEMPORARY_FILES)
+        remove_stale_temporaries(out, TEMPORARY_FILES if _single_process() else ("loss.png",))
         recover_checkpoint(self.checkpoint)  # the temporary folders of killed saves go
 
     def _refuse_other_files(self) -> None:
@@ -195,7 +196,7 @@ class TrainingRun:
 
     def _fresh(self, config: GPTConfig, changes: dict, corpus: Corpus, vet: Vet | None) -> None:
         out, checkpoint = self.out, self.checkpoint
-        alone = os.environ.get("WORLD_SIZE", "1") in ("", "1")  # under torchrun every
+        alone = _single_process()  # under torchrun every
         # rank writes tokens.bin, before or after rank 0 takes the lock
         if alone and out.is_dir() and not (out / LOCK_FILE).exists():  # no run was ever
             # here: files of a run's names are the user's, which the run would write over
@@ -372,6 +373,11 @@ class TrainingRun:
 
 # settings a run records since a later version: missing, they mean this default
 SETTINGS_ADDED_LATER = {"compile": False}  # since 2026-11-26: older runs were not compiled
+
+
+def _single_process() -> bool:
+    """Not one rank of several under torchrun."""
+    return os.environ.get("WORLD_SIZE", "1") in ("", "1")
 
 
 def _all_settings_saved(saved: Any, state_file: Path) -> None:
