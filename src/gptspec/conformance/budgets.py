@@ -259,7 +259,7 @@ _NOT_REAL = {"c": "complex numbers", "U": "text", "S": "bytes", "M": "dates",
 
 def _kind(actual: Any) -> str | None:
     """The NumPy dtype kind of a result (a tensor of another library: "c" when complex,
-    else None; its values are read by NumPy below)."""
+    else None; its values are read by NumPy later)."""
     dtype = getattr(actual, "dtype", None)
     if isinstance(dtype, np.dtype):
         return "record" if dtype.fields is not None else dtype.kind
@@ -269,16 +269,16 @@ def _kind(actual: Any) -> str | None:
             return "c" if is_complex() is True else None
         except Exception:  # noqa: BLE001 — not a tensor's method after all
             return None
-    if isinstance(actual, (list, tuple, str, bytes, complex)):
-        try:  # a nested list: what NumPy makes of it
-            return np.asarray(actual).dtype.kind
-        except (TypeError, ValueError):
-            return None
     return None
 
 
 def _compare(actual, expected, bound) -> Comparison:
     expected = np.asarray(expected, dtype=np.float64)
+    if isinstance(actual, (list, tuple, str, bytes, complex)):
+        try:  # a nested list: NumPy's array of it, converted once
+            actual = np.asarray(actual)
+        except (TypeError, ValueError):
+            pass
     kind = _kind(actual)
     if kind in _NOT_REAL:  # NumPy would drop an imaginary part and read '1.5' as a number
         return Comparison(math.inf, (), math.nan, math.nan, math.nan,
