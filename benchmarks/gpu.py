@@ -1,29 +1,32 @@
-"""On a CUDA device: bf16 training MFU of GPT-2 small at T = 1024, and generation
-throughput with the KV cache. Without CUDA this module measures nothing.
+"""On a CUDA device: bf16 training MFU of GPT-2 small at T = 1024, and batch-1 and
+batch-16 decoding, against the card's measured limits and transformers in the same run.
 
-MFU = achieved training FLOP/s ÷ the device's dense bf16 datasheet peak, with the
-training FLOPs per token of spec/costs.py (6·N_mm + 6·L·T·d: the attention term is
-the causal half of the full T × T products, so this MFU is slightly conservative
-next to PaLM's 12·L·T·d). The goal is at least 50%.
-
-The step and the decoding loop are plain functions of a device so that the tests run
-them on the CPU with a tiny model (code path only, no timing).
+MFU = training FLOP/s ÷ the dense bf16 datasheet peak (goal ≥ 0.55), FLOPs per token from
+reference/costs.py (6·N_mm + 6·L·T·d, the causal half of the attention products: slightly
+conservative); the measured matmul rate is reported beside it. Batch-1 decoding is given
+as a fraction of the bandwidth limit, measured copy bandwidth ÷ the bytes one step must
+read (goal ≥ 0.3). The steps and loops are plain functions of a device so that the tests
+run them on the CPU with a tiny model (code path only, no timing).
 """
 
 from __future__ import annotations
 
+import os
 import time
+import traceback
+from collections.abc import Callable
 
 import torch
 
-from benchmarks.machine import dense_bf16_peak
+from benchmarks.machine import copy_bandwidth, dense_bf16_peak, matmul_rate
 from benchmarks.report import Report
 from gptspec.fast.model import GPT
 from gptspec.fast.train import mean_cross_entropy
 from gptspec.reference import costs
 from gptspec.spec import PRESETS, GPTConfig
 
-MFU_GOAL = 0.5
+MFU_GOAL = 0.55
+DECODE_GOAL = 0.3  # batch-1 tokens/s over the bandwidth limit
 
 
 def sync(device: str | torch.device) -> None:
@@ -32,10 +35,15 @@ def sync(device: str | torch.device) -> None:
 
 
 def training_tokens_per_second(config: GPTConfig, device: str, batch: int, steps: int,
-                               warmup: int, compile: bool = True) -> float:
+                               warmup: int, compile: bool = True,
+                               vocab_multiple: int = 64) -> tuple[float, float]:
     """Tokens/s of full training steps (forward, loss, backward, AdamW) with float32
-    master weights and bf16 autocast, the usual mixed-precision recipe."""
+    master weights and bf16 autocast, the usual mixed-precision recipe; the unembedding
+    padded to ``vocab_multiple`` as ``gptspec train --compile`` does on CUDA. Also the
+    first step's loss against the eager, unpadded model's: |a − b| / b."""
+    torch._dynamo.reset()  # each configuration compiled afresh, for its own shapes
     model = GPT(config, device=device, seed=0).train()
+    model.vocab_multiple = vocab_multiple
 
     def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # the whole-sequence path (the input checks stay out), as Trainer(compile=True)
@@ -44,7 +52,7 @@ def training_tokens_per_second(config: GPTConfig, device: str, batch: int, steps
     # forward and loss compiled together: the float32 (B·T × V) logits are never stored
     # whole (on an H200, 453k against 374k tokens/s with the loss outside the compiled
     # model, and 223k eager: benchmarks/cuda_profile.py)
-    loss_fn = torch.compile(loss_of) if compile else loss_of
+    loss_fn = torch.compile(loss_of, dynamic=False) if compile else loss_of
     fused = torch.device(device).type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=fused)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -59,6 +67,12 @@ def training_tokens_per_second(config: GPTConfig, device: str, batch: int, steps
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    with torch.no_grad(), torch.autocast(device_type=torch.device(device).type,
+                                         dtype=torch.bfloat16):
+        model.vocab_multiple = 1
+        eager = mean_cross_entropy(model._forward(x), y).item()
+        model.vocab_multiple = vocab_multiple
+        first = loss_fn(x, y).item()
     for _ in range(warmup):  # compilation and autotuning happen here
         step()
     sync(device)
@@ -66,7 +80,7 @@ def training_tokens_per_second(config: GPTConfig, device: str, batch: int, steps
     for _ in range(steps):
         step()
     sync(device)
-    return batch * T * steps / (time.perf_counter() - t0)
+    return batch * T * steps / (time.perf_counter() - t0), abs(first - eager) / eager
 
 
 @torch.no_grad()
@@ -84,11 +98,61 @@ def generate_greedy(model: GPT, prompt: torch.Tensor, new_tokens: int) -> torch.
     return torch.cat(out, dim=1)
 
 
+class GraphedGreedy:
+    """Greedy decoding whose one-token step (``KVCache.static_plan``: position, cache slot
+    and mask all on the device) is captured once as a CUDA graph and replayed, so a token
+    costs one launch instead of some 200; ``compile=True`` runs torch.compile's fused
+    kernels inside the graph. On the CPU the same step runs eagerly (for the tests)."""
+
+    def __init__(self, model: GPT, batch: int, max_len: int, compile: bool = False) -> None:
+        self.model = model
+        self.cache = model.new_cache(batch, max_len=max_len)
+        self.token = torch.zeros(batch, 1, dtype=torch.long, device=model.wte.device)
+        self.logits: torch.Tensor | None = None
+        self.step = torch.compile(self._step, dynamic=False) if compile else self._step
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if model.wte.device.type == "cuda":
+            with torch.no_grad():
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # compilation and lazy set-up stay out
+                    for _ in range(3):
+                        self.step()
+                torch.cuda.current_stream().wait_stream(side)
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    self.step()
+
+    def _step(self) -> None:
+        logits = self.model.run(self.token, self.cache.static_plan(), last_only=True)
+        self.logits = logits[:, -1]
+        self.token.copy_(self.logits.argmax(dim=-1, keepdim=True))
+
+    def replay(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.step()
+
+    @torch.no_grad()
+    def __call__(self, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """The new tokens (B, new_tokens), as generate_greedy picks them."""
+        self.cache.reset()
+        first = self.model(prompt, cache=self.cache)[:, -1]
+        self.token.copy_(first.argmax(dim=-1, keepdim=True))
+        out = torch.empty(prompt.shape[0], new_tokens, dtype=torch.long, device=prompt.device)
+        for i in range(new_tokens):
+            out[:, i : i + 1].copy_(self.token)
+            self.replay()  # (the last step's token is unused, as in generate_greedy)
+        return out
+
+
 def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_tokens: int,
                                  repeats: int, loop: str = "generate") -> float:
     """New tokens per second (all sequences together), median over ``repeats``.
     ``loop``: "generate" (gptspec.fast.generate, the library's path, token lists on the
-    host) or "greedy" (generate_greedy: tokens stay on the device)."""
+    host), "greedy" (generate_greedy: tokens stay on the device), "graph" (GraphedGreedy)
+    or "graph-compiled" (GraphedGreedy(compile=True))."""
     from gptspec.fast.generate import GREEDY, generate
 
     device = model.wte.device
@@ -96,52 +160,177 @@ def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_to
     prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device,
                            generator=gen)
     prompts = prompt.tolist()
+    decoder = None
+    if loop.startswith("graph"):
+        decoder = GraphedGreedy(model, batch, prompt_len + new_tokens,
+                                compile=loop == "graph-compiled")
 
     def decode(n: int) -> None:
-        if loop == "greedy":
+        if decoder is not None:
+            decoder(prompt, n)
+        elif loop == "greedy":
             generate_greedy(model, prompt, n)
         else:
             generate(model, prompts, n, GREEDY)
 
     decode(min(new_tokens, 8))  # warm-up
+    return batch * new_tokens / _median_time(lambda: decode(new_tokens), repeats, device)
+
+
+def _median_time(fn: Callable[[], object], repeats: int, device: str | torch.device) -> float:
     times = []
     for _ in range(repeats):
         sync(device)
         t0 = time.perf_counter()
-        decode(new_tokens)
+        fn()
         sync(device)
         times.append(time.perf_counter() - t0)
     times.sort()
-    return batch * new_tokens / times[len(times) // 2]
+    return times[len(times) // 2]
+
+
+def graph_step_error(model: GPT, prompt: torch.Tensor, compile: bool = False) -> float:
+    """‖a − b‖ / ‖b‖ of the next-token logits after ``prompt``'s last token: ``a`` from a
+    GraphedGreedy replay, ``b`` from the library's cached step (model(token, cache))."""
+    decoder = GraphedGreedy(model, prompt.shape[0], prompt.shape[1] + 2, compile=compile)
+    with torch.no_grad():
+        decoder(prompt, 1)  # prefill, then one replay on the prefill's greedy token
+        assert decoder.logits is not None
+        graphed = decoder.logits.float().clone()
+        cache = model.new_cache(prompt.shape[0], max_len=prompt.shape[1] + 2)
+        token = model(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)
+        eager = model(token, cache=cache)[:, -1].float()
+    return float((graphed - eager).norm() / eager.norm())
+
+
+def transformers_tokens_per_second(batch: int, prompt_len: int, new_tokens: int,
+                                   repeats: int, static: bool, device: str = "cuda") -> float:
+    """The peer: transformers' GPT-2 small (random weights, bf16) ``generate``, greedy,
+    exactly ``new_tokens`` new tokens; ``static``: its static KV cache, with which
+    transformers compiles the forward itself (torch.compile, CUDA graphs)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config()).to(device, torch.bfloat16).eval()
+    gen = torch.Generator(device=device).manual_seed(0)
+    prompt = torch.randint(0, 50257, (batch, prompt_len), device=device, generator=gen)
+    options: dict = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens,
+                     "do_sample": False, "pad_token_id": 0,
+                     "attention_mask": torch.ones_like(prompt)}
+    if static:
+        options["cache_implementation"] = "static"
+
+    def decode() -> None:
+        with torch.no_grad():
+            model.generate(prompt, **options)
+
+    decode()  # compilation (static) and warm-up
+    decode()
+    return batch * new_tokens / _median_time(decode, repeats, device)
+
+
+def decode_bytes_per_token(model: GPT, context: int) -> int:
+    """The fewest bytes one batch-1 decoding step must read: every weight once (one row of
+    the position table) and the keys and values of ``context`` cached positions."""
+    c = model.config
+    size = model.wte.element_size()
+    weights = sum(p.numel() for n, p in model.named_parameters() if n != "wpe")
+    weights += c.d_model if model.wpe is not None else 0
+    return size * (weights + 2 * c.n_layers * context * c.d_attn)
 
 
 def run(report: Report, quick: bool) -> None:
+    """The measurements in order of importance; GPTSPEC_BENCH_SECONDS, where set, is the time
+    they have (a short GPU lease): once it is spent, the rest are skipped and named."""
     if not torch.cuda.is_available():
         print("[bench] gpu: no CUDA device; training MFU and generation throughput skipped")
         return
+    deadline = time.monotonic() + float(os.environ.get("GPTSPEC_BENCH_SECONDS", "inf"))
     torch.backends.cuda.matmul.allow_tf32 = True
     config = PRESETS["gpt2"]  # n_ctx = 1024
     name = torch.cuda.get_device_name()
     peak = dense_bf16_peak(name)
-    batch = 16
-    tps = training_tokens_per_second(config, "cuda", batch, steps=10 if quick else 30,
-                                     warmup=3 if quick else 5)
-    flops = tps * costs.training_flops_per_token(config)
-    report.metric("training", "GPT-2 small bf16 training (cuda), B=16 T=1024", tps,
-                  "tokens/s", name)
-    report.metric("training", "GPT-2 small bf16 training FLOP rate (cuda)", flops / 1e9,
-                  "GFLOP/s", "autocast bf16, forward + loss compiled, fused AdamW")
-    if peak is not None:
-        report.ratio("training", f"MFU: training FLOP/s / dense bf16 peak ({name})",
-                     flops / peak, goal=MFU_GOAL, goal_text="≥ 0.5")
+    matmul = matmul_rate("cuda", torch.bfloat16, 8192, 5)
+    report.metric("machine", "bf16 matmul (cuda)", matmul / 1e9, "GFLOP/s", "8192³, random")
+    bandwidth = copy_bandwidth("cuda", 2 << 30, 5)
+    report.metric("machine", "memory copy (cuda)", bandwidth / 1e9, "GB/s", "read + write")
+    flops_per_token = costs.training_flops_per_token(config)
+
+    def train(batch: int, multiple: int) -> None:
+        label = f"B={batch} T=1024" + (", vocab padded to 64" if multiple > 1 else "")
+        tps, error = training_tokens_per_second(config, "cuda", batch,
+                                                steps=10 if quick else 20, warmup=3,
+                                                vocab_multiple=multiple)
+        torch._dynamo.reset()
+        flops = tps * flops_per_token
+        report.metric("training", f"GPT-2 small bf16 training (cuda), {label}", tps,
+                      "tokens/s", name)
+        report.metric("training", f"compiled loss against the eager one, |a−b|/b, {label}",
+                      error, "", "bf16 autocast; about 1e-3 expected")
+        report.ratio("training", f"training FLOP/s / measured bf16 matmul rate, {label}",
+                     flops / matmul)
+        if peak is not None:
+            report.ratio("training", f"MFU: training FLOP/s / dense bf16 peak, {label}",
+                         flops / peak, goal=MFU_GOAL, goal_text=f"≥ {MFU_GOAL}")
 
     model = GPT.from_parameters(GPT(config, device="cuda").state_dict(), config,
                                 device="cuda", dtype=torch.bfloat16).eval()
-    for batch_size in (1, 16):
-        for loop in ("generate", "greedy"):
-            gen_tps = generation_tokens_per_second(model, batch_size, prompt_len=64,
-                                                   new_tokens=128 if quick else 512,
-                                                   repeats=3 if quick else 5, loop=loop)
-            what = "gptspec generate" if loop == "generate" else "device-side greedy loop"
+    prompt_len, new = 64, 128 if quick else 512
+    repeats = 3 if quick else 5
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    probe = torch.randint(0, config.vocab_size, (1, prompt_len), device="cuda", generator=gen)
+    limit = bandwidth / decode_bytes_per_token(model, prompt_len + new // 2)
+    report.metric("generation", "batch-1 bandwidth limit (cuda)", limit, "tokens/s",
+                  "copy bandwidth / bytes read per token")
+    loops = {"generate": "gptspec generate", "greedy": "device-side greedy loop",
+             "graph": "CUDA-graph step", "graph-compiled": "compiled CUDA-graph step"}
+
+    def decode(loop: str) -> None:
+        what = loops[loop]
+        if loop.startswith("graph"):
+            error = graph_step_error(model, probe, compile=loop == "graph-compiled")
+            report.metric("generation", f"{what}: logits ‖a−b‖/‖b‖ against the eager step",
+                          error, "", "bf16; below 1e-2 expected")
+        for batch_size in (1, 16):
+            tps = generation_tokens_per_second(model, batch_size, prompt_len, new, repeats, loop)
             report.metric("generation", f"{what}, KV cache, bf16 (cuda), B={batch_size}",
-                          gen_tps, "tokens/s", "GPT-2 small, 64-token prompt, greedy")
+                          tps, "tokens/s", f"GPT-2 small, {prompt_len}-token prompt, greedy")
+            if batch_size == 1:
+                report.ratio("generation", f"{what}, B=1: fraction of the bandwidth limit",
+                             tps / limit, goal=DECODE_GOAL, goal_text=f"≥ {DECODE_GOAL}")
+
+    def peer(static: bool, batch_size: int) -> None:
+        what = "transformers generate, " + ("static cache, compiled" if static else "dynamic cache")
+        tps = transformers_tokens_per_second(batch_size, prompt_len, new, repeats, static)
+        report.metric("generation", f"{what}, bf16 (cuda), B={batch_size}", tps,
+                      "tokens/s", f"GPT-2 small, {prompt_len}-token prompt, greedy")
+        if batch_size == 1:
+            report.ratio("generation", f"{what}, B=1: fraction of the bandwidth limit",
+                         tps / limit)
+
+    tasks: list[tuple[str, Callable[[], None]]] = [
+        ("training B=16, padded vocabulary", lambda: train(16, 64)),
+        ("decoding, CUDA graph", lambda: decode("graph")),
+        ("decoding, gptspec generate", lambda: decode("generate")),
+        ("decoding, transformers static cache B=1", lambda: peer(True, 1)),
+        ("decoding, compiled CUDA graph", lambda: decode("graph-compiled")),
+        ("training B=32, padded vocabulary", lambda: train(32, 64)),
+        ("training B=16, vocabulary as is", lambda: train(16, 1)),
+        ("decoding, transformers static cache B=16", lambda: peer(True, 16)),
+        ("decoding, transformers dynamic cache B=1", lambda: peer(False, 1)),
+        ("decoding, device-side greedy loop", lambda: decode("greedy")),
+    ]
+    if quick:
+        tasks = tasks[:2]
+    for what, task in tasks:
+        if time.monotonic() > deadline:
+            print(f"[bench] gpu: {what}: skipped, GPTSPEC_BENCH_SECONDS spent")
+            continue
+        t0 = time.monotonic()
+        try:
+            task()
+        except Exception as error:  # one failure must not cost the lease's other figures
+            traceback.print_exc()
+            print(f"[bench] gpu: {what}: FAILED: {type(error).__name__}: "
+                  f"{(str(error).splitlines() or [''])[0]}")
+            torch.cuda.empty_cache()
+        print(f"[bench] gpu: {what}: {time.monotonic() - t0:.0f}s", flush=True)

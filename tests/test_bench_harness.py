@@ -161,8 +161,10 @@ def test_gpu_code_paths_run_on_the_cpu():
     import torch
 
     from benchmarks.gpu import (
+        GraphedGreedy,
         generate_greedy,
         generation_tokens_per_second,
+        graph_step_error,
         training_tokens_per_second,
     )
     from gptspec.fast.generate import GREEDY, generate
@@ -170,8 +172,9 @@ def test_gpu_code_paths_run_on_the_cpu():
     from gptspec.spec import PRESETS
 
     config = PRESETS["tiny"]
-    assert training_tokens_per_second(config, "cpu", batch=2, steps=1, warmup=1,
-                                      compile=False) > 0
+    tokens_per_second, loss_error = training_tokens_per_second(
+        config, "cpu", batch=2, steps=1, warmup=1, compile=False, vocab_multiple=48)
+    assert tokens_per_second > 0 and loss_error < 1e-2  # bf16 autocast on the CPU
     model = GPT(config, seed=3).eval()
     prompt = torch.randint(0, config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
     new = generate_greedy(model, prompt, 6)
@@ -182,7 +185,9 @@ def test_gpu_code_paths_run_on_the_cpu():
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(new, seq[:, 5:])
     assert generate(model, prompt.tolist(), 6, GREEDY) == new.tolist()
-    for loop in ("generate", "greedy"):
+    assert torch.equal(GraphedGreedy(model, 2, 11)(prompt, 6), new)  # its step, eagerly
+    assert graph_step_error(model, prompt) < 1e-5
+    for loop in ("generate", "greedy", "graph"):
         assert generation_tokens_per_second(model, 2, 4, 3, repeats=1, loop=loop) > 0
 
 

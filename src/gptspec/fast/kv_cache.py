@@ -123,6 +123,21 @@ class KVCache:
                     self._mask(T_new, n_keys, positions), self, n_keys, rows, slots, advance,
                     last)
 
+    def static_plan(self) -> Plan:
+        """One new token per sequence, planned on the device alone: its position read from
+        ``lengths``, attention over all ``max_len`` slots under the mask. No host value in it
+        changes from step to step, so a CUDA graph can capture the step and replay it. A
+        sequence already at ``max_len`` writes into the scratch slot (the caller stops it)."""
+        B, dev = self.batch_size, self.device
+        # the host's view settles at once (lengths unknown, any slot possibly written), so
+        # a step that torch.compile traced needs no new trace as the lengths grow
+        self.uniform_length, self._bound = None, self.max_len
+        positions = self.lengths[:, None]  # (B, 1)
+        return Plan(0, positions.clamp(max=self.config.n_ctx - 1), False,
+                    self._mask(1, self.max_len, positions), self, self.max_len,
+                    torch.arange(B, device=dev)[:, None], positions.clamp(max=self.max_len),
+                    torch.ones(B, dtype=torch.long, device=dev), None)
+
     def _too_long(self, b: int, length: int) -> ValueError:
         return ValueError(f"sequence {b} would reach length {length}, beyond the cache's "
                           f"{self.max_len} positions (n_ctx={self.config.n_ctx})")

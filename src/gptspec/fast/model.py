@@ -145,6 +145,9 @@ class GPT(nn.Module):
             self.ln_f = LayerNorm(c.d_model, c.ln_eps) if c.final_norm else None
             self.w_u = _empty(c.d_model, c.vocab_size) if not c.tied_embeddings else None
             self.b_u = _empty(c.vocab_size) if c.output_bias else None
+        # compute the unembedding with the vocabulary padded to a multiple of this (the same
+        # logits; see ops.unembed_tied): compiled CUDA training sets 64
+        self.vocab_multiple = 1
         if dtype is not None:
             self.to(resolve_dtype(dtype))
         if self.wte.device.type != "meta":
@@ -258,8 +261,8 @@ class GPT(nn.Module):
         if self.ln_f is not None:
             x = ops.final_layer_norm(x, self.ln_f.weight, self.ln_f.bias, self.config.ln_eps)
         if self.w_u is None:
-            return ops.unembed_tied(x, operand(self, self.wte))
-        return ops.unembed_untied(x, operand(self, self.w_u), self.b_u)
+            return ops.unembed_tied(x, operand(self, self.wte), self.vocab_multiple)
+        return ops.unembed_untied(x, operand(self, self.w_u), self.b_u, self.vocab_multiple)
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor):

@@ -407,16 +407,32 @@ def final_layer_norm(H: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tens
     return layer_norm(H, gamma, beta, eps)
 
 
-def unembed_tied(H: Tensor, W_E: Matrix) -> Tensor:
+def unembed_tied(H: Tensor, W_E: Matrix, vocab_multiple: int = 1) -> Tensor:
     """logits = H W_Eᵀ (Blueprint eq 9): W_E is already the (out, in) matrix F.linear takes
-    (or, as in ``linear``, its prepacked form)."""
+    (or, as in ``linear``, its prepacked form).
+
+    ``vocab_multiple`` > 1 multiplies by W_E padded with zero rows to a multiple of it and
+    slices them off: the same logits. A vocabulary such as GPT-2's 50 257 puts every row of
+    the logits and of their gradient off a 16-byte boundary, which denies cuBLAS its fastest
+    kernels; compiled training pads (the pad fuses into the 16-bit cast of W_E)."""
     if isinstance(W_E, PackedMatrix):
         return W_E.product(H, None)
+    V = W_E.shape[0]
+    pad = -V % vocab_multiple
+    if pad:
+        return F.linear(H, F.pad(W_E, (0, 0, 0, pad)))[..., :V]
     return F.linear(H, W_E)
 
 
-def unembed_untied(H: Tensor, W_U: Matrix, b_U: Tensor | None = None) -> Tensor:
-    """logits = H W_U + b_U (the Guide's single output projection)."""
+def unembed_untied(H: Tensor, W_U: Matrix, b_U: Tensor | None = None,
+                   vocab_multiple: int = 1) -> Tensor:
+    """logits = H W_U + b_U (the Guide's single output projection); ``vocab_multiple`` as
+    in ``unembed_tied``."""
+    pad = 0 if isinstance(W_U, PackedMatrix) else -W_U.shape[1] % vocab_multiple
+    if pad:
+        V = W_U.shape[1]
+        b = None if b_U is None else F.pad(b_U, (0, pad))
+        return linear(H, F.pad(W_U, (0, pad)), b)[..., :V]
     return linear(H, W_U, b_U)
 
 

@@ -347,6 +347,8 @@ class Trainer:
                                  "train without it")
             cpu_gelu.available()  # decided before tracing (see cpu_gelu.applies_to)
             self.compiled_loss = torch.compile(self._forward_and_loss)
+            if torch.device(settings.device).type == "cuda":
+                self.model.vocab_multiple = 64  # aligned logits (ops.unembed_tied)
         self.amp = autocast_dtype(settings)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
         self.step_count = 0
