@@ -743,3 +743,23 @@ def test_layer_norm_bias_gradient_alone_is_one_rounding_off(dtype: torch.dtype,
     ops.layer_norm(x, gamma, beta, 1e-5).backward(upstream)
     exact = upstream.double().sum(0)
     assert torch.all((beta.grad.double() - exact).abs() <= 1.01 * u * exact.abs())
+
+
+def test_backend_operations_sum_16bit_products_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every backend call runs with PyTorch's reduced-precision reductions off (cuBLAS
+    would otherwise add split-K partial sums in 16 bit), and the user's settings return."""
+    matmul = torch.backends.cuda.matmul
+    seen = []
+
+    def spy(x: torch.Tensor) -> torch.Tensor:
+        seen.append((matmul.allow_bf16_reduced_precision_reduction,
+                     matmul.allow_fp16_reduced_precision_reduction))
+        return x
+
+    monkeypatch.setattr(ops, "relu", spy)
+    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", True)
+    monkeypatch.setattr(matmul, "allow_fp16_reduced_precision_reduction", True)
+    TorchBackend(dtype="bfloat16")._operation("relu")(np.ones(3))
+    assert seen == [(False, False)]
+    assert matmul.allow_bf16_reduced_precision_reduction
+    assert matmul.allow_fp16_reduced_precision_reduction

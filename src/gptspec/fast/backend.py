@@ -8,6 +8,7 @@ NumPy arrays out (16-bit results widened to float32, which NumPy can hold exactl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,29 @@ from gptspec.spec.parameters import check_parameters
 
 # Operations whose output dtype is chosen, not inherited from a float input.
 _TAKES_DTYPE = {"one_hot", "causal_mask"}
+
+
+def float32_sums(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` with PyTorch's reduced-precision reductions off (restored after): by
+    default cuBLAS may add a 16-bit product's split-K partial sums in 16 bit, which the
+    spec's float32 accumulation forbids. Found on an H100 by thorough bfloat16
+    conformance: a (6 × 10)(10 × 10) product off by 7.6 budgets, where the CPU's was at
+    14% of its budget."""
+    matmul = torch.backends.cuda.matmul
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        saved = (matmul.allow_bf16_reduced_precision_reduction,
+                 matmul.allow_fp16_reduced_precision_reduction)
+        matmul.allow_bf16_reduced_precision_reduction = False
+        matmul.allow_fp16_reduced_precision_reduction = False
+        try:
+            return method(*args, **kwargs)
+        finally:
+            (matmul.allow_bf16_reduced_precision_reduction,
+             matmul.allow_fp16_reduced_precision_reduction) = saved
+
+    return run
 
 
 class TorchBackend(OptionalOperations):
@@ -70,6 +94,7 @@ class TorchBackend(OptionalOperations):
             self._models.pop(next(iter(self._models)))
         return model
 
+    @float32_sums
     @torch.no_grad()
     def forward(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig) -> np.ndarray:
         tokens_t = torch.as_tensor(np.asarray(tokens), device=self.device)
@@ -77,6 +102,7 @@ class TorchBackend(OptionalOperations):
 
     # --- training (gptspec.fast.train) -----------------------------------------------------
 
+    @float32_sums
     def gpt_backward(self, tokens: Any, targets: Any, params: Mapping[str, Any],
                      config: GPTConfig) -> tuple[float, dict[str, np.ndarray]]:
         from gptspec.fast import train
@@ -84,6 +110,7 @@ class TorchBackend(OptionalOperations):
         rounded = {k: self._to_torch(np.asarray(v)) for k, v in params.items()}
         return train.gpt_backward(tokens, targets, rounded, config, self.device, self.torch_dtype)
 
+    @float32_sums
     def adamw_trajectory(self, params: Mapping[str, Any], grads: list, lrs: list, beta1: float,
                          beta2: float, eps: float, weight_decay: float) -> list:
         from gptspec.fast import train
@@ -91,6 +118,7 @@ class TorchBackend(OptionalOperations):
         return train.adamw_trajectory(dict(params), grads, lrs, beta1, beta2, eps, weight_decay,
                                       self.device, self.torch_dtype)
 
+    @float32_sums
     @torch.no_grad()
     def clip_grad_norm(self, grads: Mapping[str, Any], max_norm: float
                        ) -> tuple[dict[str, np.ndarray], float]:
@@ -106,6 +134,7 @@ class TorchBackend(OptionalOperations):
                    if h.grad is not None}
         return clipped, float(norm)
 
+    @float32_sums
     def train_losses(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig,
                      steps: int, seed: int, resume_at: int | None = None) -> list[float]:
         from gptspec.fast import train
@@ -113,6 +142,7 @@ class TorchBackend(OptionalOperations):
         return train.train_losses(tokens, dict(params), config, steps, seed, resume_at,
                                   device=self.device)
 
+    @float32_sums
     def train_loop(self, tokens: Any, params: Mapping[str, Any], config: GPTConfig,
                    settings: Any) -> tuple[list, list, list]:
         """The trainer's own loop (``gptspec.fast.train.Trainer``, as ``gptspec train`` runs
@@ -127,6 +157,7 @@ class TorchBackend(OptionalOperations):
 
     # --- generation (gptspec.fast.generate, .sampling), under the reference functions' names -
 
+    @float32_sums
     def generate(self, prompts: Any, params: Mapping[str, Any], config: GPTConfig,
                  max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eot_token: int | None = None,
@@ -149,6 +180,7 @@ class TorchBackend(OptionalOperations):
         tokens, logits = result
         return tokens, [z.numpy() for z in logits]
 
+    @float32_sums
     @torch.no_grad()
     def sampling_distribution(self, z: Any, temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None) -> np.ndarray:
@@ -200,6 +232,7 @@ class TorchBackend(OptionalOperations):
         """Operation ``name`` of ops on NumPy arguments (the tests and meta/ override it)."""
         fn = getattr(ops, name)
 
+        @float32_sums
         @torch.no_grad()
         def op(*args: Any, **kwargs: Any) -> Any:
             args_t = [self._to_torch(a) for a in args]
