@@ -10,7 +10,6 @@ result, λ = 10 not applied). The CPU's product is printed beside them.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

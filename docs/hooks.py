@@ -85,10 +85,11 @@ def _verification_page(views: list[Any], root: Path) -> str:
     try:
         run = verification.load_mutation_results(root / verification.MUTATION_RESULTS)
         keyhole = verification.load_keyhole_results(root / verification.KEYHOLE_RESULTS)
+        cuda = verification.load_cuda_results(root / verification.CUDA_RESULTS)
     except verification.MutationResultsError as err:
         raise PluginError(str(err)) from None
     return verification.verification_page(views, all_checks(), MUTANTS, run, budgets,
-                                          keyhole=keyhole)
+                                          keyhole=keyhole, cuda=cuda)
 
 
 def _compatibility_page(root: Path) -> str:

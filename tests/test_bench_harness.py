@@ -262,3 +262,37 @@ def test_the_plain_peers_learning_rate_is_gptspecs_at_every_step_a_run_takes(ste
     ours = TrainSettings(max_steps=steps)
     assert [learning_rate(s, steps, ours.lr, ours.min_lr, ours.warmup_steps)
             for s in range(steps)] == [ours.learning_rate(s) for s in range(steps)]
+
+
+def test_a_gpu_record_counts_a_cut_short_run_as_unfinished(tmp_path):
+    """benchmarks/cuda_results: a pytest-plugin run cut short lists fewer checks than the
+    suite has; the record counts the missing ones as unfinished, and the Verification
+    page shows them and an unmet goal as such."""
+    import sys
+
+    from benchmarks import cuda_results
+    from gptspec.conformance.registry import all_checks
+
+    junit = ('<testsuites><testsuite><testcase name="softmax.differential"><properties>'
+             '<property name="gptspec_status" value="pass"/>'
+             '<property name="gptspec_worst_fraction" value="0.25"/></properties></testcase>'
+             '<testcase name="linear.differential"><properties>'
+             '<property name="gptspec_status" value="fail"/>'
+             '<property name="gptspec_worst_fraction" value="3.0"/></properties></testcase>'
+             '</testsuite></testsuites>')
+    (tmp_path / "thorough-bfloat16.xml").write_text(junit)
+    (tmp_path / "bench.json").write_text(json.dumps({"environment": {}, "metrics": [], "ratios": [
+        {"group": "training", "name": "MFU", "median": 0.36, "goal_text": "≥ 0.55",
+         "met": False}]}))
+    run = cuda_results.read_run(tmp_path, "abc1234", "a note")
+    [row] = run["conformance"]
+    assert row["counts"] == {"pass": 1, "fail": 1}
+    assert row["unfinished"] == len(all_checks()) - 2
+    assert row["worst"] == ["softmax.differential", 0.25] and row["failed"] == ["linear.differential"]
+    sys.path.insert(0, "docs")
+    try:
+        from sitegen.verification import cuda_section
+    finally:
+        sys.path.remove("docs")
+    page = cuda_section({"schema": "gptspec-cuda", "date": "d", "runs": [run]})
+    assert f"<td>{len(all_checks()) - 2}</td>" in page and "<strong>not met</strong>" in page

@@ -289,9 +289,80 @@ def keyhole_section(data: dict[str, Any] | None, spec_dir: str, entry_ids: set[s
     return "\n".join(parts)
 
 
+CUDA_RESULTS = Path("docs") / "cuda-results.json"  # python -m benchmarks.cuda_results
+
+
+def load_cuda_results(path: Path) -> dict[str, Any] | None:
+    """The saved record of the last GPU run, or None when there is none."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ok = data.get("schema") == "gptspec-cuda" and isinstance(data.get("runs"), list)
+    except (OSError, ValueError, AttributeError) as err:
+        raise MutationResultsError(f"GPU results {path}: cannot be read: {err}") from None
+    if not ok:
+        raise MutationResultsError(f"GPU results {path}: not a gptspec-cuda file")
+    return data
+
+
+def _cuda_conformance_rows(run: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for c in run["conformance"]:
+        n = c["counts"]
+        worst = "-" if not c["worst"] else f"{100 * c['worst'][1]:.3g}% ({code(c['worst'][0])})"
+        failed = ", ".join(code(i) for i in c["failed"]) or "-"
+        rows.append([esc(c["target"]), esc(c["profile"]), esc(c["dtype"]), esc(c["area"]),
+                     str(n.get("pass", 0)), str(n.get("fail", 0) + n.get("error", 0)),
+                     str(n.get("blocked", 0)), str(c["unfinished"]), worst, failed])
+    return rows
+
+
+def cuda_section(data: dict[str, Any] | None) -> str:
+    """The conformance verdicts and the benchmark of the last GPU run, as saved."""
+    parts = ["## On a GPU\n"]
+    if data is None:
+        parts.append("No GPU run is saved: run `benchmarks/cuda_check.sh` on a CUDA machine, "
+                     "then `python -m benchmarks.cuda_results` (its docstring says how).\n")
+        return "\n".join(parts)
+    parts.append(f"The last GPU runs ({esc(str(data.get('date')))}), one call of "
+                 "`benchmarks/cuda_check.sh` and follow-up calls, each at the commit named. "
+                 "The built-in backend on CUDA; the float64 reference on the CPU beside it. "
+                 "Unfinished: checks that had not run when the call's time ran out "
+                 "(counted, never passed).\n")
+    header = ["Target", "Profile", "dtype", "Area", "Pass", "Fail", "Blocked", "Unfinished",
+              "Worst pass, of budget", "Failed"]
+    for i, run in enumerate(data["runs"], 1):
+        env = run.get("environment") or {}
+        where = (f"{esc(env['gpu'])}, driver {esc(env.get('driver', '?'))}, PyTorch "
+                 f"{esc(env.get('torch', '?'))}, CUDA {esc(env.get('cuda', '?'))}"
+                 if env.get("gpu") else "a fresh machine of the same kind")
+        parts.append(f"### Call {i}: commit {code(run['commit'])}, {where}\n")
+        if run.get("note"):
+            parts.append(esc(run["note"]) + "\n")
+        if run["conformance"]:
+            parts.append(table(header, _cuda_conformance_rows(run), "gs-cuda"))
+        bench = run.get("bench")
+        if bench:
+            rows = [[esc(m["group"]), esc(m["name"]), f"{m['median']:.4g}", esc(m["unit"])]
+                    for m in bench["metrics"]]
+            rows += [[esc(r["group"]), esc(r["name"]), f"{r['median']:.3g}",
+                      esc(r["goal_text"]) + ("" if r["met"] is None else
+                                             (" met" if r["met"] else " <strong>not met</strong>"))]
+                     for r in bench["ratios"]]
+            parts.append("\nThe GPU benchmark (`benchmarks/gpu.py`), alone on the device:\n")
+            parts.append(table(["Group", "Measure", "Value", "Unit or goal"], rows, "gs-cuda"))
+        for name, lines in sorted((run.get("outputs") or {}).items()):
+            parts.append(f"\nOutput of the call's `{esc(name.removesuffix('.txt'))}` step:\n")
+            parts.append("```text\n" + "\n".join(lines) + "\n```")
+        parts.append("")
+    return "\n".join(parts)
+
+
 def verification_page(views: Sequence[Any], checks: Sequence[Any], mutants: Sequence[Any],
                       run: MutationRun | None, budgets: Any, spec_dir: str = "..",
-                      keyhole: dict[str, Any] | None = None) -> str:
+                      keyhole: dict[str, Any] | None = None,
+                      cuda: dict[str, Any] | None = None) -> str:
     """``views``: the entries (spec_pages.EntryView); ``checks``: the registry's checks;
     ``spec_dir``: the spec pages' folder relative to this page."""
     entry_ids = {v.entry.id for v in views}
@@ -318,4 +389,5 @@ def verification_page(views: Sequence[Any], checks: Sequence[Any], mutants: Sequ
         _checks_section(checks, entry_ids, spec_dir),
         _mutation_section(mutants, run, spec_dir, entry_ids),
         keyhole_section(keyhole, spec_dir, entry_ids),
+        cuda_section(cuda),
     ]) + "\n"

@@ -428,9 +428,9 @@ def unembed_untied(H: Tensor, W_U: Matrix, b_U: Tensor | None = None,
                    vocab_multiple: int = 1) -> Tensor:
     """logits = H W_U + b_U (the Guide's single output projection); ``vocab_multiple`` as
     in ``unembed_tied``."""
-    pad = 0 if isinstance(W_U, PackedMatrix) else -W_U.shape[1] % vocab_multiple
-    if pad:
+    if not isinstance(W_U, PackedMatrix) and W_U.shape[1] % vocab_multiple:
         V = W_U.shape[1]
+        pad = -V % vocab_multiple
         b = None if b_U is None else F.pad(b_U, (0, pad))
         return linear(H, F.pad(W_U, (0, pad)), b)[..., :V]
     return linear(H, W_U, b_U)
