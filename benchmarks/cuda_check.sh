@@ -61,10 +61,10 @@ for dtype in float32 bfloat16 float16; do
 done
 conformance default-flash-bfloat16 default meta.sdpa_kernels:flash bfloat16 forward &
 conformance default-efficient-float16 default meta.sdpa_kernels:efficient float16 forward &
-thorough() {  # dtype: every check as a pytest item, 5 at a time (pytest-xdist)
+thorough() {  # dtype: every check as a pytest item, 6 at a time (pytest-xdist)
   # (interrupted at the limit, pytest still writes the JUnit XML of the checks done)
   (cd "$WORK" && OMP_NUM_THREADS=1 timeout -s INT -k 15 "$(cap "$PHASE1")" python3 -m pytest \
-     -q -p no:cacheprovider --pyargs gptspec.conformance -n 5 \
+     -q -p no:cacheprovider --pyargs gptspec.conformance -n 6 \
      --gptspec-backend=gptspec.fast.backend:TorchBackend --gptspec-device="$DEVICE" \
      --gptspec-dtype="$1" --gptspec-profile=thorough \
      --gptspec-timeout=240 --junitxml="$LOG/reports/thorough-$1.xml" \
