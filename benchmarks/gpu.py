@@ -307,8 +307,8 @@ def run(report: Report, quick: bool) -> None:
             report.ratio("generation", f"{what}, B=1: fraction of the bandwidth limit",
                          tps / limit)
 
-    # (an H100, 2026-11-27: the compiled graph step was no faster at B = 1 and 3.5× slower
-    # at B = 16 than the eager one, its logits 1.2% off: it runs last)
+    # the compiled graph step runs last: slower than the eager one on the H100 run, and
+    # further off the eager logits (docs/cuda-results.json)
     tasks: list[tuple[str, Callable[[], None]]] = [
         ("training B=16, padded vocabulary", lambda: train(16, 64)),
         ("decoding, CUDA graph", lambda: decode("graph")),

@@ -29,9 +29,8 @@ _TAKES_DTYPE = {"one_hot", "causal_mask"}
 def float32_sums(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``method`` with PyTorch's reduced-precision reductions off (restored after): by
     default cuBLAS may add a 16-bit product's split-K partial sums in 16 bit, which the
-    spec's float32 accumulation forbids. Found on an H100 by thorough bfloat16
-    conformance: a (6 × 10)(10 × 10) product off by 7.6 budgets, where the CPU's was at
-    14% of its budget."""
+    spec's float32 accumulation forbids (found on an H100 by thorough bfloat16
+    conformance: benchmarks/cuda_reductions.py, docs/cuda-results.json)."""
     matmul = torch.backends.cuda.matmul
 
     @functools.wraps(method)
