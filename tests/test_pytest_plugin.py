@@ -151,6 +151,22 @@ def test_a_misspelt_backend_stops_the_run_in_one_line(tmp_path):
     assert "--gptspec-backend: cannot import backend module 'no_such_module_here'" in proc.stdout
 
 
+@pytest.mark.parametrize("option, message", [
+    ("--gptspec-timeout=inf", "--gptspec-timeout (seconds; 0 for none) must be a finite number"),
+    ("--gptspec-timeout=1e308", "--gptspec-timeout (seconds; 0 for none) must be in [0, 86400]"),
+    ("--gptspec-seed=-1", "--gptspec-seed must lie in [0, 2^63)"),
+    ("--gptspec-adjudicate-with=no_such_module_here:B",
+     "--gptspec-adjudicate-with: cannot import backend module 'no_such_module_here'"),
+])
+def test_the_options_are_refused_as_the_cli_refuses_them(tmp_path, option, message):
+    """The limits of gptspec conformance's --timeout, --seed and --adjudicate-with: a
+    timeout past a day used to fail every item with an OverflowError traceback."""
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance",
+                   "--gptspec-backend=gptspec.reference.backend:ReferenceBackend", option)
+    assert proc.returncode == 4, proc.stdout  # a usage error, before any item runs
+    assert f"ERROR: {message}" in proc.stdout and "Traceback" not in proc.stdout
+
+
 def test_without_the_option_the_plugin_collects_and_imports_nothing(tmp_path):
     (tmp_path / "test_other.py").write_text(
         "import sys\n\n\ndef test_judge_not_imported():\n"

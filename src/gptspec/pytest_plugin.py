@@ -52,15 +52,24 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("gptspec_backend", None)
     if not spec:
         return
+    from gptspec.cli import CLIError, checks
+    from gptspec.cli.conformance import MAX_TIMEOUT
     from gptspec.conformance.discovery import BackendError, locate
 
+    plain = config.getoption("gptspec_adjudicate_with")
     try:  # a misspelt module stops the run at once, in one line, before any item runs
-        locate(spec)
-    except BackendError as err:
-        raise pytest.UsageError(f"--gptspec-backend: {err}") from None
-    timeout = config.getoption("gptspec_timeout")
-    if not timeout >= 0:
-        raise pytest.UsageError(f"--gptspec-timeout must be 0 (none) or more, got {timeout}")
+        for flag, named in (("--gptspec-backend", spec), ("--gptspec-adjudicate-with", plain)):
+            if flag == "--gptspec-backend" or plain not in ("none", "torch"):
+                try:
+                    locate(named)
+                except BackendError as err:
+                    raise CLIError(f"{flag}: {err}") from None
+        # the same limits as gptspec conformance's --timeout and --seed
+        checks.finite(config.getoption("gptspec_timeout"), "--gptspec-timeout (seconds; 0 "
+                      "for none)", low=0, high=MAX_TIMEOUT)
+        checks.seed(config.getoption("gptspec_seed"), "--gptspec-seed")
+    except CLIError as err:
+        raise pytest.UsageError(str(err)) from None
     config.stash[_JUDGE] = _Judge(config)
 
 
