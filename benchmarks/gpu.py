@@ -20,6 +20,7 @@ import torch
 
 from benchmarks.machine import copy_bandwidth, dense_bf16_peak, matmul_rate
 from benchmarks.report import Report
+from gptspec.fast.generate import _capture
 from gptspec.fast.model import GPT
 from gptspec.fast.train import mean_cross_entropy
 from gptspec.reference import costs
@@ -99,40 +100,25 @@ def generate_greedy(model: GPT, prompt: torch.Tensor, new_tokens: int) -> torch.
 
 
 class GraphedGreedy:
-    """Greedy decoding whose one-token step (``KVCache.static_plan``: position, cache slot
-    and mask all on the device) is captured once as a CUDA graph and replayed, so a token
-    costs one launch instead of some 200; ``compile=True`` runs torch.compile's fused
-    kernels inside the graph. On the CPU the same step runs eagerly (for the tests)."""
+    """Greedy decoding on the device alone: the one-token step (``KVCache.static_plan``)
+    and the argmax that feeds it back captured as one CUDA graph (``generate._capture``)
+    and replayed, the host only launching it. On the CPU the same step runs eagerly (for
+    the tests)."""
 
-    def __init__(self, model: GPT, batch: int, max_len: int, compile: bool = False) -> None:
+    def __init__(self, model: GPT, batch: int, max_len: int) -> None:
         self.model = model
         self.cache = model.new_cache(batch, max_len=max_len)
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=model.wte.device)
         self.logits: torch.Tensor | None = None
-        self.step = torch.compile(self._step, dynamic=False) if compile else self._step
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.replay: Callable[[], object] = self._step
         if model.wte.device.type == "cuda":
             with torch.no_grad():
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):  # compilation and lazy set-up stay out
-                    for _ in range(3):
-                        self.step()
-                torch.cuda.current_stream().wait_stream(side)
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):
-                    self.step()
+                self.replay, _ = _capture(self._step)
 
-    def _step(self) -> None:
-        logits = self.model.run(self.token, self.cache.static_plan(), last_only=True)
-        self.logits = logits[:, -1]
+    def _step(self) -> torch.Tensor:
+        self.logits = self.model.run(self.token, self.cache.static_plan(), last_only=True)[:, -1]
         self.token.copy_(self.logits.argmax(dim=-1, keepdim=True))
-
-    def replay(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.step()
+        return self.logits
 
     @torch.no_grad()
     def __call__(self, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -150,9 +136,9 @@ class GraphedGreedy:
 def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_tokens: int,
                                  repeats: int, loop: str = "generate") -> float:
     """New tokens per second (all sequences together), median over ``repeats``.
-    ``loop``: "generate" (gptspec.fast.generate, the library's path, token lists on the
-    host), "greedy" (generate_greedy: tokens stay on the device), "graph" (GraphedGreedy)
-    or "graph-compiled" (GraphedGreedy(compile=True))."""
+    ``loop``: "generate" (gptspec.fast.generate, the library's path: on CUDA each step a
+    graph replay), "generate-eager" (the same, its kernels launched one by one), "greedy"
+    (generate_greedy: tokens stay on the device) or "graph" (GraphedGreedy)."""
     from gptspec.fast.generate import GREEDY, generate
 
     device = model.wte.device
@@ -160,10 +146,7 @@ def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_to
     prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device,
                            generator=gen)
     prompts = prompt.tolist()
-    decoder = None
-    if loop.startswith("graph"):
-        decoder = GraphedGreedy(model, batch, prompt_len + new_tokens,
-                                compile=loop == "graph-compiled")
+    decoder = GraphedGreedy(model, batch, prompt_len + new_tokens) if loop == "graph" else None
 
     def decode(n: int) -> None:
         if decoder is not None:
@@ -171,7 +154,7 @@ def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_to
         elif loop == "greedy":
             generate_greedy(model, prompt, n)
         else:
-            generate(model, prompts, n, GREEDY)
+            generate(model, prompts, n, GREEDY, cuda_graph=loop == "generate")
 
     decode(min(new_tokens, 8))  # warm-up
     return batch * new_tokens / _median_time(lambda: decode(new_tokens), repeats, device)
@@ -189,10 +172,10 @@ def _median_time(fn: Callable[[], object], repeats: int, device: str | torch.dev
     return times[len(times) // 2]
 
 
-def graph_step_error(model: GPT, prompt: torch.Tensor, compile: bool = False) -> float:
+def graph_step_error(model: GPT, prompt: torch.Tensor) -> float:
     """‖a − b‖ / ‖b‖ of the next-token logits after ``prompt``'s last token: ``a`` from a
     GraphedGreedy replay, ``b`` from the library's cached step (model(token, cache))."""
-    decoder = GraphedGreedy(model, prompt.shape[0], prompt.shape[1] + 2, compile=compile)
+    decoder = GraphedGreedy(model, prompt.shape[0], prompt.shape[1] + 2)
     with torch.no_grad():
         decoder(prompt, 1)  # prefill, then one replay on the prefill's greedy token
         assert decoder.logits is not None
@@ -201,6 +184,19 @@ def graph_step_error(model: GPT, prompt: torch.Tensor, compile: bool = False) ->
         token = model(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)
         eager = model(token, cache=cache)[:, -1].float()
     return float((graphed - eager).norm() / eager.norm())
+
+
+def same_tokens(model: GPT, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """The fraction of greedy tokens that ``generate`` picks alike with and without its
+    CUDA graphs."""
+    from gptspec.fast.generate import GREEDY, generate
+
+    gen = torch.Generator(device=model.wte.device).manual_seed(2)
+    prompts = torch.randint(0, model.config.vocab_size, (batch, prompt_len),
+                            device=model.wte.device, generator=gen).tolist()
+    a, b = (generate(model, prompts, new_tokens, GREEDY, cuda_graph=g) for g in (True, False))
+    pairs = [(x, y) for p, q in zip(a, b, strict=True) for x, y in zip(p, q, strict=True)]
+    return sum(x == y for x, y in pairs) / len(pairs)
 
 
 def transformers_tokens_per_second(batch: int, prompt_len: int, new_tokens: int,
@@ -281,15 +277,19 @@ def run(report: Report, quick: bool) -> None:
     limit = bandwidth / decode_bytes_per_token(model, prompt_len + new // 2)
     report.metric("generation", "batch-1 bandwidth limit (cuda)", limit, "tokens/s",
                   "copy bandwidth / bytes read per token")
-    loops = {"generate": "gptspec generate", "greedy": "device-side greedy loop",
-             "graph": "CUDA-graph step", "graph-compiled": "compiled CUDA-graph step"}
+    loops = {"generate": "gptspec generate", "generate-eager": "gptspec generate, no graphs",
+             "greedy": "device-side greedy loop", "graph": "device-side CUDA-graph loop"}
 
     def decode(loop: str) -> None:
         what = loops[loop]
-        if loop.startswith("graph"):
-            error = graph_step_error(model, probe, compile=loop == "graph-compiled")
+        if loop == "graph":
+            error = graph_step_error(model, probe)
             report.metric("generation", f"{what}: logits ‖a−b‖/‖b‖ against the eager step",
-                          error, "", "bf16; below 1e-2 expected")
+                          error, "", "bf16")
+        if loop == "generate":
+            alike = same_tokens(model, 4, prompt_len, 64)
+            report.metric("generation", "generate: tokens alike with and without graphs",
+                          alike, "fraction", "greedy, 4 × 64 tokens")
         for batch_size in (1, 16):
             tps = generation_tokens_per_second(model, batch_size, prompt_len, new, repeats, loop)
             report.metric("generation", f"{what}, KV cache, bf16 (cuda), B={batch_size}",
@@ -307,18 +307,16 @@ def run(report: Report, quick: bool) -> None:
             report.ratio("generation", f"{what}, B=1: fraction of the bandwidth limit",
                          tps / limit)
 
-    # the compiled graph step runs last: slower than the eager one on the H100 run, and
-    # further off the eager logits (docs/cuda-results.json)
     tasks: list[tuple[str, Callable[[], None]]] = [
         ("training B=16, padded vocabulary", lambda: train(16, 64)),
-        ("decoding, CUDA graph", lambda: decode("graph")),
-        ("decoding, transformers static cache B=1", lambda: peer(True, 1)),
-        ("training B=32, padded vocabulary", lambda: train(32, 64)),
         ("decoding, gptspec generate", lambda: decode("generate")),
+        ("decoding, transformers static cache B=1", lambda: peer(True, 1)),
+        ("decoding, device-side CUDA graph", lambda: decode("graph")),
+        ("training B=32, padded vocabulary", lambda: train(32, 64)),
+        ("decoding, gptspec generate without graphs", lambda: decode("generate-eager")),
         ("training B=16, vocabulary as is", lambda: train(16, 1)),
         ("decoding, transformers static cache B=16", lambda: peer(True, 16)),
         ("decoding, transformers dynamic cache B=1", lambda: peer(False, 1)),
-        ("decoding, compiled CUDA graph", lambda: decode("graph-compiled")),
         ("decoding, device-side greedy loop", lambda: decode("greedy")),
     ]
     if quick:

@@ -580,3 +580,38 @@ def test_fast_greedy_equals_transformers_generate_on_the_same_weights():
     assert hf_generate(hf, prompts, 12).tolist() == ours
     n_weights = sum(int(np.prod(v.shape)) for v in params.values())
     assert weight_bytes_per_step(model) == 8 * (n_weights - (config.n_ctx - 1) * config.d_model)
+
+
+def test_generation_through_the_step_graph_gives_the_eager_steps(monkeypatch):
+    """generate's CUDA-graph step (``_GraphedStep``: the step planned on the device and
+    replayed), with the capture made eager so that it runs on the CPU: the tokens and
+    logits of the eager path, through a sequence that stops early, a refill past n_ctx
+    and sampling. On a GPU the capture itself is what benchmarks/gpu.py checks."""
+    from gptspec.fast import generate as G
+
+    model = GPT(preset("tiny"), seed=5, dtype="float64").eval()
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    sampling = Sampling(temperature=0.9, top_k=20)
+    first = generate(model, prompts, 30, sampling, seed=3)
+    # sequence 0 stops early, sequence 1 goes on
+    eot = next(t for t in first[0][2:] if t not in first[1])
+    want = generate(model, prompts, 30, sampling, seed=3, eot_token=eot, return_logits=True)
+    assert len(want[0][0]) < 30 and len(want[0][1]) == 30  # early stop; past n_ctx = 16
+
+    replays = []
+
+    def eager_capture(step):
+        out = step()
+        return (lambda: replays.append(out.copy_(step()))), out
+
+    monkeypatch.setattr(G, "_capture", eager_capture)
+    monkeypatch.setattr(G, "_graphable", lambda device: True)
+    got = generate(model, prompts, 30, sampling, seed=3, eot_token=eot, return_logits=True)
+    assert replays  # the graph's path ran
+    assert got[0] == want[0]
+    for a, b in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(G, "_graphable", lambda device: False)
+    replays.clear()
+    assert generate(model, prompts, 30, sampling, seed=3, eot_token=eot) == want[0]
+    assert not replays  # only on a device that has graphs

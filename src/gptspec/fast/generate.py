@@ -50,17 +50,61 @@ def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[li
     return out
 
 
+GRAPH_MIN_STEPS = 8  # fewer steps left than this: capturing one costs more than it saves
+
+
+def _capture(step: Callable[[], Tensor]) -> tuple[Callable[[], object], Tensor]:
+    """``step`` captured as a CUDA graph: (replay, the output it writes on each replay).
+    One run beforehand, on a side stream, keeps lazy initialisation out of the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph.replay, out
+
+
+class _GraphedStep:
+    """``model(new[:, None], cache)`` for every sequence at once, planned on the device
+    (``KVCache.static_plan``) and replayed from one CUDA graph: a launch per token, where
+    the eager step launches some 200 kernels. Capturing runs the step once, writing past
+    every sequence's length (slots nothing attends before a real token overwrites them);
+    the lengths are put back."""
+
+    def __init__(self, model: GPT, cache: KVCache) -> None:
+        self.cache = cache
+        self.token = torch.zeros(cache.batch_size, 1, dtype=torch.long, device=cache.device)
+        lengths = cache.lengths.clone()
+        self.replay, self.logits = _capture(
+            lambda: model.run(self.token, cache.static_plan(), last_only=True)[:, 0])
+        cache.lengths.copy_(lengths)
+
+    def __call__(self, new: Tensor) -> Tensor:
+        self.token.copy_(new[:, None])
+        self.replay()
+        return self.logits.clone()  # the next replay overwrites the graph's own
+
+
+def _graphable(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
 class _Contexts:
     """The batch's token sequences and what the model has seen of them."""
 
     def __init__(self, model: GPT, prompts: list[list[int]], use_cache: bool,
-                 prepack: bool) -> None:
+                 prepack: bool, cuda_graph: bool) -> None:
         self.model = model
         self.sequences = prompts
         self.n_ctx = model.config.n_ctx
         self.device = model.wte.device
         self.use_cache = use_cache
         self.cache: KVCache | None = None  # None: no cache, or not filled yet
+        self.graphed: _GraphedStep | None = None  # the step's graph, for this cache
+        self.cuda_graph = cuda_graph and _graphable(self.device)
         self.prepack = prepack
         self.packed: prepacked.PrepackedWeights | None = None
         self.pack_weights()
@@ -109,8 +153,13 @@ class _Contexts:
         fed = self.cache.lengths.tolist()
         return any(r and fed[b] >= self.cache.max_len for b, r in enumerate(running))
 
-    def cached_step(self, new: Tensor, running: list[bool]) -> Tensor:
+    def cached_step(self, new: Tensor, running: list[bool], remaining: int) -> Tensor:
         """Logits (B, V) after feeding each running sequence its newest token."""
+        if all(running) and self.cuda_graph and self.cache is not None \
+                and (self.graphed is not None or remaining >= GRAPH_MIN_STEPS):
+            if self.graphed is None or self.graphed.cache is not self.cache:
+                self.graphed = _GraphedStep(self.model, self.cache)
+            return self.graphed(new)
         lens = None if all(running) else torch.tensor(running, device=self.device).long()
         return self.forward(new[:, None], lens)[:, 0]
 
@@ -120,13 +169,14 @@ def stream(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
            sampling: Sampling = GREEDY, *, eot_token: int | None = None,
            seed: int | None = None, generator: torch.Generator | None = None,
            use_cache: bool = True, keep_logits: bool = False,
-           prepack: bool = True) -> Iterator[Step]:
+           prepack: bool = True, cuda_graph: bool = True) -> Iterator[Step]:
     """Generate up to ``max_new_tokens`` tokens after each prompt, yielding every step.
 
     ``seed`` (or an explicit ``generator`` on the model's device) fixes the draws;
     ``use_cache=False`` recomputes the full forward each step (the spec's definition);
     ``prepack=False`` multiplies by the parameters as they are (saves the packed copy's
-    memory, where there is one: 16-bit weights on the CPU)."""
+    memory, where there is one: 16-bit weights on the CPU); ``cuda_graph=False`` launches
+    a CUDA step's kernels one by one instead of replaying them as a graph."""
     config = model.config
     prompts_ = _check_prompts(prompts, config.vocab_size)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -141,7 +191,7 @@ def stream(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             generator.manual_seed(seed)
     if max_new_tokens == 0:
         return
-    ctx = _Contexts(model, prompts_, use_cache, prepack)
+    ctx = _Contexts(model, prompts_, use_cache, prepack, cuda_graph)
     try:
         running = [True] * len(prompts_)
         logits = ctx.full_forward(max_new_tokens)
@@ -159,7 +209,7 @@ def stream(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             if ctx.needs_refill(running):
                 logits = ctx.full_forward(max_new_tokens - n)
             else:
-                logits = ctx.cached_step(new, running)
+                logits = ctx.cached_step(new, running, max_new_tokens - n)
     finally:
         prepacked.unbind(model)  # the packed products only inside generation's calls
 
@@ -168,7 +218,7 @@ def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampling: Sampling = GREEDY, *, eot_token: int | None = None,
              seed: int | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True, on_token: Callable[[int, int], None] | None = None,
-             return_logits: bool = False, prepack: bool = True):
+             return_logits: bool = False, prepack: bool = True, cuda_graph: bool = True):
     """The new tokens of every prompt (end-of-text included where it stopped a sequence).
 
     ``on_token(b, token)`` is called as each token is produced. With ``return_logits``,
@@ -178,7 +228,7 @@ def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     step_logits: list[list[Tensor]] = [[] for _ in prompts]
     for step in stream(model, prompts, max_new_tokens, sampling, eot_token=eot_token, seed=seed,
                        generator=generator, use_cache=use_cache, keep_logits=return_logits,
-                       prepack=prepack):
+                       prepack=prepack, cuda_graph=cuda_graph):
         for b, token in enumerate(step.tokens):
             if token is None:
                 continue
