@@ -226,18 +226,23 @@ def _coverage_section(views: Sequence[Any], checks: Sequence[Any], spec_dir: str
     ])
 
 
-def load_keyhole_results(path: Path) -> dict[str, Any] | None:
-    """The saved run of the catalog through the keyhole, or None when there is none."""
+def _load_saved(path: Path, what: str, schema: str, items: str) -> dict[str, Any] | None:
+    """A saved run (JSON with ``schema`` and a list under ``items``), or None without one."""
     if not path.exists():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        ok = data.get("schema") == "gptspec-keyhole" and isinstance(data.get("results"), list)
+        ok = data.get("schema") == schema and isinstance(data.get(items), list)
     except (OSError, ValueError, AttributeError) as err:
-        raise MutationResultsError(f"keyhole results {path}: cannot be read: {err}") from None
+        raise MutationResultsError(f"{what} {path}: cannot be read: {err}") from None
     if not ok:
-        raise MutationResultsError(f"keyhole results {path}: not a gptspec-keyhole file")
+        raise MutationResultsError(f"{what} {path}: not a {schema} file")
     return data
+
+
+def load_keyhole_results(path: Path) -> dict[str, Any] | None:
+    """The saved run of the catalog through the keyhole, or None when there is none."""
+    return _load_saved(path, "keyhole results", "gptspec-keyhole", "results")
 
 
 def keyhole_section(data: dict[str, Any] | None, spec_dir: str, entry_ids: set[str]) -> str:
@@ -294,16 +299,7 @@ CUDA_RESULTS = Path("docs") / "cuda-results.json"  # python -m benchmarks.cuda_r
 
 def load_cuda_results(path: Path) -> dict[str, Any] | None:
     """The saved record of the last GPU run, or None when there is none."""
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        ok = data.get("schema") == "gptspec-cuda" and isinstance(data.get("runs"), list)
-    except (OSError, ValueError, AttributeError) as err:
-        raise MutationResultsError(f"GPU results {path}: cannot be read: {err}") from None
-    if not ok:
-        raise MutationResultsError(f"GPU results {path}: not a gptspec-cuda file")
-    return data
+    return _load_saved(path, "GPU results", "gptspec-cuda", "runs")
 
 
 def _cuda_conformance_rows(run: dict[str, Any]) -> list[list[str]]:
