@@ -327,3 +327,32 @@ def test_float64_gradients_of_the_softmax_far_tail_keep_their_budget():
         for name, value in expected.items():
             comparison = B.compare(got[name], value, B.budget(scales[name][1]))
             assert comparison.passed, (name, comparison.describe())
+
+
+@pytest.mark.parametrize("what", ["linear", "layer_norm", "token_embedding_backward"])
+def test_float64_budgets_keep_inherited_errors_of_tiny_values(what):
+    """A budget's quadrature of inherited errors squares them; squared as they are, errors
+    below ~1e-154 underflow in float64 and that part of the budget vanished (as the
+    softmax tails' did, a float64 false alarm). Scaled first, a budget is homogeneous:
+    inputs and errors 1e-200 times as large give a budget 1e-200 times as large (LayerNorm's
+    normalised output, scale-free with ε = 0, the same budget)."""
+    from gptspec.conformance.gradient_budgets import token_embedding_backward_bound
+
+    p = B.Precision.of("float64")
+    # LayerNorm's own variance squares x − μ, so its inputs stay above 1e-154; its errors,
+    # 1e-14 of them, lie below
+    s = 1e-150 if what == "layer_norm" else 1e-200
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(3, 16))
+    ex = 1e-14 * np.abs(x)  # inherited errors that dominate the budget
+
+    def budget(scale):
+        if what == "linear":
+            return B.linear_bound(x * scale, ex * scale, rng_w, None, p)[1] / scale
+        if what == "layer_norm":
+            return B.layer_norm_parts(x * scale, ex * scale, 0.0, p)[1]
+        tokens = np.array([[1, 1, 2]])  # rows 1 and 2 of ∂W_E (the others are exact zeros)
+        return token_embedding_backward_bound(x * scale, ex * scale, tokens, 4, p)[1][1:3] / scale
+
+    rng_w = rng.normal(size=(16, 5))
+    np.testing.assert_allclose(budget(s), budget(1.0), rtol=1e-6)

@@ -356,17 +356,23 @@ class _ScaleFactor:
         return ((A / ra).astype(np.float32) @ B32).astype(np.float64) * ra * cb
 
 
-def _linear_scales(W, b) -> tuple[_ScaleFactor, _ScaleFactor, Array | float, int]:
-    """What linear_bound needs of W and b: |W| and W² as scale factors, |b|, n."""
+def _linear_scales(W, b) -> tuple[_ScaleFactor, tuple[_ScaleFactor, Array], Array | float, int]:
+    """What linear_bound needs of W and b: |W| and (W/c)² as scale factors with c each
+    column's largest |W| (squared as they are, entries below ~1e-154 underflow), |b|, n."""
     W = np.asarray(W, dtype=np.float64)
     absb = 0.0 if b is None else np.abs(b)
-    return (_ScaleFactor(np.abs(W)), _ScaleFactor(np.square(W)), absb,
+    top = np.max(np.abs(W), axis=0, keepdims=True) if W.shape[0] else np.ones((1, W.shape[1]))
+    top = np.where(top > 0, top, 1.0)
+    return (_ScaleFactor(np.abs(W)), (_ScaleFactor(np.square(W / top)), top), absb,
             W.shape[0] + (0 if b is None else 1))
 
 
 def _linear_error(x, ex, scales, y, p: Precision) -> Array:
-    abs_w, square_w, absb, n = scales
-    inherited = np.sqrt(square_w.product(np.square(ex)))
+    abs_w, (square_w, top), absb, n = scales
+    ex = np.abs(np.asarray(ex, dtype=np.float64))
+    rows = np.max(ex, axis=-1, keepdims=True) if ex.shape[-1] else np.ones(ex.shape[:-1] + (1,))
+    rows = np.where(rows > 0, rows, 1.0)
+    inherited = np.sqrt(square_w.product(np.square(ex / rows))) * rows * top
     local = p.inner_product_scale(n, abs_w.product(np.abs(x)) + absb, y)
     return _q(inherited, local, p.store(y))
 
@@ -493,7 +499,7 @@ def layer_norm_parts(x, ex, eps: float, p: Precision) -> tuple[Array, Array, Arr
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
     s = np.sqrt(var + eps)
     xhat = (x - mu) / s
-    rms = lambda a: np.sqrt(np.mean(np.square(a), axis=-1, keepdims=True))
+    rms = root_mean_square
     e_mu = _q(rms(ex) / math.sqrt(n),
               p.same_sign_sum_scale(n) * np.mean(np.abs(x), -1, keepdims=True))
     e_centered = _q(ex, e_mu, p.u_acc * np.abs(x - mu))
@@ -522,6 +528,13 @@ def root_sum_square(x, axis, keepdims: bool = False) -> Array:
     top = np.where(top > 0, top, 1.0)
     out = np.sqrt(np.sum(np.square(x / top), axis=axis, keepdims=True)) * top
     return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def root_mean_square(x, axis: int = -1) -> Array:
+    """√(mean x²) along ``axis`` (kept), scaled as root_sum_square is."""
+    n = np.shape(x)[axis]
+    return root_sum_square(x, axis, keepdims=True) / math.sqrt(n) if n else \
+        np.zeros(np.shape(np.sum(x, axis=axis, keepdims=True)))
 
 
 def _quadrature_product(X, Y) -> Array:

@@ -81,13 +81,17 @@ def token_embedding_backward_bound(dE, edE, tokens, vocab_size: int, p: Precisio
     d = R.shape[-1]
     value, squares, sizes = np.zeros((vocab_size, d)), np.zeros((vocab_size, d)), np.zeros((vocab_size, d))
     np.add.at(value, idx, R)
-    np.add.at(squares, idx, np.square(eR))
+    top = np.zeros((vocab_size, d))  # each row's largest error: squared as they are, errors
+    np.maximum.at(top, idx, np.abs(eR))  # below ~1e-154 underflow (see B.root_sum_square)
+    top = np.where(top > 0, top, 1.0)
+    np.add.at(squares, idx, np.square(eR / top[idx]))
     np.add.at(sizes, idx, np.abs(R))
     counts = np.bincount(idx, minlength=vocab_size)[:, None]
     drift = np.zeros((vocab_size, d))
     if p.tiny > B.FLOOR_WORTH_A_TERM:
         np.add.at(drift, idx, p.subnormal(R, eR) * p.floor_drift)
-    return value, _q(np.sqrt(squares), np.sqrt(counts) * p.u_acc * sizes, p.store(value), drift)
+    return value, _q(np.sqrt(squares) * top, np.sqrt(counts) * p.u_acc * sizes, p.store(value),
+                     drift)
 
 
 def positional_embedding_backward_bound(dP, edP, n_ctx: int, p: Precision) -> Bounded:
@@ -119,7 +123,7 @@ def layer_norm_backward_bound(dY, edY, x, ex, gamma, eps: float,
     gamma = np.asarray(gamma, dtype=np.float64)
     xhat, e_xhat, s, rel_s = B.layer_norm_parts(x, ex, eps, p)
     n = xhat.shape[-1]
-    rms = lambda a: np.sqrt(np.mean(np.square(a), axis=-1, keepdims=True))
+    rms = B.root_mean_square
     mean = lambda a: np.mean(a, axis=-1, keepdims=True)
     g = dY * gamma
     eg = _q(edY * np.abs(gamma), p.u_acc * np.abs(g))
@@ -170,6 +174,14 @@ def scaled_dot_product_attention_backward_bound(dO, edO, Q, eQ, K, eK, V, eV, M,
     return scaled(B.matmul_bound(dS, edS, K, eK, p)), scaled(B.matmul_bound(T(dS), T(edS), Q, eQ, p)), dV
 
 
+def _over_queries(X, Y) -> Array:
+    """√(Σ_{n,t} X_nhti² Y_nhtj²) for each head h: (h, i, j), each head's columns scaled
+    before squaring (B._quadrature_product)."""
+    X, Y = (np.moveaxis(a.reshape(-1, *a.shape[-3:]), 0, 1) for a in (X, Y))  # (h, n, t, ·)
+    X, Y = (a.reshape(a.shape[0], -1, a.shape[-1]) for a in (X, Y))  # (h, n·t, ·)
+    return B._quadrature_product(np.swapaxes(X, -1, -2), Y)
+
+
 def multi_head_attention_backward_bound(dY, edY, H, eH, W_qkv, b_qkv, W_O, b_O, n_heads: int,
                                         p: Precision) -> tuple[Bounded, dict]:
     """The forward pass again with its error scales, then the linear, attention and linear
@@ -194,11 +206,11 @@ def multi_head_attention_backward_bound(dY, edY, H, eH, W_qkv, b_qkv, W_O, b_O, 
     # is Σ_s (A H)_sᵀ ∂O_s, so ∂O's errors reach them summed over the queries; the
     # quadrature over keys undercounts that by about √(Σ_t A_st²), 1/√T for a diffuse row
     # (134% of the budget on b_V in bfloat16, at 2 × 1024 tokens and two heads of 64).
-    e2 = np.square(edC_h)
-    coherent_b = np.sqrt(np.sum(e2, axis=tuple(range(e2.ndim - 3)) + (-2,))).reshape(-1)
+    # (quadratures scaled before squaring: see B.root_sum_square)
+    edC_h = np.asarray(edC_h, dtype=np.float64)
+    coherent_b = B.root_sum_square(edC_h, axis=tuple(range(edC_h.ndim - 3)) + (-2,)).reshape(-1)
     AH = A @ np.asarray(H, dtype=np.float64)[..., None, :, :]
-    coherent_W = np.sqrt(np.einsum("nhsi,nhsj->ihj", np.square(AH).reshape(-1, *AH.shape[-3:]),
-                                   e2.reshape(-1, *e2.shape[-3:])))
+    coherent_W = np.moveaxis(_over_queries(AH, edC_h), 0, 1)  # (i, h, j)
     v_part = slice(2 * d, 3 * d)
     e_w_qkv, e_b_qkv = e_w_qkv.copy(), e_b_qkv.copy()
     e_w_qkv[:, v_part] = _q(e_w_qkv[:, v_part], coherent_W.reshape(coherent_W.shape[0], -1))
@@ -210,9 +222,7 @@ def multi_head_attention_backward_bound(dY, edY, H, eH, W_qkv, b_qkv, W_O, b_O, 
     # on W_O in bfloat16, at 2 × 1024 tokens and two heads of 64).
     dY_h = np.asarray(dY, dtype=np.float64)[..., None, :, :]
     AtdY = np.swapaxes(A, -1, -2) @ dY_h  # (…, h, T, d): Σ_s A_st ∂Y_s for each key t
-    eV2 = np.square(np.asarray(eV, dtype=np.float64))
-    coherent_O = np.sqrt(np.einsum("nhti,nhtj->hij", eV2.reshape(-1, *eV2.shape[-3:]),
-                                   np.square(AtdY).reshape(-1, *AtdY.shape[-3:])))
+    coherent_O = _over_queries(np.asarray(eV, dtype=np.float64), AtdY)  # (h, i, j)
     w_o = (w_o[0], _q(w_o[1], coherent_O.reshape(-1, coherent_O.shape[-1])))
     return dH, {"w_qkv": (w_qkv, e_w_qkv), "b_qkv": (b_qkv, e_b_qkv), "w_o": w_o, "b_o": b_o}
 
