@@ -210,20 +210,21 @@ def lr_schedule(step, max_lr, min_lr, warmup_steps, decay_steps):
     reference="train_loop",
     tolerance=Tolerance(r"\text{loss: } \lambda\Big(\overline{2\max|\varepsilon_Z| + \sqrt{N "
                         r"V}\,u_{\mathrm{acc}}\,|L_i|} + (\sqrt{k}\,u_{\mathrm{acc}} + "
-                        r"u)\,|L|\Big);\quad \theta\text{: } \eta_s \cdot \max_{\text{box}} "
-                        r"\left|\frac{\hat m'}{\sqrt{\hat v'} + \varepsilon} - \frac{\hat "
-                        r"m}{\sqrt{\hat v} + \varepsilon}\right| + \lambda \sqrt{10}\, "
-                        r"u\,\big(|\theta| + \eta_s(|\mathrm{update}| + "
-                        r"\lambda_{\mathrm{wd}}|\theta_{s-1}|)\big)",
+                        r"u)\,|L|\Big);\quad \theta\text{: } \eta_s D + \lambda \sqrt{10}\, "
+                        r"u\,\big(|\theta| + \eta_s(|\mathrm{update}| + 2D + "
+                        r"\lambda_{\mathrm{wd}}|\theta_{s-1}|)\big),\quad D = "
+                        r"\max_{\text{box}} \left|\frac{\hat m'}{\sqrt{\hat v'} + "
+                        r"\varepsilon} - \frac{\hat m}{\sqrt{\hat v} + \varepsilon}\right|",
                         reduction="1",
                         note="per step, at the backend's own state; the box is the moments' error "
                              "propagated from the gradient budget; the loss's scale is "
                              "cross_entropy_mean's for each of the k micro-batches (L_i), their mean "
                              "(the bar), and the mean's own k-term sum; its check: per step at the "
                              "backend's state: the loss λ·(the micro-batches' mean of 2·max(logit error) "
-                             "+ √(N·V)·u_acc·|L| + (√k·u_acc + u)·|L|); θ: η·(largest change of "
-                             "m̂/(√v̂+ε) over the moments' error box) + λ·√10·u·(|θ| + η(|update| + "
-                             "λ_wd|θ|))"),
+                             "+ √(N·V)·u_acc·|L| + (√k·u_acc + u)·|L|); θ: η·D + λ·√10·u·(|θ| + "
+                             "η(|update| + 2D + λ_wd|θ|)), D the largest change of m̂/(√v̂+ε) "
+                             "over the moments' error box (a correct backend reaches η·D where "
+                             "the box leaves a gradient's sign open)"),
     decisions=(
         Decision(
             question="Which batches does step s train on?",
