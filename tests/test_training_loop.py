@@ -180,37 +180,41 @@ def test_each_trainer_loop_mutant_is_killed_by_a_loop_check(name):
     pytest.fail(f"{name} survived both loop checks")
 
 
-def _worst_fraction_of_sign_uncertain_steps(steps: int, beta2: float) -> float:
+def _worst_fraction_of_sign_uncertain_steps(steps: int, beta2: float, device: str) -> float:
     """train_loop.matches_reference's θ bound (checks_optimizer.adamw_entry_bound) at
     entries whose reference gradient is 0 at every step (∂q, ∂k with one position) while
     the backend's, within δg = 4, is the gradient history that maximises |m̂|/√v̂ (g_i ∝
     (β₁/β₂)^(t−i), Cauchy–Schwarz's equality case), of either sign, |g_t| from 10⁻⁴ to 4:
     the worst fraction of the bound that the trainer's own fused AdamW kernel reaches
-    after ``steps`` steps from θ = 0, at a matrix (weight decay on)."""
+    after ``steps`` steps from θ = 0 on ``device``, at a matrix (weight decay on)."""
     p = B.Precision.of("float32")
     settings = TrainLoopSettings(max_steps=steps, batch_size=1, beta2=beta2)
     b1, b2, lr, decay = settings.beta1, settings.beta2, 3e-3, 0.1
     rng = np.random.default_rng(steps)
     size = np.logspace(-4, np.log10(4.0), 4000) * rng.choice([-1.0, 1.0], 4000)
-    theta = torch.zeros(4000, 1, dtype=torch.float32)
+    theta = torch.zeros(4000, 1, dtype=torch.float32, device=device)
     opt = AdamW([{"params": [theta], "weight_decay": decay}], lr, (b1, b2), settings.eps)
     zero, dg = np.zeros((4000, 1)), np.full((4000, 1), 4.0)
     dm, dv = zero, zero
     for t in range(1, steps + 1):
-        before = theta.detach().double().numpy().copy()
-        theta.grad = torch.tensor(size * (b1 / b2) ** (steps - t), dtype=torch.float32)[:, None]
+        before = theta.detach().cpu().double().numpy()
+        theta.grad = torch.tensor(size * (b1 / b2) ** (steps - t), dtype=torch.float32,
+                                  device=device)[:, None]
         opt.step()
         dm, dv = moment_errors(dm, dv, zero, zero, zero, dg, b1, b2, p)
         expected = before - lr * decay * before  # the reference's direction is 0
     bound = adamw_entry_bound(zero, zero, dm, dv, steps, settings,
                               adam_direction_cap(steps, b1, b2), before, expected, lr, decay, p)
     assert np.all(np.abs(size) <= dg[:, 0])
-    return float(np.max(np.abs(theta.detach().double().numpy() - expected) / bound))
+    return float(np.max(np.abs(theta.detach().cpu().double().numpy() - expected) / bound))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
 @pytest.mark.parametrize("beta2", [0.95, 0.99])
 @pytest.mark.parametrize("steps", [1, 2, 4, 6])
-def test_a_sign_uncertain_gradient_reaches_the_theta_bound_but_not_past_it(steps, beta2):
+def test_a_sign_uncertain_gradient_reaches_the_theta_bound_but_not_past_it(steps, beta2,
+                                                                           device):
     """The θ bound of train_loop.matches_reference is a supremum a correct backend
     attains (the float32 run at thorough, seed 0, reported 99.97% on ∂w_qkv with n_ctx 1:
     reference gradient 0, the backend's noise 5·10⁻⁵): where the gradient's error box
@@ -218,6 +222,6 @@ def test_a_sign_uncertain_gradient_reaches_the_theta_bound_but_not_past_it(steps
     η·0. The roundings on top are what it cannot exceed. They were relative to the
     reference's update and θ only, so at θ = 0 a step of |g| ≫ ε/u rounded to
     η(1 + 1.6·10⁻⁷), past a bound of η·1 (a false alarm at 100.00002%)."""
-    worst = _worst_fraction_of_sign_uncertain_steps(steps, beta2)
+    worst = _worst_fraction_of_sign_uncertain_steps(steps, beta2, device)
     assert worst <= 1, f"a correct AdamW step used {worst:.9%} of the bound"
     assert worst > 0.999, f"the worst case reaches only {worst:.6%}: the bound is loose"
