@@ -518,3 +518,44 @@ class ExitsFromAnExitHandler(Honest):
         import os
 
         atexit.register(os._exit, 0)
+
+
+class RaisesKeyboardInterrupt(Honest):
+    """``raise KeyboardInterrupt`` in forward, with no signal sent: with --no-isolate the
+    run stopped as if the user had pressed Ctrl-C ("interrupted", no verdicts)."""
+
+    def forward(self, tokens, params, config):
+        raise KeyboardInterrupt
+
+
+class RaisesOnFloatingPointErrors(Honest):
+    """``np.seterr(all="raise")`` in forward, which is otherwise the reference: the judge's
+    own budget arithmetic then raised, and the check was the backend's error."""
+
+    def forward(self, tokens, params, config):
+        import numpy as np
+
+        np.seterr(all="raise")
+        with np.errstate(all="ignore"):
+            return gpt_forward(tokens, params, config)
+
+
+class ForksInForward(Honest):
+    """``os.fork()`` in forward, both processes returning: with --no-isolate each went on
+    as a judge of its own, and the verdicts multiplied."""
+
+    def forward(self, tokens, params, config):
+        import os
+
+        os.fork()
+        return gpt_forward(tokens, params, config)
+
+
+class PrintsVerdictsAtExit(Honest):
+    """An exit handler that prints a verdict line: with --no-isolate it reached stdout raw,
+    after the run's own summary."""
+
+    def __init__(self) -> None:
+        import atexit
+
+        atexit.register(print, "PASS  gpt_forward.differential (forged at exit)")

@@ -669,3 +669,37 @@ def test_relayed_backend_output_comes_back_once_and_relaying_does_not_nest(capfd
     assert out == "the judge's own line\n"
     assert err.count("backend output: \\x1b[2Jfrom C") == 1
     assert err.count("backend output: to stderr") == 1
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_a_keyboard_interrupt_no_signal_sent_is_the_backends_error(tmp_path, isolation):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:RaisesKeyboardInterrupt",
+                        *isolation, "--report", "report.json")
+    assert proc.returncode == 1 and "interrupted" not in proc.stderr, proc.stdout + proc.stderr
+    assert "ERR   gpt_forward.differential" in proc.stdout
+    if isolation:
+        assert "forward raised KeyboardInterrupt, with no Ctrl-C or SIGTERM received" in proc.stdout
+    assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["error"] == 1
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_a_backends_numpy_error_state_stays_its_own(tmp_path, isolation):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:RaisesOnFloatingPointErrors",
+                        *isolation)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the judge's arithmetic raised
+    assert "PASS  gpt_forward.differential" in proc.stdout
+
+
+def test_no_isolate_ends_a_process_the_backend_forked(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ForksInForward",
+                        "--no-isolate", "--timeout", "60")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("PASS  gpt_forward.differential") == 1, proc.stdout
+
+
+def test_no_isolate_relays_what_the_backends_exit_handlers_print(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:PrintsVerdictsAtExit",
+                        "--no-isolate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "forged at exit" not in proc.stdout
+    assert "backend output: PASS  gpt_forward.differential (forged at exit)" in proc.stderr

@@ -271,8 +271,11 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)
     status = 1 if failed else 0
-    if guard:
-        guard.run_exit_handlers(status)
+    if guard:  # what the backend's exit handlers print is relayed, as its checks' output
+        from gptspec.conformance.runner import backend_output_relayed, stop_relaying
+
+        with backend_output_relayed():
+            guard.run_exit_handlers(status, before_exit=stop_relaying)
     stray = guard.stray_threads() if guard else []
     if stray:  # Python would wait for them at exit, forever if they never end
         more = ", …" if len(stray) > 1 else ""

@@ -115,17 +115,19 @@ class InProcessGuard:
                             pass
                     self.real_exit(1)
 
-    def run_exit_handlers(self, status: int) -> None:
-        """Where the backend registered exit handlers, run every handler now, within the
-        time limit: past it the process ends with ``status`` without waiting (one asleep
-        kept the finished run from exiting, its report written)."""
-        if atexit._ncallbacks() <= self.exit_handlers_before or self.timeout is None:
+    def run_exit_handlers(self, status: int, before_exit: Callable[[], None]) -> None:
+        """Where the backend registered exit handlers, run every handler now (the caller
+        relays what they print), within the time limit: past it ``before_exit`` runs and
+        the process ends with ``status`` without waiting (one asleep kept the finished
+        run from exiting, its report written)."""
+        if atexit._ncallbacks() <= self.exit_handlers_before:
             return
         runner = threading.Thread(target=atexit._run_exitfuncs, name="gptspec-atexit",
                                   daemon=True)
         runner.start()
         runner.join(self.timeout)
         if runner.is_alive():
+            before_exit()
             print(f"gptspec conformance: warning: the backend's exit handlers have not "
                   f"returned within --timeout {self.timeout:g} s; the process ends without "
                   "waiting for them", file=sys.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,17 +229,30 @@ def _fileno(stream: Any) -> int | None:
         return None
 
 
+# The stop signals (Ctrl-C, SIGTERM) this process received while a check ran (the runner
+# counts them): a KeyboardInterrupt that none of them raised is the backend's own.
+STOPS_RECEIVED: list[int] = []
+
+
+class BackendInterrupt(Exception):
+    """A backend raised KeyboardInterrupt with no stop signal received: its error."""
+
+
 class RecordingBackend:
     """The backend as a check sees it: every call to an operation or ``forward`` is
     recorded, in order, in ``calls`` (reset at each example by the context); logits not
     in ``dtype`` raise WrongDtype (``asked``: the run was asked for it, else the backend
-    declared it)."""
+    declared it). A call leaves the judge's NumPy error state and warning filters as it
+    found them, a
+    KeyboardInterrupt no signal caused is the backend's error, and a process the backend
+    forked ends when the call returns into it."""
 
     def __init__(self, backend: Any, dtype: str = "float64", asked: bool = True) -> None:
         self._backend = backend
         self.calls: list[Call] = []
         self._dtype = dtype  # forward's logits must be values of it (see wrong_dtype)
         self._asked = asked
+        self._pid = os.getpid()
 
     @property
     def wrapped(self) -> Any:
@@ -253,8 +267,23 @@ class RecordingBackend:
             record = Call(name, args, kwargs)
             self.calls.append(record)
             del self.calls[:-_KEEP_CALLS]
-            with keeping_cwd():
-                record.output = value(*args, **kwargs)
+            stops = len(STOPS_RECEIVED)
+            try:
+                # its np.seterr and warning filters stay in its own calls
+                with keeping_cwd(), np.errstate(), warnings.catch_warnings():
+                    record.output = value(*args, **kwargs)
+            except KeyboardInterrupt:
+                if len(STOPS_RECEIVED) > stops:
+                    raise  # Ctrl-C or SIGTERM: the run stops
+                interrupt = True  # raised below, outside this handler: with no context
+            else:
+                interrupt = False
+            finally:
+                if os.getpid() != self._pid:  # a fork of the backend's returned here
+                    os._exit(0)
+            if interrupt:
+                raise BackendInterrupt(f"{name} raised KeyboardInterrupt, with no Ctrl-C "
+                                       "or SIGTERM received")
             if name == "forward":
                 problem = wrong_dtype(record.output, self._dtype, self._asked)
                 if problem:

@@ -23,9 +23,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import hypothesis.errors
+import numpy as np
 
 from gptspec.conformance.budgets import Precision
 from gptspec.conformance.context import (
+    STOPS_RECEIVED,
     CheckContext,
     CheckFailure,
     NotImplementedOp,
@@ -233,6 +235,34 @@ def _time_limit(seconds: float | None) -> Any:
                 continue
 
 
+@contextlib.contextmanager
+def _noting_stops() -> Iterator[None]:
+    """Count each Ctrl-C or SIGTERM that arrives (context.STOPS_RECEIVED) and pass it on to
+    the handler that was there (Python's, the command's, pytest's)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum: int, frame: Any) -> Any:
+        STOPS_RECEIVED.append(signum)
+        handler = previous[signum]
+        if callable(handler):
+            return handler(signum, frame)
+        if handler == signal.SIG_DFL:  # what the signal would have done: end the process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        return None
+
+    for signum in previous:
+        signal.signal(signum, note)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
 def run_check(check: Check, backend: Any, precision: Precision, profile: str,
               seed: int, timeout: float | None = None, save_failures: str | None = None,
               origin: dict[str, Any] | None = None, plain: str | None = None,
@@ -246,8 +276,9 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
     ctx = CheckContext(recording, precision, suite_settings(profile), seed)
     start = time.perf_counter()
     status, detail = "pass", ""
-    try:
-        with keeping_cwd(), _time_limit(timeout):
+    try:  # the judge's arithmetic under NumPy's default error state, whatever the backend set
+        with keeping_cwd(), _noting_stops(), _time_limit(timeout), \
+                np.errstate(divide="warn", over="warn", under="ignore", invalid="warn"):
             check.fn(recording, ctx)
     except KeyboardInterrupt:
         raise
