@@ -165,6 +165,7 @@ def test_gpu_code_paths_run_on_the_cpu():
         generate_greedy,
         generation_tokens_per_second,
         graph_step_error,
+        same_tokens,
         training_tokens_per_second,
     )
     from gptspec.fast.generate import GREEDY, generate
@@ -187,8 +188,9 @@ def test_gpu_code_paths_run_on_the_cpu():
     assert generate(model, prompt.tolist(), 6, GREEDY) == new.tolist()
     assert torch.equal(GraphedGreedy(model, 2, 11)(prompt, 6), new)  # its step, eagerly
     assert graph_step_error(model, prompt) < 1e-5
-    for loop in ("generate", "greedy", "graph"):
+    for loop in ("generate", "generate-eager", "greedy", "graph"):
         assert generation_tokens_per_second(model, 2, 4, 3, repeats=1, loop=loop) > 0
+    assert same_tokens(model, 2, 4, 5) == 1.0  # no graphs on the CPU: the same path twice
 
 
 def test_reports_used_by_fakes_are_the_real_report():
