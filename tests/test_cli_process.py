@@ -52,8 +52,9 @@ def _to_a_reader_gone(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 def _ctrl_c_default() -> None:
     """In the child: SIGINT's default disposition. A shell that starts the test run in the
     background hands SIGINT on ignored, and Python then leaves it ignored (as it should:
-    such a process is meant to be immune to Ctrl-C)."""
+    such a process is meant to be immune to Ctrl-C). SIGHUP's too (nohup ignores it)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _wait_until_loaded(pid: int, library: str, timeout: float = 120.0) -> None:
@@ -147,7 +148,9 @@ def test_a_full_standard_output_is_one_line():
 
 @pytest.mark.parametrize(("signum", "status", "word"),
                          [(signal.SIGINT, 130, "interrupted"),
-                          (signal.SIGTERM, 143, "terminated")], ids=["SIGINT", "SIGTERM"])
+                          (signal.SIGTERM, 143, "terminated"),
+                          (signal.SIGHUP, 129, "hung up (SIGHUP)")],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_while_the_modules_are_imported_is_one_line(signum, status, word):
     # the command has started once it loads NumPy (gptspec.cli itself does not); torch
     # and Hypothesis take a second or more to import after it: the signal lands there.

@@ -11,6 +11,7 @@ file the test makes lets it go on), so the second comes while it runs, every tim
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -276,3 +277,28 @@ def test_a_conversion_finished_inside_a_fresh_trains_checks_is_not_replaced(tmp_
     finally:
         assert sorted(p.name for p in (run / "checkpoint").iterdir()) == [
             "model.safetensors", "tokenizer.json"]
+
+
+def test_a_lock_file_a_dead_writer_left_is_taken_over_not_called_a_run(tmp_path, capsys,
+                                                                        sources):
+    """A convert killed by a signal it cannot handle (SIGKILL) leaves RUN/.train.lock with
+    no run's checkpoint beside it: the retry was refused as "a training run's checkpoint
+    folder", which it never was (hostile round 7). It now converts, and the lock goes."""
+    ck, hf, _ = sources
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_text("999999999\n")  # a pid no process has
+    assert main(["convert", "--from-hf", str(hf), str(run / "checkpoint")]) == 0, \
+        capsys.readouterr().err
+    assert same_weights(run / "checkpoint", ck)
+    assert not (run / LOCK_FILE).exists()
+
+
+def test_a_lock_file_beside_a_runs_checkpoint_still_guards_it(tmp_path, capsys, sources):
+    ck, hf, _ = sources
+    run = tmp_path / "run"
+    shutil.copytree(ck, run / "checkpoint")
+    (run / "checkpoint" / "state.json").write_text("{}")  # what a run's save leaves there
+    (run / LOCK_FILE).write_text("999999999\n")
+    assert main(["convert", "--from-hf", str(hf), str(run / "checkpoint")]) == 2
+    assert "a training run's checkpoint folder" in one_line(capsys.readouterr().err)

@@ -240,6 +240,27 @@ def test_missing_matplotlib_is_one_line(tmp_path, capsys, monkeypatch, corpus):
     assert "matplotlib" in line and "gptspec[experiments]" in line
 
 
+def test_a_second_study_into_the_same_folder_is_refused_naming_the_first(tmp_path, capsys,
+                                                                        corpus):
+    """One writer per --out: two studies there wrote the same run files at once, or one
+    took the other's live runs for stale ones and advised deleting them (hostile round 7)."""
+    import os
+
+    from gptspec.fast.run_lock import LOCK_FILE, RunLock
+
+    out = tmp_path / "res"
+    out.mkdir()
+    first = RunLock(out)  # what a running study holds
+    try:
+        line = one_line_error(capsys, ["experiment", "tying", "--quick", "--data",
+                                       str(corpus), "--out", str(out)])
+    finally:
+        first.release(remove=True)
+    assert f"pid {os.getpid()}" in line and "wait for it to end" in line, line
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing of the second's
+    assert not (out / LOCK_FILE).exists()
+
+
 # --- resume --------------------------------------------------------------------------------------
 
 

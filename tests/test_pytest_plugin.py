@@ -183,3 +183,24 @@ def test_the_plugins_profiles_are_the_suites():
     from gptspec.conformance.context import PROFILES
 
     assert pytest_plugin.PROFILES == tuple(PROFILES)
+
+
+@pytest.mark.parametrize("where", ["check", "import"])
+def test_a_backends_os_exit_is_an_error_not_pytests_exit_status(tmp_path, where):
+    """os._exit(0) in a check (or at the backend module's import) ended pytest with status
+    0 and no output: a CI job went green for a backend never judged (hostile round 7)."""
+    (tmp_path / "exits.py").write_text(
+        "import os\nimport numpy as np\n"
+        + ("os._exit(0)\n" if where == "import" else "")
+        + "class Backend:\n"
+        "    protocol_version = 2\n"
+        "    name, version, device, dtype = 'exits', '1', 'cpu', 'float64'\n"
+        "    def softmax(self, z, axis=-1):\n"
+        "        os._exit(0)\n"
+        "    def forward(self, tokens, params, config):\n"
+        "        return np.zeros((*np.shape(tokens), config.vocab_size))\n")
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance", "--gptspec-backend=exits:Backend",
+                   "--gptspec-profile=quick", "-k", "softmax.differential or gpt_forward.differential")
+    assert proc.returncode == 1, proc.stdout
+    assert "os._exit(0) was called in the judge's process (the pytest plugin)" in proc.stdout
+    assert "2 failed" in proc.stdout

@@ -61,7 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
         for flag, named in (("--gptspec-backend", spec), ("--gptspec-adjudicate-with", plain)):
             if flag == "--gptspec-backend" or plain not in ("none", "torch"):
                 try:
-                    locate(named)
+                    with _guarded():  # its module's os._exit: an error, not pytest's end
+                        locate(named)
                 except BackendError as err:
                     raise CLIError(f"{flag}: {err}") from None
         # the same limits as gptspec conformance's --timeout and --seed
@@ -167,7 +168,20 @@ class _Judge:
             origin=origin, plain=self.plain, dtype=self.dtype, device=self.device)
 
     def result(self, check: Check) -> CheckResult:
-        """``check``'s result, its dependencies judged first where this process has not."""
+        """``check``'s result, its dependencies judged first where this process has not.
+        The backend runs as under ``gptspec conformance --no-isolate``: its os._exit is an
+        error of the check that called it, not pytest's end with the backend's status."""
+        with _guarded() as guard:
+            result = self._result(check)
+        code = guard.take_exit()
+        if code is not None and result.status not in ("fail", "error"):
+            # os._exit where Python swallowed its SystemExit (a finalizer)
+            result.status, result.worst_fraction = "error", None
+            result.detail = (f"the backend called os._exit({code!r}) in pytest's process, "
+                             "where Python ignored it (a finalizer)")
+        return result
+
+    def _result(self, check: Check) -> CheckResult:
         if not self.started:
             self._start()
         if self.unusable:
@@ -187,6 +201,13 @@ class _Judge:
                 pass
         return self.known[check.id]
 
+
+
+def _guarded() -> Any:
+    from gptspec.cli.in_process import InProcessGuard
+
+    # no watchdog (pytest-timeout's --timeout-method=thread ends a hung native call)
+    return InProcessGuard(None, lambda waited: None, mode="the pytest plugin")
 
 
 def _closure(check: Check) -> set[str]:

@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         if command:
             _guard_standard_streams()
             signal.signal(signal.SIGTERM, _terminate)
+            if getattr(signal, "SIGHUP", None) and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+                signal.signal(signal.SIGHUP, _hang_up)  # (one ignored, as under nohup, stays so)
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                 signal.signal(signal.SIGINT, _interrupt)  # (one inherited as ignored stays so)
             sys.unraisablehook = _stop_again
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         if command:  # a Ctrl-C now would only interrupt Python's exit with a traceback:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # it ends the process, silently
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if getattr(signal, "SIGHUP", None) and signal.getsignal(signal.SIGHUP) is _hang_up:
+                signal.signal(signal.SIGHUP, signal.SIG_DFL)
             sys.unraisablehook = sys.__unraisablehook__
             warnings.showwarning = _python_showwarning
 
@@ -158,9 +162,19 @@ class Terminated(KeyboardInterrupt):
 _RECEIVED: list[int] = []
 
 
+class HungUp(Terminated):
+    """SIGHUP (the terminal or SSH session closed), raised as SIGTERM is: the command's
+    cleanup runs (a half-made output or a lock file goes)."""
+
+
 def _terminate(signum: int, frame: object) -> None:
     _RECEIVED.append(signum)
     raise Terminated()
+
+
+def _hang_up(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
+    raise HungUp()
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -178,8 +192,8 @@ def _stop_again(unraisable: sys.UnraisableHookArgs) -> None:
     stop = unraisable.exc_value
     if isinstance(stop, KeyboardInterrupt):
         # which signal: training's Interrupted carries it; Terminated is SIGTERM
-        signum = getattr(stop, "signum", signal.SIGTERM if isinstance(stop, Terminated)
-                         else signal.SIGINT)
+        signum = getattr(stop, "signum", signal.SIGHUP if isinstance(stop, HungUp) else
+                         signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
         again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
         again.daemon = True
         again.start()
@@ -189,6 +203,9 @@ def _stop_again(unraisable: sys.UnraisableHookArgs) -> None:
 
 def _interrupted(who: str, stop: KeyboardInterrupt) -> int:
     """The line and exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
+    if isinstance(stop, HungUp):
+        print(f"{who}: hung up (SIGHUP)", file=sys.stderr)
+        return 128 + signal.SIGHUP
     terminated = isinstance(stop, Terminated)
     print(f"{who}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
     return 128 + (signal.SIGTERM if terminated else signal.SIGINT)

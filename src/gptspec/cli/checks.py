@@ -274,6 +274,12 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
             lock.release(remove=True)  # as it let go: look again
             remove_empty(made)
             continue
+        if run is not None and not lock.created and not _holds_a_run(run):
+            # a lock file that its writer, dead now, left (a convert or a run stopped before
+            # its first save): no run's checkpoint is there to guard; it goes, look again
+            lock.release(remove=True)
+            remove_empty(made)
+            continue
         try:
             if not lock.created:  # a run's lock file, maybe one made since the checks
                 if check is not None:
@@ -286,6 +292,15 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
         return _holding(lock, folder, made)
     raise CLIError(f"{flag} {printable(target)}: the lock file in it keeps being made and "
                    "removed by other processes; try again")
+
+
+def _holds_a_run(folder: Path) -> bool:
+    """Whether a training run saved into ``folder``: its checkpoint, or one being staged."""
+    try:
+        return (folder / "checkpoint" / "state.json").is_file() or any(
+            p.name.startswith(".checkpoint.") for p in folder.iterdir())
+    except OSError:  # unreadable: taken for a run's, whose checkpoint stays guarded
+        return True
 
 
 def _take(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) -> Any:

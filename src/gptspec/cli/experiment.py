@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
 
@@ -159,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     corpus = _corpus(args, studies[0].scale)
     command = {"name": args.name, "quick": args.quick, "seeds": seeds,
                "data": str(args.data) if args.data else None}
+    lock = _writer_lock(out)
     try:
         return run_studies(studies, corpus, out, jobs, seeds, command,
                            # a corpus or --out name's escape sequences spelled out
@@ -169,3 +171,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted: the finished runs are kept in {out / '.runs'}; the same command "
               "continues the study", flush=True)
         return 130
+    finally:
+        lock.release(remove=True)
+
+
+def _writer_lock(out: Path) -> Any:
+    """One writer per --out folder (made if need be): a second study there would write the
+    same run files and figures at once, or take the first's live runs for stale ones."""
+    from gptspec.fast.run_lock import RunLock, RunLocked, missing_folders, remove_empty
+
+    made = missing_folders(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return RunLock(out)
+    except RunLocked as err:
+        remove_empty(made)
+        raise CLIError(f"--out {printable(str(err))}") from None
+    except OSError as err:
+        remove_empty(made)
+        raise CLIError(f"--out {printable(out)}: cannot take its lock: "
+                       f"{err.strerror or err}") from None

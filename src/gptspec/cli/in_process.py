@@ -29,8 +29,9 @@ class InProcessGuard:
     finished check restarts the watchdog's clock; ``on_expiry(seconds)`` writes what can be
     saved before the process ends."""
 
-    def __init__(self, timeout: float | None, on_expiry: Callable[[float], None]) -> None:
-        self.timeout, self.on_expiry = timeout, on_expiry
+    def __init__(self, timeout: float | None, on_expiry: Callable[[float], None],
+                 mode: str = "--no-isolate") -> None:
+        self.timeout, self.on_expiry, self.mode = timeout, on_expiry, mode
         self.last = time.monotonic()
         self.done = threading.Event()
         self.judge = os.getpid()
@@ -51,7 +52,7 @@ class InProcessGuard:
             self.real_exit(code)
         # kept: in a finalizer Python ignores the SystemExit, and the check would pass
         self.exit_called = code
-        raise SystemExit(f"os._exit({code!r}) was called in the judge's process (--no-isolate)")
+        raise SystemExit(f"os._exit({code!r}) was called in the judge's process ({self.mode})")
 
     def __enter__(self) -> InProcessGuard:
         from gptspec.conformance.isolation import _adopt_orphans

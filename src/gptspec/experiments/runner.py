@@ -112,8 +112,13 @@ def first_difference(old: Any, new: Any, path: str = "") -> str | None:
                 return found
         return None
     if old != new:
-        return f"{path or 'settings'} was {json.dumps(old)[:40]}, is now {json.dumps(new)[:40]}"
+        return f"{path or 'settings'} was {_short(old)}, is now {_short(new)}"
     return None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _number(value: Any, low: float = 0.0, high: float = math.inf) -> str | None:
