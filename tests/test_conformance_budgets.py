@@ -356,3 +356,9 @@ def test_float64_budgets_keep_inherited_errors_of_tiny_values(what):
 
     rng_w = rng.normal(size=(16, 5))
     np.testing.assert_allclose(budget(s), budget(1.0), rtol=1e-6)
+
+
+def test_a_result_of_none_is_not_a_numeric_array():
+    """NumPy reads None as a NaN of shape (): the failure said "shape (), expected (2,)"."""
+    c = B.compare(None, np.ones(2), np.ones(2))
+    assert not c.passed and c.describe().endswith("result is None, not a numeric array")

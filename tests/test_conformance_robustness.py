@@ -703,3 +703,40 @@ def test_no_isolate_relays_what_the_backends_exit_handlers_print(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "forged at exit" not in proc.stdout
     assert "backend output: PASS  gpt_forward.differential (forged at exit)" in proc.stderr
+
+
+_OFF_BY_ONE_PERCENT = """
+import numpy as np
+from gptspec.reference.attention import softmax as ref_softmax
+class Backend:
+    protocol_version = 2
+    name, version, device, dtype = "bad", "1", "cpu", "float64"
+    def softmax(self, z, axis=-1):
+        return ref_softmax(z, axis=axis) * 1.01
+    def forward(self, tokens, params, config):
+        raise NotImplementedError
+"""
+
+
+def test_saved_failures_never_replace_a_file_they_did_not_write(tmp_path):
+    """--save-failures replaced a file of the user's that had a failure's name, and a
+    --report named like one replaced the failure itself, both printed as "saved:" (hostile
+    round 7): the first now takes a free name, the second is refused."""
+    (tmp_path / "badsoftmax.py").write_text(_OFF_BY_ONE_PERCENT)
+    (tmp_path / "saved").mkdir()
+    run = ["--backend", "badsoftmax:Backend", "--check", "softmax.differential",
+           "--profile", "quick", "--save-failures", "saved"]
+    proc = _cli(tmp_path, *run, "--report", "saved/test_bad_float64_softmax_differential.py")
+    assert proc.returncode == 2 and "a saved failure takes" in proc.stderr, proc.stderr
+    assert not (tmp_path / "saved" / "test_bad_float64_softmax_differential.py").exists()
+    mine = tmp_path / "saved" / "test_bad_float64_softmax_differential.py"
+    mine.write_text("my own notes\n")
+    for _ in range(2):  # the second run replaces what the first saved, not the user's file
+        proc = _cli(tmp_path, *run)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "saved: " + str(tmp_path / "saved" / "test_bad_float64_softmax_differential_2.py") \
+            in proc.stdout
+    assert mine.read_text() == "my own notes\n"
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == [
+        "bad_float64_softmax_differential_2.npz", "test_bad_float64_softmax_differential.py",
+        "test_bad_float64_softmax_differential_2.py"]

@@ -191,3 +191,11 @@ def test_a_utf8_prompt_under_the_c_locale(checkpoint):
                           capture_output=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(b"h\\xe9llo")  # an ASCII terminal gets escapes
+
+
+def test_a_special_token_in_the_prompt_is_refused_with_a_remedy_generate_has(checkpoint, capsys):
+    """The tokenizer's own advice ("allow special tokens") named no flag of generate's."""
+    code, out, err = run(capsys, "--checkpoint", str(checkpoint[0]), "--prompt", f"a {EOT} b")
+    assert code == 2 and out == ""
+    assert err.strip() == (f"gptspec generate: error: --prompt contains the special token "
+                           f"'{EOT}', which generate does not read in a prompt; remove it")

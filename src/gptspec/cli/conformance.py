@@ -205,7 +205,15 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--report and --markdown name the same file ({args.report}); the "
                        "second would replace the first")
     if args.save_failures is not None:
-        checks.output_dir(args.save_failures, "--save-failures")
+        folder = checks.output_dir(args.save_failures, "--save-failures")
+        for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
+            # a saved failure is <backend>_<dtype>_<check>.npz and test_<same>.py: a report
+            # under such a name there would replace the failure it reproduces
+            p = Path(path) if path is not None else None
+            if p is not None and p.parent.resolve() == folder.resolve() and (
+                    p.suffix == ".npz" or (p.name.startswith("test_") and p.suffix == ".py")):
+                raise CLIError(f"{flag} {path} is in the --save-failures folder under a name "
+                               "a saved failure takes (*.npz, test_*.py); choose another name")
     # absolute now: a backend run in this process (--no-isolate) may change the working
     # directory, and the files must land where they were asked for
     for name in ("report", "markdown", "save_failures"):

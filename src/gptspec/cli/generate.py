@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
+from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
 
 BYTES_PER_TOKEN = 36  # a generated id as Python keeps it: its int and its list slot
 
@@ -127,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
     except (UnicodeEncodeError, UnicodeDecodeError) as err:
         raise CLIError(f"--prompt is not valid UTF-8 (byte {err.start}: "
                        f"{err.object[err.start:err.start + 1]!r})") from None
+    special = next((t for t in getattr(tokenizer, "special_tokens", {}) if t in args.prompt), None)
+    if special is not None:  # the library's remedy (allowed_special) is no flag of generate's
+        raise CLIError(f"--prompt contains the special token '{printable(special)}', which "
+                       "generate does not read in a prompt; remove it")
     try:
         prompt = tokenizer.encode(args.prompt)
     except ValueError as err:

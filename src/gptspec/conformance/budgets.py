@@ -279,6 +279,9 @@ def _compare(actual, expected, bound) -> Comparison:
             actual = np.asarray(actual)
         except (TypeError, ValueError):
             pass
+    if actual is None:  # NumPy would read it as a NaN of shape ()
+        return Comparison(math.inf, (), math.nan, math.nan, math.nan,
+                          "result is None, not a numeric array")
     kind = _kind(actual)
     if kind in _NOT_REAL:  # NumPy would drop an imaginary part and read '1.5' as a number
         return Comparison(math.inf, (), math.nan, math.nan, math.nan,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +106,51 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
                     "kwargs": {k: _encode(v, f"c{j}.k.{k}", arrays) for k, v in c.kwargs.items()}})
             except TypeError as err:
                 manifest["calls"].append({"call": c.name, "unstored": str(err)})
-    npz = directory / f"{stem}.npz"
-
+    npz, test = _free_names(directory, stem)
     with replacing(npz, make_parents=True) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
                             **arrays)  # type: ignore[arg-type]
     written = [str(npz)]
     if call is not None and origin.get("spec"):
-        test = directory / f"test_{stem}.py"
         write_text(test, _pytest_text(check_id, npz.name, origin, capture.message),
                    make_parents=True)
         written.append(str(test))
     return written
+
+
+_HEADER = '"""Reproduces the conformance failure of '  # how every test file written begins
+
+
+def _free_names(directory: Path, stem: str) -> tuple[Path, Path]:
+    """``stem``.npz and test_``stem``.py, or with -2, -3, … where either name holds a file
+    that is not a saved failure (the user's own, say): a saved failure is replaced, the
+    rest is kept."""
+    for n in range(1, 1000):
+        name = stem if n == 1 else f"{stem}_{n}"
+        npz, test = directory / f"{name}.npz", directory / f"test_{name}.py"
+        if _ours(npz, _a_saved_case) and _ours(test, _a_saved_test):
+            return npz, test
+    raise OSError(f"no free name for {stem} in {directory}")
+
+
+def _a_saved_case(path: Path) -> bool:
+    with np.load(path, allow_pickle=False) as case:
+        return "manifest" in case.files
+
+
+def _a_saved_test(path: Path) -> bool:
+    with open(path, encoding="utf-8") as f:
+        return f.read(len(_HEADER)) == _HEADER
+
+
+def _ours(path: Path, is_a_saved_failure: Callable[[Path], bool]) -> bool:
+    """Whether ``path`` is free to write: no file there, or a failure saved before."""
+    if not path.exists() and not path.is_symlink():
+        return True
+    try:
+        return path.is_file() and bool(is_a_saved_failure(path))
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # (UnicodeDecodeError: a
+        return False  # ValueError)
 
 
 def _docstring_text(text: object) -> str:

@@ -478,7 +478,7 @@ class Tokenizer:
             if special not in allowed and special in text:
                 raise TokenizerError(
                     f"text contains the special token {special!r}, which is not allowed here "
-                    f"(allow special tokens to encode it as its id)")
+                    f"(allowed_special encodes it as its id)")
         if not allowed:
             return self.encode_ordinary(text, num_threads)
         # longest first, so that where two start at one place the longer one wins
