@@ -16,6 +16,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,3 +184,31 @@ def test_a_wrong_derivative_in_the_kernel_fails_the_gradient_check(monkeypatch):
     (result,) = suite.results
     assert result.status == "fail", result.detail
     assert np.isfinite(result.worst_fraction) and result.worst_fraction > 1
+
+
+def test_a_build_lock_left_by_a_killed_builder_is_not_waited_on(tmp_path, monkeypatch):
+    """PyTorch's build lock is a file made with O_EXCL: a builder killed in its window left
+    it, and every later train, experiment and bfloat16 generate waited on it forever
+    (hostile round 7). Under gptspec's own lock (released by a dead holder) it is stale and
+    goes; a live holder that keeps its lock past the wait is a one-line TimeoutError."""
+    import fcntl
+    import os
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from gptspec.fast.native import exclusive_build
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = Path(_get_build_directory("gptspec_test_kernel", verbose=False))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lock").touch()  # what a builder killed inside PyTorch's window leaves
+    with exclusive_build("gptspec_test_kernel", wait_s=5):
+        assert not (folder / "lock").exists()
+    holder = os.open(folder / "gptspec.lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another process's build, still running
+    try:
+        with pytest.raises(TimeoutError, match="held its build for over 0 s"):
+            with exclusive_build("gptspec_test_kernel", wait_s=0.3):
+                pass
+    finally:
+        os.close(holder)

@@ -25,7 +25,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gptspec.fast.native import cpu_flags, put_ninja_on_path, streams_for_the_build
+from gptspec.fast.native import (
+    cpu_flags,
+    exclusive_build,
+    put_ninja_on_path,
+    streams_for_the_build,
+)
 
 Tensor = torch.Tensor
 
@@ -53,7 +58,7 @@ def available() -> bool:
         from torch.utils.cpp_extension import load
 
         put_ninja_on_path()
-        with streams_for_the_build():
+        with exclusive_build("gptspec_bf16_gemv"), streams_for_the_build():
             load(name="gptspec_bf16_gemv", sources=[str(SOURCE)], is_python_module=False,
                  extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except Exception as error:  # no compiler, no ninja, …: the oneDNN product stays

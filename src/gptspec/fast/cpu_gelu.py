@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 
-from gptspec.fast.native import cpu_flags, put_ninja_on_path, streams_for_the_build
+from gptspec.fast.native import (
+    cpu_flags,
+    exclusive_build,
+    put_ninja_on_path,
+    streams_for_the_build,
+)
 
 Tensor = torch.Tensor
 
@@ -59,7 +64,7 @@ def _build() -> Any:
         from torch.utils.cpp_extension import load
 
         put_ninja_on_path()
-        with streams_for_the_build():
+        with exclusive_build(NAME), streams_for_the_build():
             load(name=NAME, sources=[str(SOURCE)], is_python_module=False,
                  extra_cflags=["-O2", "-mavx2", "-mfma"])
         # load() opened the library (torch.ops.load_library); ctypes finds it by its path
