@@ -258,6 +258,9 @@ def test_an_error_after_a_stop_signal_that_left_no_trace_is_reported_as_the_stop
     monkeypatch.setattr(cli, "_RECEIVED", [signal.SIGTERM])
     assert cli.main(["info", "gpt2"]) == 143
     assert capsys.readouterr().err == "gptspec info: terminated\n"
+    monkeypatch.setattr(cli, "_RECEIVED", [signal.SIGHUP])  # (a SIGHUP read as Ctrl-C, 130)
+    assert cli.main(["info", "gpt2"]) == 129
+    assert capsys.readouterr().err == "gptspec info: hung up (SIGHUP)\n"
     monkeypatch.setattr(cli, "_RECEIVED", [])  # with no stop received it is an error
     assert cli.main(["info", "gpt2"]) == 1
     assert "ImportError: PyCapsule_Import" in capsys.readouterr().err

@@ -339,7 +339,7 @@ def _unmapped_library(err: BaseException) -> str:
 
 
 def _stop_behind(err: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM that caused ``err``, if one did: a C extension interrupted
+    """The Ctrl-C, SIGTERM or SIGHUP that caused ``err``, if one did: a C extension interrupted
     while it loads reports an ImportError of its own (NumPy's begins "IMPORTANT: PLEASE
     READ THIS"), whose context is the KeyboardInterrupt, or, where the extension swallowed
     it, which follows a stop signal this process received (_RECEIVED)."""
@@ -351,7 +351,8 @@ def _stop_behind(err: BaseException) -> KeyboardInterrupt | None:
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     if _RECEIVED:
-        return Terminated() if _RECEIVED[-1] == signal.SIGTERM else KeyboardInterrupt()
+        stop = {signal.SIGTERM: Terminated, getattr(signal, "SIGHUP", -1): HungUp}
+        return stop.get(_RECEIVED[-1], KeyboardInterrupt)()
     return None
 
 
