@@ -279,19 +279,21 @@ def test_a_conversion_finished_inside_a_fresh_trains_checks_is_not_replaced(tmp_
             "model.safetensors", "tokenizer.json"]
 
 
-def test_a_lock_file_a_dead_writer_left_is_taken_over_not_called_a_run(tmp_path, capsys,
-                                                                        sources):
-    """A convert killed by a signal it cannot handle (SIGKILL) leaves RUN/.train.lock with
-    no run's checkpoint beside it: the retry was refused as "a training run's checkpoint
-    folder", which it never was (hostile round 7). It now converts, and the lock goes."""
+def test_a_refusal_for_a_lock_file_alone_names_it(tmp_path, capsys, sources):
+    """A convert killed by SIGKILL leaves RUN/.train.lock; the retry's refusal called RUN a
+    training run's folder with nothing else to go on (hostile round 7). A run ended before
+    its first save looks the same, and its checkpoint folder stays guarded: the refusal
+    names the lock file, to be removed where no run uses the folder."""
     ck, hf, _ = sources
     run = tmp_path / "run"
     run.mkdir()
     (run / LOCK_FILE).write_text("999999999\n")  # a pid no process has
-    assert main(["convert", "--from-hf", str(hf), str(run / "checkpoint")]) == 0, \
-        capsys.readouterr().err
+    assert main(["convert", "--from-hf", str(hf), str(run / "checkpoint")]) == 2
+    assert f"its lock file {run / LOCK_FILE} says so: if no run uses that folder, remove " \
+        "the file" in one_line(capsys.readouterr().err)
+    (run / LOCK_FILE).unlink()
+    assert main(["convert", "--from-hf", str(hf), str(run / "checkpoint")]) == 0
     assert same_weights(run / "checkpoint", ck)
-    assert not (run / LOCK_FILE).exists()
 
 
 def test_a_lock_file_beside_a_runs_checkpoint_still_guards_it(tmp_path, capsys, sources):

@@ -205,9 +205,14 @@ def not_in_a_run_checkpoint(path: Path, flag: str) -> None:
         if (folder.name == "checkpoint" or folder.name.startswith(".checkpoint.")) and (
                 (folder.parent / LOCK_FILE).exists() or (folder / "state.json").is_file()):
             where = "is" if folder == real else f"is inside {printable(folder)},"
+            # only the lock file says so: name it, for a folder that no run uses (a writer
+            # killed by SIGKILL leaves its lock file)
+            lock = "" if (folder / "state.json").is_file() else (
+                f" (its lock file {printable(folder.parent / LOCK_FILE)} says so: if no run "
+                "uses that folder, remove the file)")
             raise CLIError(f"{flag}: {printable(path)} {where} a training run's checkpoint "
                            f"folder, which the run replaces at each save; choose another "
-                           f"{flag}")
+                           f"{flag}{lock}")
 
 
 def output_file(path: str | os.PathLike[str], flag: str) -> Path:
@@ -274,12 +279,6 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
             lock.release(remove=True)  # as it let go: look again
             remove_empty(made)
             continue
-        if run is not None and not lock.created and not _holds_a_run(run):
-            # a lock file that its writer, dead now, left (a convert or a run stopped before
-            # its first save): no run's checkpoint is there to guard; it goes, look again
-            lock.release(remove=True)
-            remove_empty(made)
-            continue
         try:
             if not lock.created:  # a run's lock file, maybe one made since the checks
                 if check is not None:
@@ -292,15 +291,6 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
         return _holding(lock, folder, made)
     raise CLIError(f"{flag} {printable(target)}: the lock file in it keeps being made and "
                    "removed by other processes; try again")
-
-
-def _holds_a_run(folder: Path) -> bool:
-    """Whether a training run saved into ``folder``: its checkpoint, or one being staged."""
-    try:
-        return (folder / "checkpoint" / "state.json").is_file() or any(
-            p.name.startswith(".checkpoint.") for p in folder.iterdir())
-    except OSError:  # unreadable: taken for a run's, whose checkpoint stays guarded
-        return True
 
 
 def _take(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) -> Any:
