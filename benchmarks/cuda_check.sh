@@ -74,7 +74,7 @@ thorough() {  # dtype: every check as a pytest item, 6 at a time (pytest-xdist)
 thorough float32 &
 thorough bfloat16 &
 (cd "$WORK" && OMP_NUM_THREADS=1 timeout -k 10 "$(cap "$PHASE1")" python3 -m pytest -q \
-   -p no:cacheprovider tests/test_fast.py tests/test_conformance_sdpa_kernels.py \
+   -p no:cacheprovider tests/test_fast.py tests/test_conformance_sdpa_kernels.py tests/test_training_loop.py \
    tests/test_bench_harness.py -k "$DEVICE or gpu_code" > "$LOG/pytest.log" 2>&1
  note "pytest -k $DEVICE: exit $?") &
 (
