@@ -74,6 +74,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_JUDGE] = _Judge(config)
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    judge = config.stash.get(_JUDGE, None)
+    if judge is not None and judge.guard is not None:
+        judge.guard.__exit__(None, None, None)
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     judge = config.stash.get(_JUDGE, None)
     return None if judge is None else f"gptspec conformance: {judge.described}"
@@ -145,6 +151,7 @@ class _Judge:
         self.known: dict[str, CheckResult] = {}
         self.started = False
         self.unusable = ""  # why no check can run: the backend failed to start
+        self.guard: Any = None  # the in-process guard, from the first item to the session's end
         self.refused = ""  # the backend declined the dtype or device asked
         self.described = (f"backend {self.spec}, dtype {self.dtype or 'its own'}, device "
                           f"{self.device or 'its own'}, profile {self.profile}, seed {self.seed}")
@@ -171,9 +178,11 @@ class _Judge:
         """``check``'s result, its dependencies judged first where this process has not.
         The backend runs as under ``gptspec conformance --no-isolate``: its os._exit is an
         error of the check that called it, not pytest's end with the backend's status."""
-        with _guarded() as guard:
-            result = self._result(check)
-        code = guard.take_exit()
+        if self.guard is None:  # for the whole session: processes the backend starts
+            self.guard = _guarded()  # (a compiler's worker pool) live until its end
+            self.guard.__enter__()
+        result = self._result(check)
+        code = self.guard.take_exit()
         if code is not None and result.status not in ("fail", "error"):
             # os._exit where Python swallowed its SystemExit (a finalizer)
             result.status, result.worst_fraction = "error", None
