@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -229,6 +230,32 @@ def test_a_stop_that_surfaces_as_another_error_still_stops_the_run():
                   stopped_inside_the_library, "forward", "")
     with pytest.raises(KeyboardInterrupt):
         run_check(check, ReferenceBackend(), Precision.of("float32"), "quick", 0)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_inside_a_backend_call_stops_the_run(signum):
+    """A KeyboardInterrupt that a stop signal raised inside the backend's call stops the
+    run; only one that no signal raised is the backend's error. The command raises SIGHUP
+    as a stop too, and it was not counted: a closed terminal became a check's error."""
+    from gptspec.conformance.budgets import Precision
+    from gptspec.conformance.registry import all_checks
+    from gptspec.conformance.runner import run_check
+
+    def stop(number, frame):
+        raise KeyboardInterrupt  # as the command's handlers raise each stop
+
+    class SignalsItself(ReferenceBackend):
+        def softmax(self, z, axis=-1):
+            os.kill(os.getpid(), signum)
+            return super().softmax(z, axis=axis)
+
+    previous = signal.signal(signum, stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            check = next(c for c in all_checks(None) if c.id == "softmax.differential")
+            run_check(check, SignalsItself(), Precision.of("float64"), "quick", 0)
+    finally:
+        signal.signal(signum, previous)
 
 
 # --- a backend may fork, forge, move the working directory or misstate its dtype (issue 29)

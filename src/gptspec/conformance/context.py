@@ -229,7 +229,7 @@ def _fileno(stream: Any) -> int | None:
         return None
 
 
-# The stop signals (Ctrl-C, SIGTERM) this process received while a check ran (the runner
+# The stop signals (Ctrl-C, SIGTERM, SIGHUP) this process received while a check ran (the runner
 # counts them): a KeyboardInterrupt that none of them raised is the backend's own.
 STOPS_RECEIVED: list[int] = []
 
@@ -243,9 +243,8 @@ class RecordingBackend:
     recorded, in order, in ``calls`` (reset at each example by the context); logits not
     in ``dtype`` raise WrongDtype (``asked``: the run was asked for it, else the backend
     declared it). A call leaves the judge's NumPy error state and warning filters as it
-    found them, a
-    KeyboardInterrupt no signal caused is the backend's error, and a process the backend
-    forked ends when the call returns into it."""
+    found them, a KeyboardInterrupt no signal caused is the backend's error, and a process
+    the backend forked ends when the call returns into it."""
 
     def __init__(self, backend: Any, dtype: str = "float64", asked: bool = True) -> None:
         self._backend = backend

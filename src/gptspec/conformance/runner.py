@@ -237,12 +237,15 @@ def _time_limit(seconds: float | None) -> Any:
 
 @contextlib.contextmanager
 def _noting_stops() -> Iterator[None]:
-    """Count each Ctrl-C or SIGTERM that arrives (context.STOPS_RECEIVED) and pass it on to
-    the handler that was there (Python's, the command's, pytest's)."""
+    """Count each Ctrl-C, SIGTERM or SIGHUP that arrives (context.STOPS_RECEIVED) and pass
+    it on to the handler that was there (Python's, the command's, pytest's): the command
+    raises each as a stop, which must not be taken for the backend's own interrupt."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    stops = (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
+    # (one ignored, as SIGHUP under nohup, stays ignored and uncounted)
+    previous: dict[int, Any] = {s: h for s in stops if (h := signal.getsignal(s)) != signal.SIG_IGN}
 
     def note(signum: int, frame: Any) -> Any:
         STOPS_RECEIVED.append(signum)
