@@ -274,7 +274,7 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
         if folder is None:
             return contextlib.nullcontext()
         made = missing_folders(folder)  # the deepest first
-        lock = _take(folder, target, flag, named=folder == create, made=made)
+        lock = take_run_lock(folder, target, flag, named=folder == create, made=made)
         if run is not None and lock.created:  # the file found was removed by its holder
             lock.release(remove=True)  # as it let go: look again
             remove_empty(made)
@@ -293,7 +293,7 @@ def training_run_lock(target: Path, flag: str, create: Path | None = None,
                    "removed by other processes; try again")
 
 
-def _take(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) -> Any:
+def take_run_lock(folder: Path, target: Path, flag: str, named: bool, made: list[Path]) -> Any:
     """``folder``'s RunLock (the folder made if need be), each refusal in one line.
     ``named``: the folder is the one the command writes (or a run's folder to be), not a
     run's folder found above the target."""

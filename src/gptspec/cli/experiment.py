@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
 
@@ -153,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             _print_plan(studies, seeds)
         return 0
     from gptspec.experiments.runner import ExperimentError, run_studies
+    from gptspec.fast.run_lock import missing_folders
 
     out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)
     jobs = args.jobs if args.jobs is not None else checks.cores()
@@ -160,7 +160,9 @@ def run(args: argparse.Namespace) -> int:
     corpus = _corpus(args, studies[0].scale)
     command = {"name": args.name, "quick": args.quick, "seeds": seeds,
                "data": str(args.data) if args.data else None}
-    lock = _writer_lock(out)
+    # one writer per --out folder: a second study there would write the same run files at
+    # once, or take the first's live runs for stale ones
+    lock = checks.take_run_lock(out, out, "--out", named=True, made=missing_folders(out))
     try:
         return run_studies(studies, corpus, out, jobs, seeds, command,
                            # a corpus or --out name's escape sequences spelled out
@@ -174,20 +176,3 @@ def run(args: argparse.Namespace) -> int:
     finally:
         lock.release(remove=True)
 
-
-def _writer_lock(out: Path) -> Any:
-    """One writer per --out folder (made if need be): a second study there would write the
-    same run files and figures at once, or take the first's live runs for stale ones."""
-    from gptspec.fast.run_lock import RunLock, RunLocked, missing_folders, remove_empty
-
-    made = missing_folders(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        return RunLock(out)
-    except RunLocked as err:
-        remove_empty(made)
-        raise CLIError(f"--out {printable(str(err))}") from None
-    except OSError as err:
-        remove_empty(made)
-        raise CLIError(f"--out {printable(out)}: cannot take its lock: "
-                       f"{err.strerror or err}") from None

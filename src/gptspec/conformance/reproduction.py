@@ -122,7 +122,7 @@ _HEADER = '"""Reproduces the conformance failure of '  # how every test file wri
 
 
 def _free_names(directory: Path, stem: str) -> tuple[Path, Path]:
-    """``stem``.npz and test_``stem``.py, or with -2, -3, … where either name holds a file
+    """``stem``.npz and test_``stem``.py, or with _2, _3, … where either name holds a file
     that is not a saved failure (the user's own, say): a saved failure is replaced, the
     rest is kept."""
     for n in range(1, 1000):

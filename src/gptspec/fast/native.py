@@ -8,7 +8,6 @@ The helpers here are what both kernels check before a build.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import sys
@@ -64,6 +63,8 @@ def exclusive_build(name: str, wait_s: float = BUILD_WAIT_S) -> Iterator[None]:
     on it forever (hostile round 7). Under this lock nobody else is building, so such a
     file is stale and goes. A build still held after ``wait_s``: TimeoutError (the caller
     warns and uses PyTorch's product)."""
+    import fcntl  # (Linux only, as the kernels are)
+
     from torch.utils.cpp_extension import _get_build_directory
 
     folder = Path(_get_build_directory(name, verbose=False))
