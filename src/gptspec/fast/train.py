@@ -12,6 +12,7 @@ step) alone (:func:`batch_generator`), so no process has sampler state to lose.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import math
@@ -285,11 +286,22 @@ def init_distributed(device: str) -> tuple[int, int, str]:
     cuda = torch.device(device).type == "cuda"
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if cuda else "gloo")
+        # left to the interpreter's teardown, the group's threads can still be joinable when
+        # their C++ destructors run, and the process aborts ("terminate called without an
+        # active exception") after its command succeeded; every command has returned by now
+        atexit.register(_leave_process_group)
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # --- the trainer ------------------------------------------------------------------------------------
