@@ -1,11 +1,9 @@
 """Batched generation with a preallocated KV cache, streaming tokens as they are produced.
 
-``stream(model, prompts, max_new_tokens, ...)`` yields, per step (one forward call for the
-batch), the new token of every sequence still going; ``generate(...)`` drains it. Its
-meaning is the reference loop (``gptspec.reference.generate``), the cache computing the
-same logits from one new row per step. Prompts of different lengths are right-padded and
-fed once, so a prompt gives the same tokens alone or in a batch; each sequence stops on
-its own (end-of-text or length); a context reaching n_ctx is cropped and the cache
+``stream`` yields each step's new token of every running sequence; ``generate`` drains it.
+Its meaning is the reference loop (``gptspec.reference.generate``). Prompts of different
+lengths are right-padded and fed once, so a prompt gives the same tokens alone or in a
+batch; each sequence stops on its own; a context reaching n_ctx is cropped and the cache
 refilled. 16-bit CPU weights are prepacked while it generates (``fast.prepacked``).
 """
 
@@ -95,8 +93,8 @@ def _graphable(device: torch.device) -> bool:
 class _Contexts:
     """The batch's token sequences and what the model has seen of them."""
 
-    def __init__(self, model: GPT, prompts: list[list[int]], use_cache: bool,
-                 prepack: bool, cuda_graph: bool) -> None:
+    def __init__(self, model: GPT, prompts: list[list[int]], use_cache: bool, prepack: bool,
+                 cuda_graph: bool) -> None:
         self.model = model
         self.sequences = prompts
         self.n_ctx = model.config.n_ctx
@@ -105,23 +103,13 @@ class _Contexts:
         self.cache: KVCache | None = None  # None: no cache, or not filled yet
         self.graphed: _GraphedStep | None = None  # the step's graph, for this cache
         self.cuda_graph = cuda_graph and _graphable(self.device)
-        self.prepack = prepack
-        self.packed: prepacked.PrepackedWeights | None = None
-        self.pack_weights()
-
-    def pack_weights(self) -> None:
-        """Bind the current weights, packed where that pays (at batch 1 in the layout for
-        one-row products), to the model; with ``prepack=False``, none."""
-        self.packed = None  # let a stale packed copy go first
-        if self.prepack:
-            self.packed = prepacked.bind(self.model, rows=len(self.sequences))
+        # the weights packed where that pays (at batch 1 in the layout for one-row products)
+        # and bound to the model while it generates; one the caller changes meanwhile goes
+        # stale, and its products take the plain kernel
+        if prepack:
+            prepacked.bind(model, rows=len(prompts))
         else:
-            prepacked.unbind(self.model)
-
-    def forward(self, tokens: Tensor, lengths: Tensor | None = None) -> Tensor:
-        if self.packed is not None and not self.packed.current:
-            self.pack_weights()  # the caller changed the weights between two steps
-        return self.model(tokens, self.cache, lengths)
+            prepacked.unbind(model)
 
     def full_forward(self, remaining: int) -> Tensor:
         """Logits (B, V) at the last position of every cropped context, from scratch;
@@ -133,7 +121,7 @@ class _Contexts:
         last = torch.tensor(lengths, device=self.device) - 1
         rows = torch.arange(len(contexts), device=self.device)
         if not self.use_cache:
-            return self.forward(tokens)[rows, last]
+            return self.model(tokens)[rows, last]
         max_len = min(self.n_ctx, T + remaining)  # room for every token still to come
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(len(contexts), max_len)
@@ -141,7 +129,7 @@ class _Contexts:
             self.cache.reset()
         uniform = all(n == T for n in lengths)  # the cache's fast path needs no lengths
         lens = None if uniform else torch.tensor(lengths, device=self.device)
-        return self.forward(tokens, lens)[rows, last]
+        return self.model(tokens, self.cache, lens)[rows, last]
 
     def needs_refill(self, running: list[bool]) -> bool:
         """Whether a running sequence has no room left in the cache: its context reached
@@ -161,7 +149,7 @@ class _Contexts:
                 self.graphed = _GraphedStep(self.model, self.cache)
             return self.graphed(new)
         lens = None if all(running) else torch.tensor(running, device=self.device).long()
-        return self.forward(new[:, None], lens)[:, 0]
+        return self.model(new[:, None], self.cache, lens)[:, 0]
 
 
 @torch.inference_mode()
@@ -229,16 +217,14 @@ def generate(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     for step in stream(model, prompts, max_new_tokens, sampling, eot_token=eot_token, seed=seed,
                        generator=generator, use_cache=use_cache, keep_logits=return_logits,
                        prepack=prepack, cuda_graph=cuda_graph):
-        for b, token in enumerate(step.tokens):
-            if token is None:
-                continue
+        for b, token in ((b, t) for b, t in enumerate(step.tokens) if t is not None):
             out[b].append(token)
             if step.logits is not None:  # return_logits: 16-bit logits widened to float32
-                z = step.logits[b]
-                step_logits[b].append((z if z.dtype == torch.float64 else z.float()).cpu())
+                step_logits[b].append(step.logits[b].to("cpu", torch.promote_types(
+                    step.logits.dtype, torch.float32)))
             if on_token is not None:
                 on_token(b, token)
-    if return_logits:
-        V = model.config.vocab_size
-        return out, [torch.stack(s) if s else torch.empty(0, V) for s in step_logits]
-    return out
+    if not return_logits:
+        return out
+    V = model.config.vocab_size
+    return out, [torch.stack(s) if s else torch.empty(0, V) for s in step_logits]

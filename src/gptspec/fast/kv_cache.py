@@ -22,19 +22,17 @@ Tensor = torch.Tensor
 
 @dataclass(frozen=True)
 class Plan:
-    """Where one forward call's T new tokens go, computed once and read by every layer:
-    their positions, the cache slots they are written to, and what each may attend to.
+    """Where one forward call's T new tokens go, computed once and read by every layer.
     ``Plan()``: positions 0 … T−1, no cache, the causal mask (the whole sequence)."""
 
-    start: int = 0  # every sequence's tokens at positions and slots start … start+T−1,
-    positions: Tensor | None = None  # unless given: (B, T) each token's own position
-    # (clamped to n_ctx−1 for padding), and ``rows`` and ``slots`` its cache slot
-    causal: bool = True  # SDPA applies the causal mask itself
-    mask: Tensor | None = None  # else (B, 1, T, S): True where token i may see slot j;
-    # neither causal nor a mask: every slot is visible (one new token after the others)
+    start: int = 0  # tokens at positions and cache slots start … start+T−1, unless
+    positions: Tensor | None = None  # (B, T) each token's own (padding: clamped to n_ctx−1)
+    causal: bool = True  # SDPA applies the causal mask itself; else ``mask``
+    mask: Tensor | None = None  # (B, 1, T, S) True where token i may see slot j; neither
+    # causal nor a mask: every slot is visible (one new token after the others)
     cache: KVCache | None = None
     n_keys: int = 0  # S: attention reads the cache's slots 0 … S−1
-    rows: Tensor | None = None  # (B, T) batch index and slot of every token
+    rows: Tensor | None = None  # (B, T) batch index and cache slot of every token
     slots: Tensor | None = None
     advance: Tensor | None = None  # (B,) real new tokens of each sequence; None: all T
     last: Tensor | None = None  # (B,) row of each sequence's last real token; None: T−1
@@ -88,67 +86,56 @@ class KVCache:
         """Positions, write slots and attention mask of T_new new tokens per sequence, of
         which ``lengths[b]`` are real (all of them when ``lengths`` is None). While every
         sequence has one length and all tokens are real, it reads nothing from the device."""
-        t = self.uniform_length
+        t, B = self.uniform_length, self.batch_size
         if lengths is None and t is not None:
             if t + T_new > self.max_len:
                 raise self._too_long(0, t + T_new)
             # no mask: from slot 0 SDPA's causal one, or one new token that sees every slot
-            mask = None if t == 0 or T_new == 1 else self._mask(T_new, t + T_new)
+            mask = None if t == 0 or T_new == 1 else \
+                _mask(t + T_new, torch.arange(t, t + T_new, device=self.device).expand(B, T_new))
             return Plan(t, causal=t == 0, mask=mask, cache=self, n_keys=t + T_new)
-        B, dev = self.batch_size, self.device
-        if lengths is None:
-            advance = torch.full((B,), T_new, dtype=torch.long, device=dev)
-        else:
-            advance = torch.as_tensor(lengths, device=dev)
-            if advance.shape != (B,) or advance.dtype.is_floating_point \
-                    or advance.dtype == torch.bool:
-                raise ValueError(f"lengths must be an integer tensor of shape ({B},), "
-                                 f"got {tuple(advance.shape)} {advance.dtype}")
-            advance = advance.long()
-            if bool(((advance < 0) | (advance > T_new)).any()):
-                raise ValueError(f"lengths must lie in [0, {T_new}] (the new tokens per sequence), "
-                                 f"got {advance.tolist()}")
+        advance = torch.as_tensor(T_new if lengths is None else lengths, device=self.device)
+        if lengths is not None and (advance.shape != (B,) or advance.dtype.is_floating_point
+                                    or advance.dtype == torch.bool):
+            raise ValueError(f"lengths must be an integer tensor of shape ({B},), "
+                             f"got {tuple(advance.shape)} {advance.dtype}")
+        advance = advance.long().expand(B)
+        if bool(((advance < 0) | (advance > T_new)).any()):
+            raise ValueError(f"lengths must lie in [0, {T_new}] (the new tokens per sequence), "
+                             f"got {advance.tolist()}")
         new_lengths = self.lengths + advance
         if bool((new_lengths > self.max_len).any()):
             b = int(torch.argmax(new_lengths))
             raise self._too_long(b, int(new_lengths[b]))
-        positions = self.lengths[:, None] + torch.arange(T_new, device=dev)  # (B, T_new)
-        n_keys = min(self._bound + T_new, self.max_len)
-        rows = torch.arange(B, device=dev)[:, None].expand(B, T_new)
-        slots = positions.clamp(max=self.max_len)  # padding past the end: the scratch slot
-        # the last real token's row (row 0 where a sequence has none)
-        last = (advance - 1).clamp(min=0)
-        # the embedding of padding past the end: any row will do, its logits are unused
-        return Plan(0, positions.clamp(max=self.config.n_ctx - 1), False,
-                    self._mask(T_new, n_keys, positions), self, n_keys, rows, slots, advance,
-                    last)
+        return self._on_device(T_new, advance)
 
     def static_plan(self) -> Plan:
         """One new token per sequence, planned on the device alone: its position read from
         ``lengths``, attention over all ``max_len`` slots under the mask. No host value in it
         changes from step to step, so a CUDA graph can capture the step and replay it. A
         sequence already at ``max_len`` writes into the scratch slot (the caller stops it)."""
-        B, dev = self.batch_size, self.device
         # the host's view settles at once (lengths unknown, any slot possibly written), so
         # a step that torch.compile traced needs no new trace as the lengths grow
         self.uniform_length, self._bound = None, self.max_len
-        positions = self.lengths[:, None]  # (B, 1)
+        return self._on_device(1, torch.ones(self.batch_size, dtype=torch.long,
+                                             device=self.device))
+
+    def _on_device(self, T_new: int, advance: Tensor) -> Plan:
+        """The plan of sequences whose lengths only the device knows: ``advance`` (B,) real
+        new tokens each, every position, slot and mask computed from ``lengths``."""
+        B, dev = self.batch_size, self.device
+        positions = self.lengths[:, None] + torch.arange(T_new, device=dev)  # (B, T_new)
+        n_keys = min(self._bound + T_new, self.max_len)
+        # padding past the end: position n_ctx−1 (any row will do, its logits are unused)
+        # and the scratch slot; ``last``: the last real token's row (0 where there is none)
         return Plan(0, positions.clamp(max=self.config.n_ctx - 1), False,
-                    self._mask(1, self.max_len, positions), self, self.max_len,
-                    torch.arange(B, device=dev)[:, None], positions.clamp(max=self.max_len),
-                    torch.ones(B, dtype=torch.long, device=dev), None)
+                    _mask(n_keys, positions), self, n_keys,
+                    torch.arange(B, device=dev)[:, None].expand(B, T_new),
+                    positions.clamp(max=self.max_len), advance, (advance - 1).clamp(min=0))
 
     def _too_long(self, b: int, length: int) -> ValueError:
         return ValueError(f"sequence {b} would reach length {length}, beyond the cache's "
                           f"{self.max_len} positions (n_ctx={self.config.n_ctx})")
-
-    def _mask(self, T_new: int, n_keys: int, positions: Tensor | None = None) -> Tensor:
-        """(B, 1, T_new, n_keys): new token i (position ``positions[b, i]``, by default
-        lengths[b] + i) may see slot j ≤ its position."""
-        if positions is None:
-            positions = self.lengths[:, None] + torch.arange(T_new, device=self.device)
-        keys = torch.arange(n_keys, device=self.device)
-        return (keys <= positions[:, :, None]).unsqueeze(1)
 
     def write(self, layer: int, K: Tensor, V: Tensor, plan: Plan) -> tuple[Tensor, Tensor]:
         """Store the new keys and values (B, h, T_new, d_k) of one layer; return the layer's
@@ -167,3 +154,8 @@ class KVCache:
         self.lengths += T_new if plan.advance is None else plan.advance
         self.uniform_length = plan.start + T_new if plan.rows is None else None
         self._bound = min(self._bound + T_new, self.max_len)
+
+
+def _mask(n_keys: int, positions: Tensor) -> Tensor:
+    """(B, 1, T_new, n_keys): the new token at ``positions[b, i]`` may see slot j ≤ it."""
+    return (torch.arange(n_keys, device=positions.device) <= positions[:, :, None]).unsqueeze(1)

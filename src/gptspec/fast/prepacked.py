@@ -124,15 +124,11 @@ class PrepackedWeights:
         self.table = {id(p): PackedMatrix.of(p, transposed, layout)
                       for p, transposed in _matrices(model)}
 
-    @property
-    def current(self) -> bool:
-        """No packed matrix went stale."""
-        return all(matrix.current for matrix in self.table.values())
-
     def current_for(self, model: GPT) -> bool:
         """Packed from exactly these parameters, none changed since (a dtype or device move
         replaces every parameter's storage, so it makes them all stale)."""
-        return [id(p) for p, _ in _matrices(model)] == list(self.table) and self.current
+        return [id(p) for p, _ in _matrices(model)] == list(self.table) and \
+            all(matrix.current for matrix in self.table.values())
 
     def operand(self, W: Tensor) -> Tensor | PackedMatrix:
         """What to pass to ``ops.linear`` or ``ops.unembed_tied`` for the parameter W: its
