@@ -763,3 +763,41 @@ def test_backend_operations_sum_16bit_products_in_float32(monkeypatch: pytest.Mo
     assert seen == [(False, False)]
     assert matmul.allow_bf16_reduced_precision_reduction
     assert matmul.allow_fp16_reduced_precision_reduction
+
+
+def test_overlapping_backend_calls_keep_float32_sums_until_the_last_one_leaves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads' calls overlap: the one that leaves first must not turn the
+    reduced-precision reductions back on under the other, and the last one restores the
+    user's settings."""
+    import threading
+
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", True)
+    monkeypatch.setattr(matmul, "allow_fp16_reduced_precision_reduction", True)
+    first_inside, second_inside, first_left = (threading.Event() for _ in range(3))
+    seen = []
+
+    def spy(x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread().name == "first":  # returns once the second is inside
+            first_inside.set()
+            second_inside.wait(10)
+        else:  # and the second looks after the first returned
+            second_inside.set()
+            first_left.wait(10)
+            seen.append((matmul.allow_bf16_reduced_precision_reduction,
+                         matmul.allow_fp16_reduced_precision_reduction))
+        return x
+
+    monkeypatch.setattr(ops, "relu", spy)
+    relu = TorchBackend(dtype="bfloat16")._operation("relu")
+    second = threading.Thread(target=lambda: (first_inside.wait(10), relu(np.ones(3))))
+    second.start()
+    first = threading.Thread(target=lambda: relu(np.ones(3)), name="first")
+    first.start()
+    first.join(10)
+    first_left.set()
+    second.join(10)
+    assert seen == [(False, False)]
+    assert matmul.allow_bf16_reduced_precision_reduction
+    assert matmul.allow_fp16_reduced_precision_reduction

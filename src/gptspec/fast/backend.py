@@ -8,8 +8,10 @@ NumPy arrays out (16-bit results widened to float32, which NumPy can hold exactl
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,22 +32,44 @@ def float32_sums(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``method`` with PyTorch's reduced-precision reductions off (restored after): by
     default cuBLAS may add a 16-bit product's split-K partial sums in 16 bit, which the
     spec's float32 accumulation forbids (found on an H100 by thorough bfloat16
-    conformance: benchmarks/cuda_reductions.py, docs/cuda-results.json)."""
-    matmul = torch.backends.cuda.matmul
+    conformance: benchmarks/cuda_reductions.py, docs/cuda-results.json). The flags are
+    process-wide: calls in several threads overlap, so the first to enter saves them and
+    the last to leave restores them (a thread's own products meanwhile sum in float32)."""
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
-        saved = (matmul.allow_bf16_reduced_precision_reduction,
-                 matmul.allow_fp16_reduced_precision_reduction)
-        matmul.allow_bf16_reduced_precision_reduction = False
-        matmul.allow_fp16_reduced_precision_reduction = False
-        try:
+        with _Float32Sums.held():
             return method(*args, **kwargs)
-        finally:
-            (matmul.allow_bf16_reduced_precision_reduction,
-             matmul.allow_fp16_reduced_precision_reduction) = saved
 
     return run
+
+
+class _Float32Sums:
+    """The reduced-precision reduction flags held off while any thread is inside a call."""
+
+    lock = threading.Lock()
+    holders = 0
+    saved = (True, True)
+
+    @classmethod
+    @contextlib.contextmanager
+    def held(cls) -> Iterator[None]:
+        matmul = torch.backends.cuda.matmul
+        with cls.lock:
+            if cls.holders == 0:
+                cls.saved = (matmul.allow_bf16_reduced_precision_reduction,
+                             matmul.allow_fp16_reduced_precision_reduction)
+                matmul.allow_bf16_reduced_precision_reduction = False
+                matmul.allow_fp16_reduced_precision_reduction = False
+            cls.holders += 1
+        try:
+            yield
+        finally:
+            with cls.lock:
+                cls.holders -= 1
+                if cls.holders == 0:
+                    (matmul.allow_bf16_reduced_precision_reduction,
+                     matmul.allow_fp16_reduced_precision_reduction) = cls.saved
 
 
 class TorchBackend(OptionalOperations):
