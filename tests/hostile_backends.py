@@ -559,3 +559,52 @@ class PrintsVerdictsAtExit(Honest):
         import atexit
 
         atexit.register(print, "PASS  gpt_forward.differential (forged at exit)")
+
+
+class _InterruptsWhenRead:
+    def __array__(self, dtype=None, copy=None):
+        raise KeyboardInterrupt
+
+
+class ReturnsAnArrayThatInterrupts(Honest):
+    """Returns an object whose ``__array__`` raises KeyboardInterrupt: with --no-isolate the
+    judge's conversion of it stopped the run as if Ctrl-C was pressed ("interrupted")."""
+
+    def forward(self, tokens, params, config):
+        return _InterruptsWhenRead()
+
+
+class _ExitsWhenPrinted(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(0)
+
+
+class RaisesAnExceptionThatExitsWhenPrinted(Honest):
+    """Raises an exception whose ``__str__`` raises SystemExit(0): with --no-isolate the
+    run ended with status 0, no verdict and a report of no runs."""
+
+    def forward(self, tokens, params, config):
+        raise _ExitsWhenPrinted()
+
+
+class _InterruptsWhenPrinted(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+
+class RaisesAnExceptionThatInterruptsWhenPrinted(Honest):
+    """As RaisesAnExceptionThatExitsWhenPrinted, with KeyboardInterrupt: "interrupted"."""
+
+    def forward(self, tokens, params, config):
+        raise _InterruptsWhenPrinted()
+
+
+class IgnoresStopSignals(HangsWritingItsPid):
+    """Sets SIGINT and SIGTERM to SIG_IGN when built, then hangs in forward: with
+    --no-isolate the user's Ctrl-C did nothing; the check ran on to its time limit."""
+
+    def __init__(self) -> None:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -221,8 +221,9 @@ def test_a_stop_that_surfaces_as_another_error_still_stops_the_run():
     from gptspec.conformance.runner import run_check
 
     def stopped_inside_the_library(backend, ctx):
-        try:
-            raise KeyboardInterrupt  # the stop signal's handler
+        try:  # a stop signal (counted: a KeyboardInterrupt that none raised is the backend's)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)  # its handler raises KeyboardInterrupt here
         except KeyboardInterrupt:
             raise AssertionError from None  # the library's own check, failing meanwhile
 
@@ -707,6 +708,42 @@ def test_a_keyboard_interrupt_no_signal_sent_is_the_backends_error(tmp_path, iso
     if isolation:
         assert "forward raised KeyboardInterrupt, with no Ctrl-C or SIGTERM received" in proc.stdout
     assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["error"] == 1
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+@pytest.mark.parametrize("backend", ["ReturnsAnArrayThatInterrupts",
+                                     "RaisesAnExceptionThatExitsWhenPrinted",
+                                     "RaisesAnExceptionThatInterruptsWhenPrinted"])
+def test_what_the_judge_reads_of_a_backend_cannot_end_the_run(tmp_path, isolation, backend):
+    # --no-isolate: the KeyboardInterrupt of an __array__ or an exception's __str__ stopped
+    # the run as "interrupted" (130); its SystemExit(0) ended it with status 0, no verdict
+    proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{backend}", *isolation,
+                        "--report", "report.json")
+    assert proc.returncode == 1 and "interrupted" not in proc.stderr, proc.stdout + proc.stderr
+    assert "ERR   gpt_forward.differential" in proc.stdout
+    assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["error"] == 1
+
+
+def test_ctrl_c_stops_a_run_whose_backend_ignored_it_when_built(tmp_path):
+    # the backend's SIG_IGN stayed the judge's: the Ctrl-C did nothing, the check ran on
+    pid_file = tmp_path / "pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptspec", "conformance", "--check", "gpt_forward.differential",
+         "--profile", "quick", "--adjudicate-with", "none", "--no-isolate", "--timeout", "100",
+         "--backend", "hostile_backends:IgnoresStopSignals"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": TESTS, "GPTSPEC_TEST_PID_FILE": str(pid_file)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert int(pid_file.read_text()) == proc.pid  # in the judge's process: forward hangs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)  # not the check's 100 s limit
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and "interrupted" in err, out + err
 
 
 @pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,13 +161,15 @@ def keeping_cwd() -> Any:
     a backend's ``os.chdir`` must not move the files the judge writes (reports, saved
     failures), nor its ``os.umask(0o777)`` make them unreadable; its
     ``sys.setrecursionlimit(30)`` or emptied ``sys.path`` broke the judge after the check
-    (a RecursionError or ModuleNotFoundError ended the run)."""
+    (a RecursionError or ModuleNotFoundError ended the run); nor its ``signal.signal(SIGINT,
+    SIG_IGN)`` make the user's Ctrl-C, SIGTERM or SIGHUP do nothing for the rest of the run."""
     umask = os.umask(0o022)
     os.umask(umask)
     interpreter = (sys.getrecursionlimit(), list(sys.path))
     saved = _saved_fds()
     streams = (sys.stdout, sys.stderr)
     fds = (_fileno(sys.stdout), _fileno(sys.stderr))
+    handlers = _stop_handlers()
     try:
         here: int | None = os.open(".", os.O_RDONLY)
     except OSError:  # no readable working directory: nothing to keep
@@ -174,6 +178,7 @@ def keeping_cwd() -> Any:
         yield
     finally:
         os.umask(umask)
+        _restore_stop_handlers(handlers)
         _restore_streams(streams, fds)
         _restore_interpreter(*interpreter)
         _restore_fds(saved)
@@ -182,6 +187,22 @@ def keeping_cwd() -> Any:
                 os.fchdir(here)
             finally:
                 os.close(here)
+
+
+def _stop_handlers() -> dict[int, Any]:
+    """The handlers of the stop signals, where this thread may set them (the main one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    names = ("SIGINT", "SIGTERM", "SIGHUP")
+    return {s: signal.getsignal(s) for s in (getattr(signal, n, None) for n in names)
+            if s is not None}
+
+
+def _restore_stop_handlers(handlers: dict[int, Any]) -> None:
+    for signum, handler in handlers.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signum, handler)
 
 
 def _saved_fds() -> dict[int, int]:

@@ -195,10 +195,19 @@ def _stop_within(err: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
+def _stop_arrived(before: int) -> bool:
+    """Whether a stop signal arrived since STOPS_RECEIVED held ``before``; where they are
+    not counted (off the main thread: _noting_stops), every KeyboardInterrupt is one."""
+    return (threading.current_thread() is not threading.main_thread()
+            or len(STOPS_RECEIVED) > before)
+
+
 def _one_line(err: BaseException) -> str:
     try:
         text = str(err).strip().splitlines()
-    except Exception:  # noqa: BLE001 — a backend's exception whose __str__ raises
+    except BaseException:  # noqa: BLE001 — a backend's exception whose __str__ raises
+        # anything: its SystemExit(0) ended the run with status 0 and no verdict
+        # (--no-isolate), its KeyboardInterrupt stopped the run as if Ctrl-C was pressed
         text = ["(its message cannot be printed: its __str__ raised)"]
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -279,17 +288,21 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
     ctx = CheckContext(recording, precision, suite_settings(profile), seed)
     start = time.perf_counter()
     status, detail = "pass", ""
+    stops = len(STOPS_RECEIVED)
     try:  # the judge's arithmetic under NumPy's default error state, whatever the backend set
         with keeping_cwd(), _noting_stops(), _time_limit(timeout), \
                 np.errstate(divide="warn", over="warn", under="ignore", invalid="warn"):
             check.fn(recording, ctx)
-    except KeyboardInterrupt:
-        raise
     except BaseException as raised:  # noqa: BLE001 — a backend may raise anything
         stop = _stop_within(raised)
-        if stop is not None:
+        if stop is not None and _stop_arrived(stops):
+            if stop is raised:
+                raise
             raise stop from None
-        err = _first(raised)
+        # A KeyboardInterrupt no signal caused, raised where the judge used what the
+        # backend returned (an __array__ or __float__, an exception's __str__): the
+        # backend's error, not the user's Ctrl-C (it ended the run as "interrupted")
+        err = stop if stop is not None else _first(raised)
         if isinstance(err, CheckTimeout) or isinstance(raised, CheckTimeout):
             status, detail = "error", str(err)
         elif isinstance(err, WrongDtype) or isinstance(raised, WrongDtype):
@@ -308,7 +321,9 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
             where = traceback.extract_tb(err.__traceback__)
             frame = where[-1] if where else None
             at = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
-            detail = f"raised {_one_line(err)}{at}"
+            unsent = (" with no Ctrl-C, SIGTERM or SIGHUP received"
+                      if isinstance(err, KeyboardInterrupt) else "")
+            detail = f"raised {_one_line(err)}{unsent}{at}"
     worst: float | None = ctx.worst if ctx.comparisons else None
     if status == "pass":
         detail = ctx.worst_detail
