@@ -4,6 +4,7 @@ the schedule; determinism, exact resumption, checkpoints and bad inputs."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -253,6 +254,9 @@ def test_ctrl_c_saves_then_stops(tmp_path, monkeypatch):
 def test_bad_token_files(tmp_path):
     with pytest.raises(DataError, match="not found"):
         open_tokens(tmp_path / "missing.bin", 256)
+    os.mkfifo(tmp_path / "fifo.bin")  # it exists: "not found" was untrue
+    with pytest.raises(DataError, match="fifo.bin is not a regular file"):
+        open_tokens(tmp_path / "fifo.bin", 256)
     write_tokens(tmp_path / "ok.bin", [1, 2, 3], 256)
     with pytest.raises(DataError, match="outside the model's vocabulary of 3"):
         open_tokens(tmp_path / "ok.bin", 3)

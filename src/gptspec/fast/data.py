@@ -44,8 +44,9 @@ def open_tokens(path: str | os.PathLike[str], vocab_size: int,
     """Memory-map a token file (``.npy``, or raw ``uint16``/``uint32``) and check that its
     ids fit the vocabulary."""
     file = Path(path)
-    if not file.is_file():
-        raise DataError(f"token file {file} not found")
+    if not file.is_file():  # a FIFO or a folder there was called "not found"
+        raise DataError(f"token file {file} " + ("is not a regular file" if file.exists()
+                                                 else "not found"))
     try:
         if file.suffix == ".npy":
             with open(file, "rb") as head:  # np.load reads anything else as a pickle
