@@ -608,3 +608,37 @@ class IgnoresStopSignals(HangsWritingItsPid):
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class FailsToStartUnprintably(Honest):
+    """Its constructor raises an exception whose ``__str__`` raises SystemExit(0): with
+    --no-isolate the command ended with status 0 and printed nothing."""
+
+    def __init__(self) -> None:
+        raise _ExitsWhenPrinted()
+
+
+class _ExitsWhenShown:
+    def __str__(self) -> str:
+        raise SystemExit(0)
+
+    __repr__ = __str__
+
+
+class NameExitsWhenShown(Honest):
+    """A name whose ``__str__`` raises SystemExit(0): --no-isolate ended with status 0."""
+
+    name = _ExitsWhenShown()  # type: ignore[assignment]
+
+
+class _InterruptsWhenShown:
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+    __repr__ = __str__
+
+
+class DeviceInterruptsWhenShown(Honest):
+    """A device whose ``__str__`` raises KeyboardInterrupt: --no-isolate, "interrupted"."""
+
+    device = _InterruptsWhenShown()  # type: ignore[assignment]

@@ -724,6 +724,19 @@ def test_what_the_judge_reads_of_a_backend_cannot_end_the_run(tmp_path, isolatio
     assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["error"] == 1
 
 
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+@pytest.mark.parametrize("backend", ["FailsToStartUnprintably", "NameExitsWhenShown",
+                                     "DeviceInterruptsWhenShown"])
+def test_what_the_judge_reads_of_a_backend_cannot_end_its_start(tmp_path, isolation, backend):
+    # --no-isolate: status 0 and no output (SystemExit in a __str__), or "interrupted"
+    proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{backend}", *isolation)
+    if backend == "NameExitsWhenShown":  # a name that cannot be printed is shown "?"
+        assert proc.returncode == 0 and "backend ? 0 on cpu" in proc.stdout, proc.stdout
+        return
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "failed to start" in proc.stderr and "interrupted" not in proc.stderr, proc.stderr
+
+
 def test_ctrl_c_stops_a_run_whose_backend_ignored_it_when_built(tmp_path):
     # the backend's SIG_IGN stayed the judge's: the Ctrl-C did nothing, the check ran on
     pid_file = tmp_path / "pid"

@@ -106,7 +106,7 @@ def _repr(value: object) -> str:
     more digits than Python prints, a hostile ``__repr__``) is named, not raised."""
     try:
         return shown(repr(value))
-    except Exception:  # noqa: BLE001
+    except (Exception, SystemExit):  # noqa: BLE001
         return f"(a value of type {shown(type(value).__name__)} that cannot be printed)"
 
 

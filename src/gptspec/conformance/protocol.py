@@ -41,7 +41,7 @@ def shown(text: object, limit: int = SHOWN_LIMIT, *, lines: bool = False) -> str
     line breaks (a falsifying example), escaping everything else."""
     try:
         text = str(text)
-    except Exception:  # noqa: BLE001 — a backend's __str__ may raise anything
+    except (Exception, SystemExit):  # noqa: BLE001 — a backend's __str__ may raise anything
         return "(unprintable)"
     rest = len(text) - limit
     visible = "".join(c if c.isprintable() or (lines and c == "\n") else repr(c)[1:-1]

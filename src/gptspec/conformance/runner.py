@@ -129,7 +129,7 @@ def _read(backend: Any, attribute: str, default: str) -> str:
     property or __getattr__ may raise anything)."""
     try:
         return str(getattr(backend, attribute, default))
-    except Exception:  # noqa: BLE001
+    except (Exception, SystemExit):  # noqa: BLE001 — SystemExit(0) ended the run, status 0
         return default
 
 
@@ -509,15 +509,25 @@ def start_backend(spec: str, *, device: str | None, dtype: str | None,
     the working directory. Raises discovery's BackendError or BackendRefused."""
     from gptspec.conformance.discovery import BackendError, load_backend
 
+    stops = len(STOPS_RECEIVED)
     try:
-        with keeping_cwd(), _time_limit(timeout):
+        with keeping_cwd(), _noting_stops(), _time_limit(timeout):
             backend = load_backend(spec, device=device, dtype=dtype)
+            origin = {"spec": spec, "device": device or str(backend.device),
+                      "dtype": dtype or str(backend.dtype),
+                      "name": _read(backend, "name", spec)}
     except CheckTimeout:
         raise BackendError(f"backend {spec!r} did not start within {timeout:g} s ({flag})"
                            ) from None
-    origin = {"spec": spec, "device": device or str(backend.device),
-              "dtype": dtype or str(backend.dtype),
-              "name": str(getattr(backend, "name", spec))}
+    except (KeyboardInterrupt, SystemExit) as err:
+        # raised where the judge read the backend (its name's __str__, its exception's
+        # message): SystemExit(0) ended the run with status 0 and no verdict, a
+        # KeyboardInterrupt no signal sent as "interrupted"
+        if isinstance(err, KeyboardInterrupt) and _stop_arrived(stops):
+            raise
+        raise BackendError(f"backend {spec!r} failed to start: reading it raised "
+                           f"{type(err).__name__}" + (" with no Ctrl-C, SIGTERM or SIGHUP "
+                           "received" if isinstance(err, KeyboardInterrupt) else "")) from None
     return backend, origin
 
 
