@@ -61,6 +61,19 @@ class _Unknown(_TokenizerOnly):
     capabilities = ("tokenizer", "modle")
 
 
+class _OnePass(_TokenizerOnly):
+    capabilities = (area for area in ("tokenizer",))  # type: ignore[assignment]
+
+
+class _RaisingIteration:
+    def __iter__(self):
+        raise RuntimeError("no iteration today")
+
+
+class _CapabilitiesRaise(_TokenizerOnly):
+    capabilities = _RaisingIteration()  # type: ignore[assignment]
+
+
 class _Legacy:
     """A backend written before capabilities: forward plus a softmax."""
 
@@ -99,6 +112,16 @@ def test_a_declared_model_needs_forward_and_unknown_areas_are_refused():
     status = _statuses(_Unknown(), {"decode.round_trip"})
     assert status["decode.round_trip"].status == "error"
     assert "unknown areas" in status["decode.round_trip"].detail
+
+
+def test_capabilities_that_read_once_or_raise_are_refused_in_one_line():
+    # a generator was read empty by the checks ("declares no area", in-process) and whole
+    # by the worker's discovery (passed, isolated); an __iter__ that raised was the
+    # command's own error with --no-isolate
+    with pytest.raises(BackendError, match="not an iterator that reads once"):
+        load_backend(f"{__name__}:_OnePass")
+    with pytest.raises(BackendError, match="iterating it raised RuntimeError: no iteration"):
+        load_backend(f"{__name__}:_CapabilitiesRaise")
 
 
 def test_a_backend_declaring_no_capabilities_reads_as_before():

@@ -90,7 +90,16 @@ def capability_problem(declared: object) -> str:
     if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
         return ("capabilities must be a collection of area names, not "
                 f"{shown(repr(declared), 200)}")
-    names = list(declared)  # type: ignore[call-overload]
+    try:
+        one_pass = iter(declared) is declared  # type: ignore[call-overload]
+        names = [] if one_pass else list(declared)  # type: ignore[call-overload]
+    except (Exception, SystemExit) as err:  # noqa: BLE001 — a backend's __iter__ may raise
+        # anything: with --no-isolate it came out as the command's own error
+        return (f"capabilities cannot be read: iterating it raised "
+                f"{shown(type(err).__name__, 200)}: {shown(err, 200)}")
+    if one_pass:  # read here, it was empty when the checks read it: "declares no area"
+        return ("capabilities must be a collection of area names (a tuple), not an iterator "
+                f"that reads once ({shown(type(declared).__name__, 200)})")
     unknown = [n for n in names if n not in CAPABILITIES]
     if unknown:
         return (f"capabilities names unknown areas {shown(', '.join(map(repr, unknown)), 200)}"
