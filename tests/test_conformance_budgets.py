@@ -303,6 +303,26 @@ def test_weights_rounded_alike_are_within_their_budget():
     assert result.status == "pass", result.detail
 
 
+def test_a_head_whose_scores_swap_moves_the_output_coherently_and_within_its_budget():
+    """Scores of 1.4·10⁴ that are 42 apart swap order in bfloat16 (the scores' budget
+    allows it), so the head outputs the other key's value row: every component of the
+    head moves together, and through W_O the output moves by the range of the projected
+    values. The quadrature sum over the head's components was 133 % short of the
+    built-in backend (thorough seed 138423: this draw)."""
+    from gptspec.conformance.strategies import ArrayRecipe
+
+    p = B.Precision.of("bfloat16")
+    H, W_qkv, W_O = (B.round_to(ArrayRecipe(shape, flavour, scale, seed).make(), "bfloat16")
+                     for shape, flavour, scale, seed in [((63, 10), "near_ties", 0.1, 5352632),
+                                                         ((10, 30), "large", 1000.0, 90),
+                                                         ((10, 10), "normal", 0.3, 0)])
+    got = TorchBackend(dtype="bfloat16").multi_head_attention(H, W_qkv, None, W_O, None, 2)
+    y, e = B.multi_head_attention_bound(H, 0 * H, W_qkv, None, W_O, None, 2, p)
+    comparison = B.compare(np.asarray(got, dtype=np.float64), y, B.budget(e))
+    assert comparison.passed, comparison.describe()
+    assert comparison.fraction > 0.5  # the swap happened: the output is the other key's
+
+
 def test_float64_gradients_of_the_softmax_far_tail_keep_their_budget():
     """Probabilities of e^-350 carry the exp argument's relative error (~350 u), but their
     errors, squared in a quadrature, underflowed to 0 in float64: the budget of ∂W_U and

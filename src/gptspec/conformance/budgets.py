@@ -609,8 +609,7 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision, visible_keys: bool = F
     # exact and the computed row are convex combinations of those V rows: the range (with
     # V's own error) bounds the output's error there, and is what such rows get.
     masked = np.broadcast_to(masked, np.shape(A))
-    capped = ~masked & (LAMBDA * eA >= np.maximum(A, 1 - A))
-    saturated = np.any(capped, axis=-1, keepdims=True)
+    saturated = _saturated(A, eA, masked)
     if np.any(saturated):
         visible = ~masked[..., :, :, None]
         Vb = np.broadcast_to(np.asarray(V, dtype=np.float64)[..., None, :, :],
@@ -626,15 +625,26 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision, visible_keys: bool = F
     # is then bounded only by its worst case, u·Σ_j A_j |V_j|, not the quadrature sum
     # (the soundness gate: two correct bfloat16 backends at 137 % of the budget on a row
     # of 255 weights within 0.1 % of each other, seed 537006488).
-    shown = np.where(masked, np.nan, A)
-    with np.errstate(invalid="ignore"):
-        alike = (np.nanmax(shown, axis=-1, keepdims=True)
-                 <= np.nanmin(shown, axis=-1, keepdims=True) * (1 + 2 * p.u))
-    alike &= np.sum(~masked, axis=-1, keepdims=True) > 1
+    alike = _alike(A, masked, p)
     if np.any(alike):
         coherent = p.u * (np.abs(A) @ np.abs(np.asarray(V, dtype=np.float64)))
         eO = np.where(alike, np.maximum(eO, coherent), eO)
     return A, eA, O, eO
+
+
+def _saturated(A, eA, masked) -> Array:
+    """Rows (…, 1) with a weight only known to lie in [0, 1]: softmax_bound's cap, where
+    the scores' error moves the weights by O(1)."""
+    return np.any(~masked & (LAMBDA * eA >= np.maximum(A, 1 - A)), axis=-1, keepdims=True)
+
+
+def _alike(A, masked, p: Precision) -> Array:
+    """Rows (…, 1) of more than one visible weight, all within a factor 1 + 2u."""
+    shown = np.where(masked, np.nan, A)
+    with np.errstate(invalid="ignore"):
+        alike = (np.nanmax(shown, axis=-1, keepdims=True)
+                 <= np.nanmin(shown, axis=-1, keepdims=True) * (1 + 2 * p.u))
+    return alike & (np.sum(~masked, axis=-1, keepdims=True) > 1)
 
 
 def multi_head_attention_bound(H, eH, W_qkv, b_qkv, W_O, b_O, n_heads: int,
@@ -648,11 +658,43 @@ def multi_head_attention_bound(H, eH, W_qkv, b_qkv, W_O, b_O, n_heads: int,
     parts = [(ref.split_heads(QKV[..., i * d:(i + 1) * d], n_heads),
               ref.split_heads(eQKV[..., i * d:(i + 1) * d], n_heads)) for i in range(3)]
     (Q, eQ), (K, eK), (V, eV) = parts
-    M = ref.causal_mask(np.shape(H)[-2])
+    T = np.shape(H)[-2]
+    M = ref.causal_mask(T)
     if rows is not None:
         Q, eQ, M = Q[..., rows, :], eQ[..., rows, :], M[rows]
-    _, _, O, eO = attention_bound(Q, eQ, K, eK, V, eV, M, p, visible_keys=rows is not None)
-    return linear_bound(ref.merge_heads(O), ref.merge_heads(eO), W_O, b_O, p)
+    A, eA, O, eO = attention_bound(Q, eQ, K, eK, V, eV, M, p, visible_keys=rows is not None)
+    y, ey = linear_bound(ref.merge_heads(O), ref.merge_heads(eO), W_O, b_O, p)
+    return y, _q(ey, _shared_weight_moves(A, eA, V, eV, np.isneginf(M), W_O,
+                                          np.arange(T) if rows is None else np.asarray(rows), p))
+
+
+def _shared_weight_moves(A, eA, V, eV, masked, W_O, positions, p: Precision) -> Array:
+    """The output's error (…, T_rows, d) from attention rows whose weights' errors are
+    shared by every component of the head's output: where the weights are only known in
+    [0, 1] (attention_bound's saturated rows) the computed and the exact head output are
+    two convex combinations of the value rows, and where they all lie within 1 + 2u
+    (its alike rows) storing them rounds them alike. Either moves the d_k components
+    together, so through W_O they add coherently, up to √d_k past the quadrature sum
+    over them: output k moves within the range of (V W_O⁽ⁱ⁾)_k over the visible keys
+    (a correct bfloat16 backend at 133 % of the budget, thorough seed 138423: two scores
+    42 apart at 1.4·10⁴ swapped), or by u Σ_j A_j |(V W_O⁽ⁱ⁾)_jk|. Zero elsewhere.
+    ``positions``: each row's position (it sees keys 0 … position)."""
+    masked = np.broadcast_to(masked, np.shape(A))
+    saturated, alike = _saturated(A, eA, masked), _alike(A, masked, p)
+    n_heads, dk = np.shape(V)[-3], np.shape(V)[-1]
+    W_O = np.asarray(W_O, dtype=np.float64)
+    moves = np.zeros(np.shape(A)[:-3] + (np.shape(A)[-2], W_O.shape[-1]))
+    for i in (i for i in range(n_heads) if np.any(saturated[..., i, :, :] | alike[..., i, :, :])):
+        W_i = W_O[i * dk:(i + 1) * dk]
+        Z = np.asarray(V, dtype=np.float64)[..., i, :, :] @ W_i  # (…, keys, d)
+        eZ = LAMBDA * _quadrature_product(np.asarray(eV, dtype=np.float64)[..., i, :, :], W_i)
+        # the visible keys of a row are a prefix (the causal mask): running extremes
+        top = np.maximum.accumulate(Z + eZ, axis=-2)[..., positions, :]
+        bottom = np.minimum.accumulate(Z - eZ, axis=-2)[..., positions, :]
+        rounded = p.u * (np.abs(A[..., i, :, :]) @ np.abs(Z))
+        moves = _q(moves, np.where(saturated[..., i, :, :], (top - bottom) / LAMBDA, 0.0),
+                   np.where(alike[..., i, :, :], rounded, 0.0))
+    return moves
 
 
 def ffn_bound(variant: str, x, ex, W_1, b_1, W_2, b_2, p: Precision) -> tuple[Array, Array]:
