@@ -642,3 +642,29 @@ class DeviceInterruptsWhenShown(Honest):
     """A device whose ``__str__`` raises KeyboardInterrupt: --no-isolate, "interrupted"."""
 
     device = _InterruptsWhenShown()  # type: ignore[assignment]
+
+
+class _RaisesFromGetattrOnceUsed(Honest):
+    used = False
+    stop: type[BaseException] = SystemExit
+
+    def __getattr__(self, name):
+        if type(self).used:
+            raise self.stop(0) if self.stop is SystemExit else self.stop()
+        raise AttributeError(name)
+
+    def forward(self, tokens, params, config):
+        type(self).used = True
+        return super().forward(tokens, params, config)
+
+
+class ExitsFromGetattrOnceUsed(_RaisesFromGetattrOnceUsed):
+    """``__getattr__`` raises SystemExit(0) once forward has run: with --no-isolate the
+    judge's look for the next check's operations ended the run with status 0, no summary
+    and a report of no runs."""
+
+
+class InterruptsFromGetattrOnceUsed(_RaisesFromGetattrOnceUsed):
+    """As ExitsFromGetattrOnceUsed, with KeyboardInterrupt: the run ended "interrupted"."""
+
+    stop = KeyboardInterrupt

@@ -737,6 +737,19 @@ def test_what_the_judge_reads_of_a_backend_cannot_end_its_start(tmp_path, isolat
     assert "failed to start" in proc.stderr and "interrupted" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+@pytest.mark.parametrize("backend", ["ExitsFromGetattrOnceUsed", "InterruptsFromGetattrOnceUsed"])
+def test_a_backends_getattr_between_checks_cannot_end_the_run(tmp_path, isolation, backend):
+    # --no-isolate: looking for the next check's operations ended the run (status 0 and a
+    # report of no runs, or "interrupted"); isolated, each check is the backend's error
+    proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{backend}", *isolation,
+                        "--check", "model.batch_independence", "--report", "report.json")
+    assert proc.returncode == 1 and "interrupted" not in proc.stderr, proc.stdout + proc.stderr
+    assert "1 of 1 runs failed" in proc.stderr and "ERR   gpt_forward.differential" in proc.stdout
+    counts = json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]
+    assert sum(counts.values()) == 2 and counts["pass"] == 0, counts  # both checks reported
+
+
 def test_ctrl_c_stops_a_run_whose_backend_ignored_it_when_built(tmp_path):
     # the backend's SIG_IGN stayed the judge's: the Ctrl-C did nothing, the check ran on
     pid_file = tmp_path / "pid"

@@ -332,7 +332,7 @@ def declared_capabilities(backend: Any) -> frozenset[str] | None:
         backend = backend.wrapped
     try:
         declared = getattr(backend, "capabilities", None)
-    except Exception:  # noqa: BLE001 — a raising property declares nothing readable
+    except (Exception, SystemExit):  # noqa: BLE001 — a raising property declares nothing
         return None
     if declared is None or capability_problem(declared):
         return None

@@ -137,8 +137,8 @@ def _missing_ops(backend: Any, check: Check) -> list[str]:
     def usable(op: str) -> bool:
         try:
             return callable(getattr(backend, op, None))
-        except Exception:  # noqa: BLE001 — a __getattr__ that raises has no such operation
-            return False
+        except (Exception, SystemExit):  # noqa: BLE001 — a __getattr__ that raises has no
+            return False  # such operation (its SystemExit(0) ended the run with status 0)
 
     return [op for op in check.ops if not usable(op)]
 
@@ -149,7 +149,7 @@ def capability_mismatch(backend: Any) -> str:
     is read here), else ""."""
     try:
         declared = getattr(backend, "capabilities", None)
-    except Exception as err:  # noqa: BLE001 — a raising property
+    except (Exception, SystemExit) as err:  # noqa: BLE001 — a raising property
         return f"reading the backend's capabilities raised {_one_line(err)}"
     return "" if declared is None else capability_problem(declared)
 
@@ -337,8 +337,16 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         budget=check.budget, minimal_example="\n".join(ctx.falsifying).strip(),
         not_applicable=ctx.not_applicable)
     if status == "fail" and ctx.failure is not None:
-        with keeping_cwd():  # adjudication calls the backend again
-            _after_failure(result, ctx, backend, precision, save_failures, origin, plain)
+        stops = len(STOPS_RECEIVED)
+        try:
+            with keeping_cwd(), _noting_stops():  # adjudication calls the backend again
+                _after_failure(result, ctx, backend, precision, save_failures, origin, plain)
+        except KeyboardInterrupt:
+            if _stop_arrived(stops):
+                raise
+            result.adjudication = {"note": "adjudication failed: the backend raised "
+                                           "KeyboardInterrupt with no Ctrl-C, SIGTERM or "
+                                           "SIGHUP received"}
     return result
 
 
@@ -350,11 +358,12 @@ def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precisi
     assert ctx.failure is not None
     try:
         result.adjudication = reproduction.adjudicate(ctx.failure, backend, precision.dtype, plain)
-    except Exception as err:  # noqa: BLE001 — adjudication is advice; never lose the result
-        result.adjudication = {"note": f"adjudication failed: {type(err).__name__}: {err}"}
+    except (Exception, SystemExit) as err:  # noqa: BLE001 — adjudication is advice; never
+        # lose the result (the backend's SystemExit(0) there ended the run with status 0)
+        result.adjudication = {"note": f"adjudication failed: {_one_line(err)}"}
     if save_failures:
         where = dict(origin or describe_backend(backend))
-        where.setdefault("name", str(getattr(backend, "name", "backend")))
+        where.setdefault("name", _read(backend, "name", "backend"))
         try:
             result.saved = reproduction.save_failure(save_failures, result.id, result.entries,
                                                      ctx.failure, where)
@@ -487,17 +496,34 @@ def judge(backend: Any, *, profile: str, seed: int, timeout: float | None = None
     precision, mismatch = judged_precision(backend, dtype)
     mismatch = mismatch or device_mismatch(backend, device) or capability_mismatch(backend)
 
+    def reading(check: Check) -> str | None:
+        """unmet(backend, check), or None where the backend's __getattr__ raised a
+        KeyboardInterrupt no stop signal sent (with --no-isolate it ended the run as
+        "interrupted")."""
+        stops = len(STOPS_RECEIVED)
+        try:
+            with _noting_stops():
+                return unmet(backend, check)
+        except KeyboardInterrupt:
+            if _stop_arrived(stops):
+                raise
+            return None
+
     def evaluate(check: Check) -> CheckResult:
         if mismatch:
             return dtype_error(check, mismatch)
-        why = unmet(backend, check)
+        why = reading(check)
+        if why is None:
+            return dtype_error(check, "reading the backend's operations raised "
+                                      "KeyboardInterrupt with no Ctrl-C, SIGTERM or SIGHUP "
+                                      "received")
         if why:
             return not_implemented(check, [], why)
         return run_check(check, backend, precision, profile, seed, timeout, save_failures,
                          origin, plain, dtype is not None)
 
     def unimplemented(check: Check) -> str:
-        return "" if mismatch else unmet(backend, check)
+        return "" if mismatch else (reading(check) or "")
 
     return evaluate, unimplemented
 
