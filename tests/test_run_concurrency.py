@@ -399,16 +399,16 @@ def test_a_name_of_250_bytes_gets_temporary_names_that_fit(tmp_path):
 def test_the_memory_check_honours_the_address_space_limit(monkeypatch):
     import resource
 
-    from gptspec.cli import CLIError, checks
+    from gptspec.cli import CLIError, arguments
 
-    checks.fits_in_memory(2**30, "a GiB")  # this machine has one
-    limit = checks._address_space_used() + 2**29  # what is mapped counts against it
+    arguments.fits_in_memory(2**30, "a GiB")  # this machine has one
+    limit = arguments._address_space_used() + 2**29  # what is mapped counts against it
     monkeypatch.setattr(resource, "getrlimit", lambda which: (
         limit if which == resource.RLIMIT_AS else resource.RLIM_INFINITY,
         resource.RLIM_INFINITY))
-    checks.fits_in_memory(2**28, "a quarter GiB")
+    arguments.fits_in_memory(2**28, "a quarter GiB")
     with pytest.raises(CLIError, match=r"ulimit -v"):
-        checks.fits_in_memory(2**30, "a GiB")
+        arguments.fits_in_memory(2**30, "a GiB")
 
 
 def test_a_corpus_name_read_back_from_state_json_is_printed_escaped(tmp_path, corpus, capsys):

@@ -52,7 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("gptspec_backend", None)
     if not spec:
         return
-    from gptspec.cli import CLIError, checks
+    from gptspec.cli import CLIError, arguments
     from gptspec.cli.conformance import MAX_TIMEOUT
     from gptspec.conformance.discovery import BackendError, locate
 
@@ -66,9 +66,9 @@ def pytest_configure(config: pytest.Config) -> None:
                 except BackendError as err:
                     raise CLIError(f"{flag}: {err}") from None
         # the same limits as gptspec conformance's --timeout and --seed
-        checks.finite(config.getoption("gptspec_timeout"), "--gptspec-timeout (seconds; 0 "
+        arguments.finite(config.getoption("gptspec_timeout"), "--gptspec-timeout (seconds; 0 "
                       "for none)", low=0, high=MAX_TIMEOUT)
-        checks.seed(config.getoption("gptspec_seed"), "--gptspec-seed")
+        arguments.seed(config.getoption("gptspec_seed"), "--gptspec-seed")
     except CLIError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[_JUDGE] = _Judge(config)

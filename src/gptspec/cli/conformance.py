@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError, checks, standard_stream, writing_stdout
+from gptspec.cli import CLIError, arguments, standard_stream, writing_stdout
 from gptspec.cli.in_process import InProcessGuard
 
 MAX_TIMEOUT = 86400.0  # seconds per check: a day; more is a typo (and past what poll takes)
@@ -189,23 +189,23 @@ def run(args: argparse.Namespace) -> int:
             for c in filter(selected, all_checks(area)):
                 print(f"{c.id:<44} {c.kind:<12} {', '.join(c.entries)}")
         return 0
-    checks.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0, high=MAX_TIMEOUT)
+    arguments.finite(args.timeout, "--timeout (seconds; 0 for none)", low=0, high=MAX_TIMEOUT)
     if 0 < args.timeout < MIN_TIMEOUT:  # a timer this short is rounded to none at all
         raise CLIError(f"--timeout must be 0 (none) or at least {MIN_TIMEOUT:g} s, "
                        f"got {args.timeout:g}")
-    checks.seed(args.seed)
+    arguments.seed(args.seed)
     backend_files = _locate_backends(args)
     for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
         if path is not None:
-            checks.output_file(path, flag)
-            checks.not_an_input(Path(path), flag, backend_files)
+            arguments.output_file(path, flag)
+            arguments.not_an_input(Path(path), flag, backend_files)
     if args.report is not None and args.markdown is not None and (
             Path(args.report).absolute() == Path(args.markdown).absolute() or
-            checks.same_file(Path(args.report), Path(args.markdown))):
+            arguments.same_file(Path(args.report), Path(args.markdown))):
         raise CLIError(f"--report and --markdown name the same file ({args.report}); the "
                        "second would replace the first")
     if args.save_failures is not None:
-        folder = checks.output_dir(args.save_failures, "--save-failures")
+        folder = arguments.output_dir(args.save_failures, "--save-failures")
         for flag, path in (("--report", args.report), ("--markdown", args.markdown)):
             # a saved failure is <backend>_<dtype>_<check>.npz and test_<same>.py: a report
             # under such a name there would replace the failure it reproduces
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             setattr(args, name, str(Path(getattr(args, name)).absolute()))
     if args.device and not args.backend:  # another backend's device names are its own
         for device in args.device:
-            checks.device(device)
+            arguments.device(device)
     timeout = args.timeout or None
     isolate = bool(args.backend) if args.isolate is None else args.isolate
     suites: list = []

@@ -6,7 +6,7 @@
 The tokenizer travels with the weights (``--no-tokenizer``: the weights alone); one that
 cannot be carried across is an error before anything is written. Both write safetensors
 only, renamed into place, read weights as stored, and refuse an OUT_DIR that holds what
-they would write or that another gptspec command writes (``checks.training_run_lock``).
+they would write or that another gptspec command writes (``arguments.training_run_lock``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError, checks, printable, writing_stdout
+from gptspec.cli import CLIError, arguments, printable, writing_stdout
 
 DTYPES = ("float32", "float64", "bfloat16")
 NO_TOKENIZER_HINT = "; --no-tokenizer converts the weights alone"
@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("transformers is not installed: pip install 'gptspec[interop]'") \
             from None
     hf_logging.disable_progress_bar()  # one line of output per conversion
-    checks.path_name(args.out, "OUT_DIR")  # before Path(), which reads "" as "."
+    arguments.path_name(args.out, "OUT_DIR")  # before Path(), which reads "" as "."
     out = Path(args.out)
-    with checks.training_run_lock(out, "OUT_DIR", create=_writers_folder(args, out),
+    with arguments.training_run_lock(out, "OUT_DIR", create=_writers_folder(args, out),
                                   check=lambda: _check_paths(args)):
         return _convert(args, out)
 
@@ -108,15 +108,15 @@ def _check_paths(args: argparse.Namespace) -> None:
     """SOURCE readable and of the right kind, OUT_DIR a folder that can be made or filled."""
     from gptspec.fast.checkpoint import find_checkpoints
 
-    checks.path_name(args.source, "SOURCE")  # before Path(), which reads "" as "."
+    arguments.path_name(args.source, "SOURCE")  # before Path(), which reads "" as "."
     source = Path(args.source)
     if args.direction == "to-hf" and not source.exists() and find_checkpoints(source):
         pass  # a killed save's newest copy beside it is read
     elif args.direction == "from-hf" or source.suffix != ".safetensors":
-        checks.input_dir(source, "SOURCE")
+        arguments.input_dir(source, "SOURCE")
     else:
-        checks.input_file(source, "SOURCE")
-    checks.output_dir(args.out, "OUT_DIR")
+        arguments.input_file(source, "SOURCE")
+    arguments.output_dir(args.out, "OUT_DIR")
 
 
 def _warn(message: str) -> None:

@@ -16,7 +16,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
+from gptspec.cli import CLIError, arguments, printable, standard_stream, writing_stdout
 
 NAMES = ("vocab", "tying", "head-width", "all")
 FULL_OUT = Path("docs") / "experiments"  # the results the site answers from
@@ -30,14 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="tiny models, a few steps, one seed: proves the harness, answers "
                              "nothing (default --out out/experiments)")
-    parser.add_argument("--data", type=checks.file_argument, default=None,
+    parser.add_argument("--data", type=arguments.file_argument, default=None,
                         help="UTF-8 text to train and validate on (default: the .py files of "
                              "Python's standard library, as gptspec train)")
-    parser.add_argument("--out", type=checks.path_argument, default=None,
+    parser.add_argument("--out", type=arguments.path_argument, default=None,
                         help=f"results folder (default: {FULL_OUT}, with --quick {QUICK_OUT})")
     parser.add_argument("--jobs", type=int, default=None,
                         help=f"runs at once, one thread each (default: the cores, "
-                             f"{checks.cores()})")
+                             f"{arguments.cores()})")
     parser.add_argument("--seeds", type=int, default=None,
                         help="seeds per arm (default 3, with --quick 1); more seeds keep the "
                              "runs of the first ones")
@@ -47,20 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     if args.jobs is not None:
-        checks.jobs(args.jobs)
+        arguments.jobs(args.jobs)
     if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
-        # the real bound, whatever the number's size (checks.integer said "below 2^63"
+        # the real bound, whatever the number's size (arguments.integer said "below 2^63"
         # for a number above that, where the limit is MAX_SEEDS)
         raise CLIError(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
     if args.data is not None:  # under --plan too: the plan is of this command
         from gptspec.fast.data import TOKEN_FILE_SUFFIXES
 
-        checks.input_file(args.data, "--data", pipe=True)  # <(command): read once
+        arguments.input_file(args.data, "--data", pipe=True)  # <(command): read once
         if args.data.suffix in TOKEN_FILE_SUFFIXES:
             raise CLIError(f"--data: {args.data} looks like token ids; the studies need text "
                            "(the vocabulary study trains its tokenizers on it)")
     out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)
-    checks.output_dir(out, "--out")
+    arguments.output_dir(out, "--out")
     if args.quick and out.resolve() == FULL_OUT.resolve():
         raise CLIError(f"--out {out}: quick results answer nothing and are not written where "
                        "the site reads its answers; choose another folder")
@@ -127,7 +127,7 @@ def _check_outputs(data: Path | None, out: Path, names: list[str]) -> None:
 
     for name in names:
         for path in study_outputs(name, out):
-            checks.not_an_input(path, "--out", {"--data": data})
+            arguments.not_an_input(path, "--out", {"--data": data})
     if data is not None and data.exists():
         real = data.resolve()
         for working in (out / ".runs", out / ".cache"):
@@ -155,14 +155,14 @@ def run(args: argparse.Namespace) -> int:
     from gptspec.fast.run_lock import missing_folders
 
     out = args.out if args.out is not None else (QUICK_OUT if args.quick else FULL_OUT)
-    jobs = args.jobs if args.jobs is not None else checks.cores()
+    jobs = args.jobs if args.jobs is not None else arguments.cores()
     _check_outputs(args.data, out, [s.name for s in studies])
     corpus = _corpus(args, studies[0].scale)
     command = {"name": args.name, "quick": args.quick, "seeds": seeds,
                "data": str(args.data) if args.data else None}
     # one writer per --out folder: a second study there would write the same run files at
     # once, or take the first's live runs for stale ones
-    lock = checks.take_run_lock(out, out, "--out", named=True, made=missing_folders(out))
+    lock = arguments.take_run_lock(out, out, "--out", named=True, made=missing_folders(out))
     try:
         return run_studies(studies, corpus, out, jobs, seeds, command,
                            # a corpus or --out name's escape sequences spelled out

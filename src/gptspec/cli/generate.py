@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
+from gptspec.cli import CLIError, arguments, printable, standard_stream, writing_stdout
 
 BYTES_PER_TOKEN = 36  # a generated id as Python keeps it: its int and its list slot
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_settings(args: argparse.Namespace) -> None:
     """Refuse settings that define no distribution, naming the option."""
-    checks.integer(args.max_new_tokens, "--max-new-tokens", low=0)
+    arguments.integer(args.max_new_tokens, "--max-new-tokens", low=0)
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise CLIError(f"--temperature must be a finite number ≥ 0 (0 is greedy), "
                        f"got {args.temperature}")
@@ -51,8 +51,8 @@ def check_settings(args: argparse.Namespace) -> None:
         raise CLIError(f"--top-k must be a positive integer, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise CLIError(f"--top-p must lie in (0, 1], got {args.top_p}")
-    checks.seed(args.seed)
-    checks.fits_in_memory(BYTES_PER_TOKEN * args.max_new_tokens,
+    arguments.seed(args.seed)
+    arguments.fits_in_memory(BYTES_PER_TOKEN * args.max_new_tokens,
                           f"--max-new-tokens {args.max_new_tokens}: the ids it keeps")
 
 
@@ -64,7 +64,7 @@ def load_checkpoint(directory: str) -> tuple[Any, Any, Any]:
         load_generation_checkpoint,
     )
 
-    checks.path_name(directory, "--checkpoint")
+    arguments.path_name(directory, "--checkpoint")
     path = Path(directory)
     if not path.exists() and not find_checkpoints(path):  # a killed save may leave a copy
         raise CLIError(f"checkpoint directory {directory!r} does not exist")
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from gptspec.fast.model import GPT
     from gptspec.fast.sampling import NonFiniteLogits, Sampling
 
-    checks.device(args.device)
+    arguments.device(args.device)
     config, params, tokenizer = load_checkpoint(args.checkpoint)
     if tokenizer.vocab_size > config.vocab_size:
         raise CLIError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from types import SimpleNamespace
 
-from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
+from gptspec.cli import CLIError, arguments, printable, standard_stream, writing_stdout
 from gptspec.spec.config import PRESETS, ConfigError, GPTConfig, preset
 
 
@@ -28,7 +28,7 @@ def config_of(name: str) -> GPTConfig:
         return PRESETS[name]
     from gptspec.fast.checkpoint import find_checkpoints
 
-    checks.path_name(name, "PRESET")
+    arguments.path_name(name, "PRESET")
     path = Path(name)
     if not path.exists() and not find_checkpoints(path):
         try:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from gptspec.atomic_files import write_bytes
-from gptspec.cli import CLIError, checks, printable, standard_stream, writing_stdout
+from gptspec.cli import CLIError, arguments, printable, standard_stream, writing_stdout
 
 FORMATS = ("gptspec", "tiktoken", "hf")
 DECIMAL = re.compile(r"-?[0-9]+")  # how a token id is written (a negative one is refused later)
@@ -27,11 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     train = sub.add_parser("train", help="learn BPE merges from a text file")
-    train.add_argument("--data", required=True, type=checks.stream_argument,
+    train.add_argument("--data", required=True, type=arguments.stream_argument,
                        help="UTF-8 training text: a file or a pipe (-: stdin)")
     train.add_argument("--vocab-size", required=True, type=int,
                        help="tokens in all: 256 bytes + merges + special tokens")
-    train.add_argument("--out", required=True, type=checks.file_argument, help="tokenizer file to write")
+    train.add_argument("--out", required=True, type=arguments.file_argument, help="tokenizer file to write")
     train.add_argument("--pattern", default="gpt2",
                        help="pre-tokenization: 'gpt2' (default), 'cl100k', or a regex")
     train.add_argument("--format", choices=FORMATS, default="gptspec",
@@ -42,11 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     for name, what in (("encode", "text → token ids"), ("decode", "token ids → text")):
         p = sub.add_parser(name, help=what)
-        p.add_argument("--tokenizer", required=True, type=checks.file_argument,
+        p.add_argument("--tokenizer", required=True, type=arguments.file_argument,
                        help="tokenizer file (gptspec JSON, tiktoken ranks or tokenizer.json)")
-        p.add_argument("--input", type=checks.stream_argument, default=None,
+        p.add_argument("--input", type=arguments.stream_argument, default=None,
                        help="input file or pipe (default, or -: stdin)")
-        p.add_argument("--output", type=checks.stream_argument, default=None,
+        p.add_argument("--output", type=arguments.stream_argument, default=None,
                        help="output file (default, or -: stdout)")
         if name == "encode":
             p.add_argument("--allow-special", action="store_true",
@@ -57,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action != "train":  # before reading a large input
         if args.output is not None:
-            checks.output_file(args.output, "--output")
-            checks.not_an_input(args.output, "--output",
+            arguments.output_file(args.output, "--output")
+            arguments.not_an_input(args.output, "--output",
                                 {"--tokenizer": args.tokenizer, "--input": args.input})
         else:
             standard_stream("stdout", "give --output FILE")
@@ -74,9 +74,9 @@ def _read_bytes(path: Path | None, what: str) -> bytes:
     flag = "--data" if what == "training data" else "--input"
     if path is None:
         stdin = standard_stream("stdin", f"give {flag} FILE").buffer
-        return checks.read_input(None, flag, stdin)
-    checks.input_file(path, flag, pipe=True)
-    return checks.read_input(path, flag)
+        return arguments.read_input(None, flag, stdin)
+    arguments.input_file(path, flag, pipe=True)
+    return arguments.read_input(path, flag)
 
 
 def _read_text(path: Path | None, what: str) -> str:
@@ -96,9 +96,9 @@ def _write(path: Path | None, data: bytes) -> None:
             stdout.buffer.write(data)
             stdout.buffer.flush()
         return
-    checks.output_file(path, "--output")
+    arguments.output_file(path, "--output")
     try:
-        with checks.training_run_lock(path, "--output"):
+        with arguments.training_run_lock(path, "--output"):
             write_bytes(path, data)
     except OSError as err:  # a full disk: the temporary file is removed, the target kept
         raise CLIError(f"--output: cannot write {path}: {err.strerror or err}") from None
@@ -107,7 +107,7 @@ def _write(path: Path | None, data: bytes) -> None:
 def _load(path: Path):
     from gptspec.fast.tokenizer import Tokenizer, TokenizerError
 
-    checks.input_file(path, "--tokenizer")
+    arguments.input_file(path, "--tokenizer")
     try:
         return Tokenizer.load(path)
     except TokenizerError as err:
@@ -133,8 +133,8 @@ def _train(args: argparse.Namespace) -> int:
         check_vocab_size(args.vocab_size, len(special))
     except TokenizerError as err:
         raise CLIError(str(err)) from None
-    checks.output_file(args.out, "--out")
-    checks.not_an_input(args.out, "--out", {"--data": args.data})
+    arguments.output_file(args.out, "--out")
+    arguments.not_an_input(args.out, "--out", {"--data": args.data})
     try:
         resolve_pattern(args.pattern)
     except TokenizerError as err:
@@ -149,7 +149,7 @@ def _train(args: argparse.Namespace) -> int:
         except TokenizerError as err:
             raise CLIError(str(err)) from None
     try:
-        with checks.training_run_lock(args.out, "--out"):
+        with arguments.training_run_lock(args.out, "--out"):
             tok.save(args.out, args.format)
     except OSError as err:
         raise CLIError(f"cannot write {args.out}: {err.strerror}") from None

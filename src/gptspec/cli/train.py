@@ -21,7 +21,7 @@ import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptspec.cli import CLIError, checks, error_line, printable, writing_stdout
+from gptspec.cli import CLIError, arguments, error_line, printable, writing_stdout
 
 if TYPE_CHECKING:  # imported when run: `gptspec train --help` does not pay for torch
     from gptspec.fast.train import TrainSettings
@@ -49,14 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, kind in MODEL_FLAGS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
                             help=f"override the preset's {name}")
-    parser.add_argument("--data", type=checks.file_argument, default=None,
+    parser.add_argument("--data", type=arguments.file_argument, default=None,
                         help="UTF-8 text, or token ids (.bin raw uint16/uint32, .npy); default: "
                              "the .py files of Python's standard library")
-    parser.add_argument("--tokenizer", type=checks.file_argument, default=None,
+    parser.add_argument("--tokenizer", type=arguments.file_argument, default=None,
                         help="tokenizer file to load (default: byte level, 256 tokens)")
     parser.add_argument("--train-tokenizer", type=int, default=None, metavar="VOCAB",
                         help="train a BPE tokenizer of this vocabulary size on the text first")
-    parser.add_argument("--out", type=checks.path_argument, default=Path("out"), help="output directory")
+    parser.add_argument("--out", type=arguments.path_argument, default=Path("out"), help="output directory")
     parser.add_argument("--resume", action="store_true",
                         help="continue from OUT/checkpoint (same data, same settings)")
     for flag, (field, kind) in TRAIN_FLAGS.items():
@@ -88,9 +88,9 @@ def stdlib_text() -> tuple[str, str]:
 
 
 def read_text(path: Path) -> str:
-    checks.input_file(path, "--data", pipe=True)
+    arguments.input_file(path, "--data", pipe=True)
     try:
-        return checks.read_input(path, "--data").decode("utf-8")
+        return arguments.read_input(path, "--data").decode("utf-8")
     except UnicodeDecodeError as err:
         raise CLIError(f"data file {str(path)!r} is not valid UTF-8 (byte {err.start})") from None
 
@@ -134,14 +134,14 @@ def _vet(args: argparse.Namespace) -> Vet:
 
     def vet(config: GPTConfig, settings: TrainSettings) -> None:
         # the flag is checked up front; a state.json's value here (an evaluation never ending)
-        checks.fits_in_memory(EVAL_BYTES_PER_BATCH * settings.eval_batches,
+        arguments.fits_in_memory(EVAL_BYTES_PER_BATCH * settings.eval_batches,
                               f"{where}eval_batches {settings.eval_batches}: the losses an "
                               "evaluation keeps (one a batch)")
         if not args.resume:
-            checks.device(settings.device)
+            arguments.device(settings.device)
         _check_memory(config, settings.batch_size, settings.grad_accum)
         if args.resume:
-            checks.device(settings.device, "--device" if args.device else
+            arguments.device(settings.device, "--device" if args.device else
                           f"the checkpoint's device ({state})")
     return vet
 
@@ -209,7 +209,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Every flag's value, before anything is read or written (each error names the flag).
     Settings whose meaning is not obvious have a documented one: --grad-clip 0 turns
     clipping off, --checkpoint-interval 0 saves at each evaluation."""
-    checks.output_dir(args.out, "--out")
+    arguments.output_dir(args.out, "--out")
     out = Path(args.out)
     for name, kind in (("checkpoint", "folder"), ("loss.png", "file"), ("tokens.bin", "file")):
         thing = out / name
@@ -219,7 +219,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         from gptspec.fast.data import TOKEN_FILE_SUFFIXES
 
         text = Path(args.data).suffix not in TOKEN_FILE_SUFFIXES
-        checks.input_file(args.data, "--data", pipe=text)  # text is read once: a pipe will do
+        arguments.input_file(args.data, "--data", pipe=text)  # text is read once: a pipe will do
         # what the run writes in OUT: tokens.bin only for a text corpus
         written = ("loss.png", "checkpoint") + (("tokens.bin",) if text else ())
         for name in written:
@@ -230,38 +230,38 @@ def check_arguments(args: argparse.Namespace) -> None:
                 raise CLIError(f"--data {args.data}: the run writes its {name} there; keep "
                                "the data outside --out's files")
     if args.tokenizer is not None:
-        checks.input_file(args.tokenizer, "--tokenizer")
+        arguments.input_file(args.tokenizer, "--tokenizer")
     for name in MODEL_FLAGS:
         value = getattr(args, name)
         if value is not None:
-            checks.integer(value, f"--{name.replace('_', '-')}", low=1)
+            arguments.integer(value, f"--{name.replace('_', '-')}", low=1)
     for flag in ("steps", "batch_size", "grad_accum", "eval_interval", "eval_batches"):
         if getattr(args, flag) is not None:
-            checks.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=1)
+            arguments.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=1)
     if args.steps is not None:  # a run that could never finish is a typo, not a request
-        checks.fits_in_memory(HISTORY_BYTES_PER_STEP * args.steps,
+        arguments.fits_in_memory(HISTORY_BYTES_PER_STEP * args.steps,
                               f"--steps {args.steps}: the loss history (an entry a step, kept "
                               "in memory and in state.json)")
     if args.eval_batches is not None:  # like --steps: an evaluation that could never end
-        checks.fits_in_memory(EVAL_BYTES_PER_BATCH * args.eval_batches,
+        arguments.fits_in_memory(EVAL_BYTES_PER_BATCH * args.eval_batches,
                               f"--eval-batches {args.eval_batches}: the losses an evaluation "
                               "keeps (one a batch)")
     for flag in ("warmup", "checkpoint_interval"):
         if getattr(args, flag) is not None:
-            checks.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=0)
+            arguments.integer(getattr(args, flag), f"--{flag.replace('_', '-')}", low=0)
     if args.lr is not None:
-        checks.finite(args.lr, "--lr", low=0, low_open=True)
+        arguments.finite(args.lr, "--lr", low=0, low_open=True)
     if args.min_lr is not None:
-        checks.finite(args.min_lr, "--min-lr", low=0)
+        arguments.finite(args.min_lr, "--min-lr", low=0)
     if args.weight_decay is not None:
-        checks.finite(args.weight_decay, "--weight-decay", low=0)
+        arguments.finite(args.weight_decay, "--weight-decay", low=0)
     if args.grad_clip is not None:
-        checks.finite(args.grad_clip, "--grad-clip (0 turns clipping off)", low=0)
-    checks.seed(args.seed)
+        arguments.finite(args.grad_clip, "--grad-clip (0 turns clipping off)", low=0)
+    arguments.seed(args.seed)
     if args.train_tokenizer is not None:
-        checks.integer(args.train_tokenizer, "--train-tokenizer", low=257)
+        arguments.integer(args.train_tokenizer, "--train-tokenizer", low=257)
     if args.device is not None:
-        checks.device(args.device)
+        arguments.device(args.device)
     if (args.precision in ("bfloat16", "float16")
             and (args.device or ("" if args.resume else "cpu")).partition(":")[0] == "cpu"):
         raise CLIError(f"--precision {args.precision} is mixed precision on CUDA (--device "
@@ -287,7 +287,7 @@ def _check_memory(config: Any, batch_size: int, grad_accum: int = 1) -> None:
             + activation_memory_bytes(config, batch=batch_size, seq_len=config.n_ctx,
                                       bytes_per_element=4)
             + 16 * batch_size * config.n_ctx * grad_accum)
-    checks.fits_in_memory(need, f"the model (weights, gradients and AdamW moments in "
+    arguments.fits_in_memory(need, f"the model (weights, gradients and AdamW moments in "
                           f"float32) with {grad_accum} micro-batch(es) of {batch_size}")
 
 
