@@ -1,5 +1,5 @@
 """The conformance checks as pytest items: ``python -m pytest --pyargs gptspec.conformance
---gptspec-backend=SPEC`` collects one item per check id (dependencies first). Without
+--gptspec-backend=MODULE:ATTR`` collects one item per check id (dependencies first). Without
 ``--gptspec-backend`` this plugin (an entry point of every pytest run) imports nothing else.
 
 Each item judges its check in the pytest process with :func:`runner.judge` and
@@ -29,7 +29,7 @@ PROFILES = ("quick", "default", "thorough")  # context.PROFILES
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gptspec", "gptspec conformance (--pyargs gptspec.conformance)")
-    group.addoption("--gptspec-backend", metavar="SPEC",
+    group.addoption("--gptspec-backend", metavar="MODULE:ATTR",
                     help="module:attr or an installed backend name: collect the conformance "
                          "checks of gptspec.conformance as items judging it")
     group.addoption("--gptspec-dtype", choices=DTYPES,
@@ -43,14 +43,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="time limit per check, as gptspec conformance's --timeout (default "
                          "300; 0 for none): it interrupts Python code, not a hung native call "
                          "(pytest-timeout's --timeout-method=thread ends those)")
-    group.addoption("--gptspec-adjudicate-with", default="torch", metavar="SPEC",
+    group.addoption("--gptspec-adjudicate-with", default="torch", metavar="MODULE:ATTR",
                     help="the plain backend a low-precision failure is compared with "
                          "(default torch; none: no adjudication)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    spec = config.getoption("gptspec_backend", None)
-    if not spec:
+    target = config.getoption("gptspec_backend", None)
+    if not target:
         return
     from gptspec.cli import CLIError, arguments
     from gptspec.cli.conformance import MAX_TIMEOUT
@@ -58,7 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     plain = config.getoption("gptspec_adjudicate_with")
     try:  # a misspelt module stops the run at once, in one line, before any item runs
-        for flag, named in (("--gptspec-backend", spec), ("--gptspec-adjudicate-with", plain)):
+        for flag, named in (("--gptspec-backend", target), ("--gptspec-adjudicate-with", plain)):
             if flag == "--gptspec-backend" or plain not in ("none", "torch"):
                 try:
                     with _guarded():  # its module's os._exit: an error, not pytest's end
@@ -140,7 +140,7 @@ class _Judge:
 
     def __init__(self, config: pytest.Config) -> None:
         option = config.getoption
-        self.spec: str = option("gptspec_backend")
+        self.target: str = option("gptspec_backend")
         self.dtype: str | None = option("gptspec_dtype")
         self.device: str | None = option("gptspec_device")
         self.profile: str = option("gptspec_profile")
@@ -153,7 +153,7 @@ class _Judge:
         self.unusable = ""  # why no check can run: the backend failed to start
         self.guard: Any = None  # the in-process guard, from the first item to the session's end
         self.refused = ""  # the backend declined the dtype or device asked
-        self.described = (f"backend {self.spec}, dtype {self.dtype or 'its own'}, device "
+        self.described = (f"backend {self.target}, dtype {self.dtype or 'its own'}, device "
                           f"{self.device or 'its own'}, profile {self.profile}, seed {self.seed}")
 
     def _start(self) -> None:
@@ -162,7 +162,7 @@ class _Judge:
 
         self.started = True
         try:
-            backend, origin = start_backend(self.spec, device=self.device, dtype=self.dtype,
+            backend, origin = start_backend(self.target, device=self.device, dtype=self.dtype,
                                             timeout=self.timeout, flag="--gptspec-timeout")
         except BackendRefused as err:  # a subclass of BackendError
             self.refused = err.reason
@@ -203,7 +203,7 @@ class _Judge:
 
             needed = _closure(check)
             todo = [c for c in all_checks(None) if c.id in needed and c.id not in self.known]
-            reproduce = reproduce_command(self.spec, self.profile, "all", self.dtype,
+            reproduce = reproduce_command(self.target, self.profile, "all", self.dtype,
                                           self.device)
             for _ in walk(todo, None, self.evaluate, reproduce, self.seed,
                           self.unimplemented, self.known):

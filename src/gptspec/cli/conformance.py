@@ -28,7 +28,7 @@ MIN_TIMEOUT = 0.001
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", action="append", metavar="SPEC",
+    parser.add_argument("--backend", action="append", metavar="MODULE:ATTR",
                         help="module:attr or an installed backend name (repeatable); "
                              "default: the built-in torch backend")
     parser.add_argument("--device", action="append", metavar="DEVICE",
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-isolate a check that the timer cannot stop ends the "
                              "whole run a tenth of the limit later (at least 5 s), unless "
                              "compiled code holds Python's interpreter lock")
-    parser.add_argument("--adjudicate-with", default="torch", metavar="SPEC",
+    parser.add_argument("--adjudicate-with", default="torch", metavar="MODULE:ATTR",
                         help="the plain backend a low-precision failure is compared with, "
                              "on the CPU in the same dtype (default: the built-in torch; "
                              "none: no adjudication)")
@@ -86,7 +86,7 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None
     else:
         devices = ["cpu"] + (["cuda"] if _cuda() else [])
     targets = []
-    for spec in backends:
+    for target in backends:
         for device in devices:
             if args.dtype:
                 dtypes: list[str | None] = list(args.dtype)
@@ -96,7 +96,7 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str | None, str | None
                 dtypes = (["float32", "float64"] if device != "cuda"
                           else ["float32", "bfloat16", "float16"])
             for dtype in dtypes:
-                targets.append((spec, device, dtype))
+                targets.append((target, device, dtype))
     return targets
 
 
@@ -106,16 +106,16 @@ def _locate_backends(args: argparse.Namespace) -> dict[str, Path | None]:
     Returns their files, which no output may replace."""
     from gptspec.conformance.discovery import BackendError, locate
 
-    specs = [("--backend", spec) for spec in args.backend or []]
+    given = [("--backend", target) for target in args.backend or []]
     if args.adjudicate_with not in ("none", "torch"):  # torch: the built-in, this package's
-        specs.append(("--adjudicate-with", args.adjudicate_with))
+        given.append(("--adjudicate-with", args.adjudicate_with))
     files: dict[str, Path | None] = {}
-    for flag, spec in specs:
+    for flag, target in given:
         try:
-            origin = locate(spec)
+            origin = locate(target)
         except BackendError as err:
-            raise CLIError(f"{flag} {spec}: {err}") from None
-        files[f"{flag} {spec}"] = Path(origin) if origin else None
+            raise CLIError(f"{flag} {target}: {err}") from None
+        files[f"{flag} {target}"] = Path(origin) if origin else None
     return files
 
 
@@ -264,9 +264,9 @@ def run(args: argparse.Namespace) -> int:
     guard = None if isolate else InProcessGuard(timeout, past_the_limit)
     try:
         with writing_stdout(), guard or contextlib.nullcontext():
-            for spec, device, dtype in _targets(args):
+            for target, device, dtype in _targets(args):
                 current.clear()
-                suites.append(_run_one(args, spec, device, dtype, area, selected, timeout,
+                suites.append(_run_one(args, target, device, dtype, area, selected, timeout,
                                        isolate, current.append, guard))
     except KeyboardInterrupt:
         with_the_run_in_progress()  # Ctrl-C or SIGTERM
@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str | None,
+def _run_one(args: argparse.Namespace, target: str, device: str | None, dtype: str | None,
              area: str | None, selected, timeout: float | None, isolate: bool,
              started: Callable[[Any], None], guard: InProcessGuard | None = None):
     from gptspec.conformance import report
@@ -314,7 +314,7 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
 
     print()
     common = dict(profile=args.profile, seed=args.seed, select=selected, area=area,
-                  reproduce=reproduce_command(spec, args.profile, args.area, dtype, device),
+                  reproduce=reproduce_command(target, args.profile, args.area, dtype, device),
                   timeout=timeout,
                   save_failures=args.save_failures,
                   plain=None if args.adjudicate_with == "none" else args.adjudicate_with,
@@ -322,19 +322,19 @@ def _run_one(args: argparse.Namespace, spec: str, device: str | None, dtype: str
                   header=lambda s: _announce(s, started, guard))
     try:
         if isolate:
-            suite = run_isolated(spec, device=device, dtype=dtype, **common)
+            suite = run_isolated(target, device=device, dtype=dtype, **common)
         else:
             # bounded like a check: the timer interrupts Python code; the worker process
             # bounds the rest (--isolate)
             with backend_output_relayed():  # its prints, escaped: as the worker's are
-                backend, origin = start_backend(spec, device=device, dtype=dtype,
+                backend, origin = start_backend(target, device=device, dtype=dtype,
                                                 timeout=timeout)
             suite = run_suite(backend, origin=origin, dtype=dtype, device=device,
                               relay_output=True, **common)
     except BackendRefused as err:
         # the backend declines this dtype or device: recorded with its reason, and the
         # other runs go on
-        suite = SuiteResult({"name": shown(spec), "version": "",
+        suite = SuiteResult({"name": shown(target), "version": "",
                              "device": shown(device or "its default device"),
                              "dtype": dtype or "its default dtype"},
                             suite_settings_dict(args.profile, args.seed, area, timeout,

@@ -33,8 +33,8 @@ class BackendRefused(BackendError):
     """A backend that declined, while being built, the dtype or device asked (its
     constructor raised NotApplicable): the run is recorded as refused, with the reason."""
 
-    def __init__(self, spec: str, reason: str) -> None:
-        super().__init__(f"backend {spec!r} refused: {reason}")
+    def __init__(self, target: str, reason: str) -> None:
+        super().__init__(f"backend {target!r} refused: {reason}")
         self.reason = reason
 
 
@@ -43,23 +43,23 @@ def registered() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
-def _target(spec: str) -> tuple[str, str]:
-    """``spec``'s module and attribute, an installed name read as what it names."""
+def _target(target: str) -> tuple[str, str]:
+    """``target``'s module and attribute, an installed name read as what it names."""
     known = registered()
-    target = known.get(spec, spec)
-    if ":" not in target:
-        raise BackendError(f"unknown backend {spec!r}: give module:attr or one of "
+    module_attr = known.get(target, target)
+    if ":" not in module_attr:
+        raise BackendError(f"unknown backend {target!r}: give module:attr or one of "
                            f"{', '.join(sorted(known)) or '(none installed)'}")
-    module_name, _, attr = target.partition(":")
+    module_name, _, attr = module_attr.partition(":")
     return module_name, attr
 
 
-def locate(spec: str) -> str | None:
-    """Raise BackendError, in one line, when ``spec`` names a module that does not exist,
+def locate(target: str) -> str | None:
+    """Raise BackendError, in one line, when ``target`` names a module that does not exist,
     without running any of its code (the backend may only run isolated): each package
     on the way is looked up on its parent's path, not imported. Returns the module's file
     where it has one."""
-    module_name, _ = _target(spec)
+    module_name, _ = _target(target)
     parts = module_name.split(".")
     if not all(part.isidentifier() for part in parts):
         raise BackendError(f"{module_name!r} is not a module name")
@@ -78,8 +78,8 @@ def locate(spec: str) -> str | None:
     return found.origin if found.has_location else None
 
 
-def _resolve(spec: str) -> Any:
-    module_name, attr = _target(spec)
+def _resolve(target: str) -> Any:
+    module_name, attr = _target(target)
     try:
         module = importlib.import_module(module_name)
     except (KeyboardInterrupt, CheckTimeout):
@@ -96,7 +96,7 @@ def _resolve(spec: str) -> Any:
         except AttributeError:
             raise BackendError(f"module {module_name!r} has no attribute {attr!r}") from None
         except Exception as err:  # noqa: BLE001 — a module __getattr__ may raise anything
-            raise BackendError(f"backend {spec!r}: looking up {part!r} raised "
+            raise BackendError(f"backend {target!r}: looking up {part!r} raised "
                                f"{_what_raised(err)}") from None
     return obj
 
@@ -117,10 +117,10 @@ def _what_raised(err: BaseException) -> str:
     return f"{shown(type(err).__name__)}: {message}" if message else shown(type(err).__name__)
 
 
-def load_backend(spec: str, device: str | None = None, dtype: str | None = None) -> Any:
-    """Build the backend named by ``spec``. A class or factory is called with the device
+def load_backend(target: str, device: str | None = None, dtype: str | None = None) -> Any:
+    """Build the backend named by ``target``. A class or factory is called with the device
     and dtype it accepts; an object is used as it is."""
-    obj = _resolve(spec)
+    obj = _resolve(target)
     if callable(obj) and (inspect.isclass(obj) or inspect.isfunction(obj)):
         params = inspect.signature(obj).parameters
         kwargs = {k: v for k, v in (("device", device), ("dtype", dtype))
@@ -128,22 +128,22 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
         try:
             obj = obj(**kwargs)
         except NotApplicable as err:  # it declines the dtype or device asked, in one line
-            raise BackendRefused(spec, shown(err)) from None
+            raise BackendRefused(target, shown(err)) from None
         except (KeyboardInterrupt, CheckTimeout):
             raise
         except BaseException as err:  # noqa: BLE001 — SystemExit, a BaseException of its own
-            raise BackendError(f"backend {spec!r} failed to start: {_what_raised(err)}"
+            raise BackendError(f"backend {target!r} failed to start: {_what_raised(err)}"
                                ) from None
         if obj is None:  # a factory that forgot its return: no protocol version to speak of
-            raise BackendError(f"backend factory {spec!r} returned None, not a backend")
+            raise BackendError(f"backend factory {target!r} returned None, not a backend")
     try:
         declared = getattr(obj, "capabilities", None)
     except Exception as err:  # noqa: BLE001
-        raise BackendError(f"backend {spec!r}: reading its 'capabilities' raised "
+        raise BackendError(f"backend {target!r}: reading its 'capabilities' raised "
                            f"{_what_raised(err)}") from None
     problem = "" if declared is None else capability_problem(declared)
     if problem:
-        raise BackendError(f"backend {spec!r}: {problem}")
+        raise BackendError(f"backend {target!r}: {problem}")
     required = [a for a in REQUIRED
                 if a != "forward" or declared is None or "model" in declared]
     missing = []
@@ -153,31 +153,31 @@ def load_backend(spec: str, device: str | None = None, dtype: str | None = None)
         except AttributeError:
             missing.append(attribute)
         except Exception as err:  # noqa: BLE001
-            raise BackendError(f"backend {spec!r}: reading its {attribute!r} raised "
+            raise BackendError(f"backend {target!r}: reading its {attribute!r} raised "
                                f"{_what_raised(err)}") from None
     if not (set(REQUIRED) - set(missing)):  # none of a backend's attributes: no backend,
         kind = shown(type(obj).__name__)     # whatever the version of its protocol
-        raise BackendError(f"backend {spec!r} is an object of type {kind}, not a backend "
+        raise BackendError(f"backend {target!r} is an object of type {kind}, not a backend "
                            f"(it has none of {', '.join(REQUIRED)})")
     lacks = [a for a in missing if a != "protocol_version"]
     if not lacks or "protocol_version" not in missing:
         # a backend of another version has every attribute but that one; an object with
         # only some (builtins:exit has a name) is no backend of any version
-        check_protocol_version(spec, obj)
+        check_protocol_version(target, obj)
     missing = lacks
     if missing:
-        raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} "
+        raise BackendError(f"backend {target!r} lacks {', '.join(missing)} "
                            "(see the protocol in gptspec.conformance.protocol)")
     from gptspec.conformance.budgets import Precision
 
     try:  # the dtype the budgets are derived for
         Precision.of(str(obj.dtype))
     except ValueError as err:
-        raise BackendError(f"backend {spec!r}: {err}") from None
+        raise BackendError(f"backend {target!r}: {err}") from None
     return obj
 
 
-def check_protocol_version(spec: str, backend: Any) -> None:
+def check_protocol_version(target: str, backend: Any) -> None:
     """Refuse a backend written against another protocol version, in one line: its calls
     would take the arguments in another order. No ``protocol_version`` means version 1,
     which predates the attribute."""
@@ -191,10 +191,10 @@ def check_protocol_version(spec: str, backend: Any) -> None:
     if number and declared in PROTOCOL_HISTORY:
         theirs = f"protocol {int(declared)} ({PROTOCOL_HISTORY[int(declared)]})"
         if declared < PROTOCOL_VERSION:
-            raise BackendError(f"backend {spec!r} speaks conformance {theirs}; this suite "
+            raise BackendError(f"backend {target!r} speaks conformance {theirs}; this suite "
                                f"speaks {ours}: reorder the arguments and set "
                                f"protocol_version = {PROTOCOL_VERSION}")
     else:
         theirs = f"protocol_version {_repr(declared)}, which this suite does not know"
-    raise BackendError(f"backend {spec!r} declares {theirs}; this suite speaks {ours}: "
+    raise BackendError(f"backend {target!r} declares {theirs}; this suite speaks {ours}: "
                        "use the gptspec its protocol came with")

@@ -2,7 +2,7 @@
 the interpreter (a segfault in a kernel, ``os._exit``) cannot take the run down.
 
 The parent walks the checks in dependency order and sends a 'spawn'ed worker, which
-builds the backend from its spec once, one check id at a time, answered as JSON. A
+builds the backend from its target once, one check id at a time, answered as JSON. A
 worker silent past the time limit is killed (an error "timed out after N s"); one that
 dies is an error naming the exit code or signal; a fresh worker takes the next check and
 the run ends with a report. The worker leads its own session, and every way out (done,
@@ -147,7 +147,7 @@ def tampered(before: dict[str, tuple[Any, Any]]) -> str:
     return ""
 
 
-def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile: str,
+def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profile: str,
             seed: int, save_failures: str | None, plain: str | None, output: str) -> None:
     # first, before any backend code runs: a session (and process group) of its own, which
     # the parent kills whole, with whatever the backend started in it
@@ -177,18 +177,18 @@ def _worker(conn: Any, spec: str, device: str | None, dtype: str | None, profile
     umask = os.umask(0o022)  # the judge's, for the failures it saves (keeping_cwd: each check)
     os.umask(umask)
     try:
-        backend = load_backend(spec, device=device, dtype=dtype)
+        backend = load_backend(target, device=device, dtype=dtype)
         os.umask(umask)
         precision, mismatch = judged_precision(backend, dtype)
         mismatch = tampered(judge) or mismatch or device_mismatch(backend, device)
         described = describe_backend(backend)
     except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
         message = (str(err) if isinstance(err, BackendError) else
-                   f"backend {spec!r} failed to start: {type(err).__name__} {err}".rstrip())
+                   f"backend {target!r} failed to start: {type(err).__name__} {err}".rstrip())
         refused = {"refused": err.reason} if isinstance(err, BackendRefused) else {}
         _send(conn, _ENCODE({"load_error": message, **refused}).encode())
         return
-    origin = {**described, "spec": spec, "device": device or described["device"],
+    origin = {**described, "spec": target, "device": device or described["device"],
               "dtype": dtype or described["dtype"]}
     # the checks it does not implement at all, so that a failure elsewhere does not count
     # them as blocked (runner.walk)
@@ -273,7 +273,7 @@ def _death(process: Any) -> str:
 
 
 class _Worker:
-    def __init__(self, spec: str, device: str | None, dtype: str | None, profile: str,
+    def __init__(self, target: str, device: str | None, dtype: str | None, profile: str,
                  seed: int, save_failures: str | None,
                  start_timeout: float | None = START_TIMEOUT, plain: str | None = None) -> None:
         context = multiprocessing.get_context("spawn")
@@ -282,7 +282,7 @@ class _Worker:
         self.output = os.fdopen(fd, "rb")
         self.process = context.Process(
             target=_worker,
-            args=(child, spec, device, dtype, profile, seed, save_failures, plain,
+            args=(child, target, device, dtype, profile, seed, save_failures, plain,
                   self.output_path),
             daemon=True)
         self.process.start()
@@ -296,12 +296,12 @@ class _Worker:
             raise
         if not started:
             self.stop()
-            raise BackendError(f"backend {spec!r} did not start within {start_timeout:g} s "
+            raise BackendError(f"backend {target!r} did not start within {start_timeout:g} s "
                                "(importing and building it)")
         try:
             hello = json.loads(self.conn.recv_bytes())
             if "refused" in hello:
-                raise BackendRefused(spec, shown(hello["refused"]))
+                raise BackendRefused(target, shown(hello["refused"]))
             if "load_error" in hello:
                 raise BackendError(shown(hello["load_error"]))
             self.backend = {k: shown(hello["backend"][k], NAME_LIMIT)
@@ -311,13 +311,13 @@ class _Worker:
         except EOFError:
             death = _death(self.process)
             self.stop()
-            raise BackendError(f"backend {spec!r} failed to start: {death}") from None
+            raise BackendError(f"backend {target!r} failed to start: {death}") from None
         except BackendError:
             self.stop()
             raise
         except Exception:  # noqa: BLE001 — the worker is the backend's process: not trusted
             self.stop()
-            raise BackendError(f"backend {spec!r} failed to start: its worker sent an "
+            raise BackendError(f"backend {target!r} failed to start: its worker sent an "
                                "unreadable greeting") from None
 
     def run(self, check: Check, timeout: float | None) -> CheckResult:
@@ -445,7 +445,7 @@ def _end_orphans(before: set[int] | None) -> None:
                 pass
 
 
-def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = None,
+def run_isolated(target: str, *, device: str | None = None, dtype: str | None = None,
                  profile: str = "default", seed: int = 0,
                  select: Callable[[Check], bool] | None = None, area: str | None = "forward",
                  reproduce: str = "", timeout: float | None = 300.0,
@@ -453,12 +453,12 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
                  on_result: Callable[[CheckResult], None] | None = None,
                  header: Callable[[SuiteResult], None] | None = None,
                  plain: str | None = None) -> SuiteResult:
-    """``run_suite`` for the backend named by ``spec``, each check in a worker process.
+    """``run_suite`` for the backend named by ``target``, each check in a worker process.
     Raises BackendError only if the backend cannot be built at all."""
     start_timeout = START_TIMEOUT if timeout is None else timeout
     adopted = _adopt_orphans()
     try:
-        worker: _Worker | None = _Worker(spec, device, dtype, profile, seed, save_failures,
+        worker: _Worker | None = _Worker(target, device, dtype, profile, seed, save_failures,
                                          start_timeout, plain)
     except BaseException:
         _end_orphans(adopted)
@@ -474,7 +474,7 @@ def run_isolated(spec: str, *, device: str | None = None, dtype: str | None = No
         nonlocal worker
         if worker is None or not worker.alive():
             try:
-                worker = _Worker(spec, device, dtype, profile, seed, save_failures,
+                worker = _Worker(target, device, dtype, profile, seed, save_failures,
                                  start_timeout, plain)
             except BackendError as err:
                 worker = None

@@ -2,7 +2,7 @@
 replays them without Hypothesis; and the adjudication of a low-precision failure.
 
 The ``.npz`` holds no pickle, only numeric arrays and strings: a JSON ``manifest`` (the
-check, its entries, the message, the backend's spec, device and dtype, and the replayed
+check, its entries, the message, the backend's target, device and dtype, and the replayed
 call: its name, each argument described by kind, ``output_index``), the argument arrays
 ``a.<n>…`` exactly as the backend received them, and ``expected``, ``bound`` and
 ``actual`` of the failing comparison. Only a comparison of one backend call's result can
@@ -59,18 +59,18 @@ def _encode(value: Any, key: str, arrays: dict[str, np.ndarray]) -> dict[str, An
     raise TypeError(f"cannot store an argument of type {type(value).__name__}")
 
 
-def _decode(spec: dict[str, Any], data: Any) -> Any:
-    if "none" in spec:
+def _decode(encoded: dict[str, Any], data: Any) -> Any:
+    if "none" in encoded:
         return None
-    if "config" in spec:
-        return GPTConfig.from_json(spec["config"])
-    if "array" in spec:
-        return np.array(data[spec["array"]])
-    if "dict" in spec:
-        return {k: _decode(v, data) for k, v in spec["dict"].items()}
-    if "list" in spec:
-        return [np.array(data[k]) for k in spec["list"]]
-    return spec["value"]
+    if "config" in encoded:
+        return GPTConfig.from_json(encoded["config"])
+    if "array" in encoded:
+        return np.array(data[encoded["array"]])
+    if "dict" in encoded:
+        return {k: _decode(v, data) for k, v in encoded["dict"].items()}
+    if "list" in encoded:
+        return [np.array(data[k]) for k in encoded["list"]]
+    return encoded["value"]
 
 
 def _safe(name: str) -> str:

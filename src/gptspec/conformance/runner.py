@@ -281,8 +281,9 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
               dtype_asked: bool = True) -> CheckResult:
     """Run one check; never raises (except KeyboardInterrupt). On a failed comparison the
     example's exact inputs are saved under ``save_failures`` (see reproduction), and a
-    low-precision failure is adjudicated against ``plain``, the spec of a plain same-dtype
-    implementation (None: not adjudicated); ``dtype_asked``: whether the run was asked for
+    low-precision failure is adjudicated against ``plain``, the target (module:attr or an
+    installed name) of a plain same-dtype implementation (None: not adjudicated);
+    ``dtype_asked``: whether the run was asked for
     ``precision``'s dtype (else it judges the one the backend declared)."""
     recording = RecordingBackend(backend, precision.dtype, dtype_asked)
     ctx = CheckContext(recording, precision, suite_settings(profile), seed)
@@ -459,8 +460,8 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
     """Run every selected check against ``backend``, dependencies first. A check whose
     dependency failed is reported as blocked by the root cause, not run. ``timeout``:
     seconds per check; ``save_failures``: a directory for failing examples (``origin``
-    names the backend's spec, device and dtype for the reproducing test); ``plain``: the
-    backend spec (as discovery reads it) a low-precision failure is adjudicated against,
+    names the backend's target, device and dtype for the reproducing test); ``plain``: the
+    backend target (as discovery reads it) a low-precision failure is adjudicated against,
     or None; ``dtype``, ``device``: what was asked, which the backend must declare (and
     compute in; None: the backend's own); ``relay_output``: what the backend prints is
     relayed, escaped (:func:`backend_output_relayed`)."""
@@ -528,9 +529,9 @@ def judge(backend: Any, *, profile: str, seed: int, timeout: float | None = None
     return evaluate, unimplemented
 
 
-def start_backend(spec: str, *, device: str | None, dtype: str | None,
+def start_backend(target: str, *, device: str | None, dtype: str | None,
                   timeout: float | None, flag: str = "--timeout") -> tuple[Any, dict[str, Any]]:
-    """(backend, origin) of ``spec`` built in this process, bounded like a check: its
+    """(backend, origin) of ``target`` built in this process, bounded like a check: its
     import or constructor may hang (``flag`` names the time limit in the error) or move
     the working directory. Raises discovery's BackendError or BackendRefused."""
     from gptspec.conformance.discovery import BackendError, load_backend
@@ -538,12 +539,12 @@ def start_backend(spec: str, *, device: str | None, dtype: str | None,
     stops = len(STOPS_RECEIVED)
     try:
         with keeping_cwd(), _noting_stops(), _time_limit(timeout):
-            backend = load_backend(spec, device=device, dtype=dtype)
-            origin = {"spec": spec, "device": device or str(backend.device),
+            backend = load_backend(target, device=device, dtype=dtype)
+            origin = {"spec": target, "device": device or str(backend.device),
                       "dtype": dtype or str(backend.dtype),
-                      "name": _read(backend, "name", spec)}
+                      "name": _read(backend, "name", target)}
     except CheckTimeout:
-        raise BackendError(f"backend {spec!r} did not start within {timeout:g} s ({flag})"
+        raise BackendError(f"backend {target!r} did not start within {timeout:g} s ({flag})"
                            ) from None
     except (KeyboardInterrupt, SystemExit) as err:
         # raised where the judge read the backend (its name's __str__, its exception's
@@ -551,7 +552,7 @@ def start_backend(spec: str, *, device: str | None, dtype: str | None,
         # KeyboardInterrupt no signal sent as "interrupted"
         if isinstance(err, KeyboardInterrupt) and _stop_arrived(stops):
             raise
-        raise BackendError(f"backend {spec!r} failed to start: reading it raised "
+        raise BackendError(f"backend {target!r} failed to start: reading it raised "
                            f"{type(err).__name__}" + (" with no Ctrl-C, SIGTERM or SIGHUP "
                            "received" if isinstance(err, KeyboardInterrupt) else "")) from None
     return backend, origin
@@ -571,11 +572,11 @@ def not_implemented(check: Check, missing: list[str], why: str = "") -> CheckRes
                        check.budget)
 
 
-def reproduce_command(spec: str, profile: str, area: str, dtype: str | None = None,
+def reproduce_command(target: str, profile: str, area: str, dtype: str | None = None,
                       device: str | None = None) -> str:
     """The ``gptspec conformance`` command that reruns a run's failures (``walk`` adds each
     failure's ``--check`` and ``--seed``): the CLI and the pytest plugin print the same."""
-    command = ["gptspec", "conformance", "--backend", spec, "--profile", profile, "--area", area]
+    command = ["gptspec", "conformance", "--backend", target, "--profile", profile, "--area", area]
     command += ["--dtype", dtype] if dtype else []
     command += ["--device", device] if device else []
     return shlex.join(command)
