@@ -578,11 +578,13 @@ def scores_error(QK, eQK, Q, K, p: Precision) -> Array:
     return _q(eQK, p.u * np.abs(QK), prescaled) / math.sqrt(dk)
 
 
-def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision, visible_keys: bool = False
-                    ) -> tuple[Array, Array, Array, Array]:
+def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision, visible_keys: bool = False,
+                    weights_apart: bool = False) -> tuple[Array, Array, Array, Array]:
     """softmax(QKᵀ/√d_k + M)V, stage by stage: scores, weights, output.
     Returns (weights, their error scale, output, its error scale). ``visible_keys``: each
-    row's sums counted over the keys it sees (see below), else over all of them."""
+    row's sums counted over the keys it sees (see below), else over all of them.
+    ``weights_apart``: the output's error scale without the weights' errors, for a caller
+    that propagates them itself (``multi_head_attention_bound``)."""
     dk = np.shape(Q)[-1]
     KT, eKT = np.swapaxes(K, -1, -2), np.swapaxes(eK, -1, -2)
     S, eS = matmul_bound(Q, eQ, KT, eKT, p)
@@ -601,7 +603,9 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision, visible_keys: bool = F
             if visible_keys else None)
     A, eA = softmax_bound(S, eS, p, terms=seen)
     eA = np.where(masked, 0.0, eA)
-    O, eO = matmul_bound(A, eA, V, eV, p, terms=seen)
+    O, eO = matmul_bound(A, 0 * eA if weights_apart else eA, V, eV, p, terms=seen)
+    if weights_apart:
+        return A, eA, O, eO
     # Where a row's weights are only known to lie in [0, 1] (softmax_bound's cap: the
     # scores' error moves them by O(1)), their errors are not independent: they sum to 0,
     # so a weight moving from key a to key b moves the output by V_b − V_a, up to the
@@ -662,39 +666,47 @@ def multi_head_attention_bound(H, eH, W_qkv, b_qkv, W_O, b_O, n_heads: int,
     M = ref.causal_mask(T)
     if rows is not None:
         Q, eQ, M = Q[..., rows, :], eQ[..., rows, :], M[rows]
-    A, eA, O, eO = attention_bound(Q, eQ, K, eK, V, eV, M, p, visible_keys=rows is not None)
+    A, eA, O, eO = attention_bound(Q, eQ, K, eK, V, eV, M, p, visible_keys=rows is not None,
+                                   weights_apart=True)
     y, ey = linear_bound(ref.merge_heads(O), ref.merge_heads(eO), W_O, b_O, p)
-    return y, _q(ey, _shared_weight_moves(A, eA, V, eV, np.isneginf(M), W_O,
-                                          np.arange(T) if rows is None else np.asarray(rows), p))
+    return y, _q(ey, _weight_moves(A, eA, V, eV, np.isneginf(M), W_O,
+                                   np.arange(T) if rows is None else np.asarray(rows), p))
 
 
-def _shared_weight_moves(A, eA, V, eV, masked, W_O, positions, p: Precision) -> Array:
-    """The output's error (…, T_rows, d) from attention rows whose weights' errors are
-    shared by every component of the head's output: where the weights are only known in
-    [0, 1] (attention_bound's saturated rows) the computed and the exact head output are
-    two convex combinations of the value rows, and where they all lie within 1 + 2u
-    (its alike rows) storing them rounds them alike. Either moves the d_k components
-    together, so through W_O they add coherently, up to √d_k past the quadrature sum
-    over them: output k moves within the range of (V W_O⁽ⁱ⁾)_k over the visible keys
-    (a correct bfloat16 backend at 133 % of the budget, thorough seed 138423: two scores
-    42 apart at 1.4·10⁴ swapped), or by u Σ_j A_j |(V W_O⁽ⁱ⁾)_jk|. Zero elsewhere.
+def _weight_moves(A, eA, V, eV, masked, W_O, positions, p: Precision) -> Array:
+    """The output's error (…, T_rows, d) from the attention weights' errors, propagated
+    through W_O per head. An error of weight j moves every component of the head's
+    output along V_j, so through W_O it moves output k by itself times (V W_O⁽ⁱ⁾)_jk: it
+    adds coherently over the d_k components (up to √d_k past a quadrature sum over them:
+    83 % of the budget for a correct bfloat16 backend with aligned V and W_O), and in
+    quadrature over the keys. Where the weights are only known in [0, 1] (saturated
+    rows), the computed and the exact head output are two convex combinations of the
+    value rows, so output k lies within the range of (V W_O⁽ⁱ⁾)_k over the visible keys
+    (a correct bfloat16 backend at 133 % of the quadrature budget, thorough seed 138423:
+    two scores 42 apart at 1.4·10⁴ swapped); where they all lie within 1 + 2u, storing
+    them rounds them alike: u Σ_j A_j |(V W_O⁽ⁱ⁾)_jk| (see attention_bound).
     ``positions``: each row's position (it sees keys 0 … position)."""
     masked = np.broadcast_to(masked, np.shape(A))
     saturated, alike = _saturated(A, eA, masked), _alike(A, masked, p)
     n_heads, dk = np.shape(V)[-3], np.shape(V)[-1]
     W_O = np.asarray(W_O, dtype=np.float64)
-    moves = np.zeros(np.shape(A)[:-3] + (np.shape(A)[-2], W_O.shape[-1]))
-    for i in (i for i in range(n_heads) if np.any(saturated[..., i, :, :] | alike[..., i, :, :])):
+    moves = []
+    for i in range(n_heads):
         W_i = W_O[i * dk:(i + 1) * dk]
         Z = np.asarray(V, dtype=np.float64)[..., i, :, :] @ W_i  # (…, keys, d)
-        eZ = LAMBDA * _quadrature_product(np.asarray(eV, dtype=np.float64)[..., i, :, :], W_i)
-        # the visible keys of a row are a prefix (the causal mask): running extremes
-        top = np.maximum.accumulate(Z + eZ, axis=-2)[..., positions, :]
-        bottom = np.minimum.accumulate(Z - eZ, axis=-2)[..., positions, :]
-        rounded = p.u * (np.abs(A[..., i, :, :]) @ np.abs(Z))
-        moves = _q(moves, np.where(saturated[..., i, :, :], (top - bottom) / LAMBDA, 0.0),
-                   np.where(alike[..., i, :, :], rounded, 0.0))
-    return moves
+        head = _quadrature_product(eA[..., i, :, :], Z)
+        if np.any(saturated[..., i, :, :]):
+            eZ = LAMBDA * _quadrature_product(np.asarray(eV, dtype=np.float64)[..., i, :, :], W_i)
+            # the visible keys of a row are a prefix (the causal mask): running extremes
+            top = np.maximum.accumulate(Z + eZ, axis=-2)[..., positions, :]
+            bottom = np.minimum.accumulate(Z - eZ, axis=-2)[..., positions, :]
+            head = np.where(saturated[..., i, :, :], np.maximum(head, (top - bottom) / LAMBDA),
+                            head)
+        if np.any(alike[..., i, :, :]):
+            rounded = p.u * (np.abs(A[..., i, :, :]) @ np.abs(Z))
+            head = np.where(alike[..., i, :, :], np.maximum(head, rounded), head)
+        moves.append(head)
+    return _q(*moves)
 
 
 def ffn_bound(variant: str, x, ex, W_1, b_1, W_2, b_2, p: Precision) -> tuple[Array, Array]:
