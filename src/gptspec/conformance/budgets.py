@@ -688,15 +688,15 @@ def _weight_moves(A, eA, V, eV, masked, W_O, positions, p: Precision) -> Array:
     ``positions``: each row's position (it sees keys 0 … position)."""
     masked = np.broadcast_to(masked, np.shape(A))
     saturated, alike = _saturated(A, eA, masked), _alike(A, masked, p)
-    n_heads, dk = np.shape(V)[-3], np.shape(V)[-1]
-    W_O = np.asarray(W_O, dtype=np.float64)
+    V, eV, W_O = (np.asarray(X, dtype=np.float64) for X in (V, eV, W_O))
+    n_heads, dk = V.shape[-3], V.shape[-1]
     moves = []
     for i in range(n_heads):
         W_i = W_O[i * dk:(i + 1) * dk]
-        Z = np.asarray(V, dtype=np.float64)[..., i, :, :] @ W_i  # (…, keys, d)
+        Z = V[..., i, :, :] @ W_i  # (…, keys, d)
         head = _quadrature_product(eA[..., i, :, :], Z)
         if np.any(saturated[..., i, :, :]):
-            eZ = LAMBDA * _quadrature_product(np.asarray(eV, dtype=np.float64)[..., i, :, :], W_i)
+            eZ = LAMBDA * _quadrature_product(eV[..., i, :, :], W_i)
             # the visible keys of a row are a prefix (the causal mask): running extremes
             top = np.maximum.accumulate(Z + eZ, axis=-2)[..., positions, :]
             bottom = np.minimum.accumulate(Z - eZ, axis=-2)[..., positions, :]

@@ -94,15 +94,18 @@ class KVCache:
             mask = None if t == 0 or T_new == 1 else \
                 _mask(t + T_new, torch.arange(t, t + T_new, device=self.device).expand(B, T_new))
             return Plan(t, causal=t == 0, mask=mask, cache=self, n_keys=t + T_new)
-        advance = torch.as_tensor(T_new if lengths is None else lengths, device=self.device)
-        if lengths is not None and (advance.shape != (B,) or advance.dtype.is_floating_point
-                                    or advance.dtype == torch.bool):
-            raise ValueError(f"lengths must be an integer tensor of shape ({B},), "
-                             f"got {tuple(advance.shape)} {advance.dtype}")
-        advance = advance.long().expand(B)
-        if bool(((advance < 0) | (advance > T_new)).any()):
-            raise ValueError(f"lengths must lie in [0, {T_new}] (the new tokens per sequence), "
-                             f"got {advance.tolist()}")
+        if lengths is None:
+            advance = torch.full((B,), T_new, dtype=torch.long, device=self.device)
+        else:
+            advance = torch.as_tensor(lengths, device=self.device)
+            if advance.shape != (B,) or advance.dtype.is_floating_point \
+                    or advance.dtype == torch.bool:
+                raise ValueError(f"lengths must be an integer tensor of shape ({B},), "
+                                 f"got {tuple(advance.shape)} {advance.dtype}")
+            advance = advance.long()
+            if bool(((advance < 0) | (advance > T_new)).any()):
+                raise ValueError(f"lengths must lie in [0, {T_new}] (the new tokens per "
+                                 f"sequence), got {advance.tolist()}")
         new_lengths = self.lengths + advance
         if bool((new_lengths > self.max_len).any()):
             b = int(torch.argmax(new_lengths))
@@ -127,11 +130,13 @@ class KVCache:
         positions = self.lengths[:, None] + torch.arange(T_new, device=dev)  # (B, T_new)
         n_keys = min(self._bound + T_new, self.max_len)
         # padding past the end: position n_ctx−1 (any row will do, its logits are unused)
-        # and the scratch slot; ``last``: the last real token's row (0 where there is none)
+        # and the scratch slot; ``last``: the last real token's row (0 where there is none,
+        # so with one new token the only row: no gather)
+        last = None if T_new == 1 else (advance - 1).clamp(min=0)
         return Plan(0, positions.clamp(max=self.config.n_ctx - 1), False,
                     _mask(n_keys, positions), self, n_keys,
                     torch.arange(B, device=dev)[:, None].expand(B, T_new),
-                    positions.clamp(max=self.max_len), advance, (advance - 1).clamp(min=0))
+                    positions.clamp(max=self.max_len), advance, last)
 
     def _too_long(self, b: int, length: int) -> ValueError:
         return ValueError(f"sequence {b} would reach length {length}, beyond the cache's "
