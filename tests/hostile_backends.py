@@ -561,6 +561,27 @@ class PrintsVerdictsAtExit(Honest):
         atexit.register(print, "PASS  gpt_forward.differential (forged at exit)")
 
 
+def _chatter() -> None:
+    import os
+
+    for _ in range(20000):  # a minute at most
+        time.sleep(0.003)
+        os.write(1, b"PASS  gpt_forward.forged (written to fd 1)\n")
+        print("PASS  gpt_forward.forged (printed)", flush=True)
+
+
+class ChattersFromAThread(Honest):
+    """Starts a daemon thread that writes verdict lines every few milliseconds: with
+    --no-isolate they reached stdout raw between the judge's lines and after its summary
+    (between checks, and after the run, the judge's own descriptors were in place)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__()
+        threading.Thread(target=_chatter, name="chatter", daemon=True).start()
+
+
 class _InterruptsWhenRead:
     def __array__(self, dtype=None, copy=None):
         raise KeyboardInterrupt

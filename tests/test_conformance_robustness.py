@@ -795,6 +795,16 @@ def test_no_isolate_relays_what_the_backends_exit_handlers_print(tmp_path):
     assert "backend output: PASS  gpt_forward.differential (forged at exit)" in proc.stderr
 
 
+def test_no_isolate_relays_what_a_backend_thread_writes_between_and_after_checks(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ChattersFromAThread",
+                        "--no-isolate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "forged" not in proc.stdout, proc.stdout
+    assert proc.stdout.rstrip().endswith("1 passed, 0 failed, 0 blocked, 0 not implemented")
+    forged = [line for line in proc.stderr.splitlines() if "forged" in line]
+    assert forged and all(line.startswith("  backend output: PASS") for line in forged)
+
+
 _OFF_BY_ONE_PERCENT = """
 import numpy as np
 from gptspec.reference.attention import softmax as ref_softmax

@@ -259,9 +259,28 @@ def run(args: argparse.Namespace) -> int:
         except CLIError as err:
             print(f"gptspec conformance: error: {err}", file=sys.stderr)
 
+    if isolate:
+        return _run_all(args, area, selected, timeout, isolate, suites, current,
+                        with_the_run_in_progress, write_reports, None)
+    from gptspec.conformance.runner import end_routing, route_backend_output
+
+    # the backend's output goes aside, and is relayed escaped, for the whole run: a
+    # thread it leaves running wrote raw between the verdict lines and after the summary
+    route_backend_output()
+    guard = InProcessGuard(timeout, past_the_limit)
+    try:
+        return _run_all(args, area, selected, timeout, isolate, suites, current,
+                        with_the_run_in_progress, write_reports, guard)
+    finally:
+        end_routing(keep_aside=guard.left_running())
+
+
+def _run_all(args: argparse.Namespace, area: str | None, selected, timeout: float | None,
+             isolate: bool, suites: list, current: list,
+             with_the_run_in_progress: Callable[[], None], write_reports: Callable[[], None],
+             guard: InProcessGuard | None) -> int:
     from gptspec.conformance.protocol import shown
 
-    guard = None if isolate else InProcessGuard(timeout, past_the_limit)
     try:
         with writing_stdout(), guard or contextlib.nullcontext():
             for target, device, dtype in _targets(args):
@@ -280,12 +299,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)
     status = 1 if failed else 0
     if guard:  # what the backend's exit handlers print is relayed, as its checks' output
-        from gptspec.conformance.runner import backend_output_relayed, stop_relaying
+        from gptspec.conformance.runner import backend_output_relayed, end_routing, stop_relaying
 
         with backend_output_relayed():
             guard.run_exit_handlers(status, before_exit=stop_relaying)
     stray = guard.stray_threads() if guard else []
     if stray:  # Python would wait for them at exit, forever if they never end
+        end_routing(keep_aside=True)  # what they printed so far, relayed; the rest: nowhere
         more = ", …" if len(stray) > 1 else ""
         print(f"gptspec conformance: warning: the backend left {len(stray)} thread(s) running "
               f"({shown(stray[0].name)}{more}); the process ends without waiting for them",

@@ -41,6 +41,7 @@ class InProcessGuard:
         self.exit_called: object = None  # os._exit's code, until the check's result takes it
         self.unraisable_before = sys.unraisablehook
         self.exit_handlers_before = 0
+        self.watchdog: threading.Thread | None = None
 
     def progress(self) -> None:
         self.last = time.monotonic()
@@ -66,7 +67,9 @@ class InProcessGuard:
         os._exit = posix._exit = self._exit  # type: ignore[assignment]
         self.progress()
         if self.timeout is not None:
-            threading.Thread(target=self._watch, name="gptspec-watchdog", daemon=True).start()
+            self.watchdog = threading.Thread(target=self._watch, name="gptspec-watchdog",
+                                             daemon=True)
+            self.watchdog.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -100,7 +103,10 @@ class InProcessGuard:
         _end_orphans(self.children_before)
 
     def _watch(self) -> None:
+        from gptspec.conformance.runner import judge_thread
+
         assert self.timeout is not None
+        judge_thread()  # its lines are the judge's, where the backend's output goes aside
         limit = self.timeout + max(GRACE_S, self.timeout / 10)
         while not self.done.wait(1.0):
             waited = time.monotonic() - self.last
@@ -140,3 +146,8 @@ class InProcessGuard:
         """Threads the backend started and left running, which Python waits for at exit."""
         return [t for t in threading.enumerate() if t.is_alive() and not t.daemon
                 and t not in self.threads_before and t is not threading.main_thread()]
+
+    def left_running(self) -> bool:
+        """Whether a thread the backend started, daemon or not, is still alive."""
+        return any(t.is_alive() and t not in self.threads_before and t is not self.watchdog
+                   for t in threading.enumerate())

@@ -376,25 +376,26 @@ OUTPUT_LINE_LIMIT = 500  # characters of one line a backend prints, as relayed
 OUTPUT_LINES_SHOWN = 200  # lines relayed after one check; the rest are counted
 
 
-def relay_backend_output(data: bytes) -> None:
-    """What a backend printed, to the judge's standard error: each line escaped and marked
-    as the backend's, so that it can neither drive the terminal nor pass for one of the
-    judge's verdict lines."""
+def relay_backend_output(data: bytes, file: Any = None) -> None:
+    """What a backend printed, to the judge's standard error (``file``): each line escaped
+    and marked as the backend's, so that it can neither drive the terminal nor pass for
+    one of the judge's verdict lines."""
+    file = file or sys.stderr
     lines = data.splitlines()
     for raw in lines[:OUTPUT_LINES_SHOWN]:
         text = shown(raw.decode("utf-8", "replace"), OUTPUT_LINE_LIMIT)
-        print(f"  backend output: {text}", file=sys.stderr)
+        print(f"  backend output: {text}", file=file)
     if len(lines) > OUTPUT_LINES_SHOWN:
         print(f"  backend output: … {len(lines) - OUTPUT_LINES_SHOWN} more lines",
-              file=sys.stderr)
+              file=file)
 
 
-_RELAYING: dict[str, Any] = {}  # while a check prints aside: the judge's own fds 1 and 2
+_RELAYING: dict[str, Any] = {}  # while the backend's output goes aside (see _Routed)
 _RELAY_LOCK = threading.Lock()  # the watchdog's thread may end the relaying too
 
 
-def _flush_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
+def _flush_streams(*streams: Any) -> None:
+    for stream in streams or (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
@@ -402,28 +403,158 @@ def _flush_streams() -> None:
             pass
 
 
+class _Routed:
+    """``sys.stdout`` or ``sys.stderr`` while the backend's output goes aside: the judge's
+    threads write to the judge's stream; any other thread, and the judge's own thread
+    while it runs the backend's code, into the file relayed later. By thread, because a
+    thread the backend left running wrote raw, between and after the verdict lines."""
+
+    def __init__(self, judge: Any, backend: Any, fd: int) -> None:
+        self._judge, self._backend, self._fd = judge, backend, fd
+
+    def _target(self) -> Any:
+        me = threading.current_thread()  # not its ident: a later thread may reuse that
+        judges = _RELAYING.get("judges", ())
+        if me in judges and not (me == judges[0] and _RELAYING.get("in_backend")):
+            return self._judge
+        if getattr(self._backend, "closed", False):  # the backend's close() closed its own
+            self._backend = open(self._fd, "w", encoding="utf-8", errors="backslashreplace",
+                                 buffering=1, closefd=False)
+        return self._backend
+
+    @property
+    def closed(self) -> bool:  # the judge's: the checks restore a stream the backend closed
+        return bool(getattr(self._judge, "closed", False))
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target(), name)
+
+
+def _stream_on(stream: Any, fd: int) -> bool:
+    try:
+        return stream.fileno() == fd
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: capsys's
+        return False
+
+
+def route_backend_output(whole_run: bool = True) -> None:
+    """From now on what the backend writes to descriptors 1 and 2, or to ``sys.stdout``
+    and ``sys.stderr`` from any thread but this one (and the watchdog's, :func:`judge_thread`),
+    goes into a file of its own, relayed escaped by :func:`backend_output_relayed` and at
+    :func:`end_routing`. ``whole_run``: until end_routing (else: the relayed block's)."""
+    _flush_streams()
+    fd, path = tempfile.mkstemp(prefix="gptspec-backend-output-")
+    try:
+        reader = open(path, "rb")  # its own offset: the writers append
+        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    finally:
+        os.unlink(path)
+    with _RELAY_LOCK:
+        if _RELAYING:
+            os.close(fd)
+            reader.close()
+            raise RuntimeError("backend output is already being relayed")
+        saved: list[int] = []
+        try:
+            saved += [os.dup(1), os.dup(2)]
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+        except OSError:
+            for i, kept in enumerate(saved):
+                os.dup2(kept, i + 1)
+                os.close(kept)
+            reader.close()
+            raise
+        finally:
+            os.close(fd)
+        streams = (sys.stdout, sys.stderr)
+        routed = []
+        for number, (stream, kept) in enumerate(zip(streams, saved, strict=True), start=1):
+            encoding = getattr(stream, "encoding", None) or "utf-8"
+            judge: Any
+            backend: Any
+            if _stream_on(stream, number):  # the judge's now writes where fd 1 (2) was
+                judge = open(kept, "w", encoding=encoding, closefd=False, buffering=1,
+                             errors=getattr(stream, "errors", None) or "backslashreplace")
+                backend = stream
+            else:  # a stream of its own (pytest's capsys): the backend's is a new one
+                judge = stream
+                backend = open(number, "w", encoding=encoding, closefd=False, buffering=1,
+                               errors="backslashreplace")
+            routed.append(_Routed(judge, backend, number))
+        _RELAYING.update(out=saved[0], err=saved[1], reader=reader, streams=streams,
+                         routed=routed, whole_run=whole_run, in_backend=False,
+                         judges=(threading.current_thread(),))
+        sys.stdout, sys.stderr = routed  # type: ignore[assignment]
+
+
+def judge_thread() -> None:
+    """The calling thread writes the judge's lines (the watchdog's), not the backend's."""
+    with _RELAY_LOCK:
+        if _RELAYING:
+            _RELAYING["judges"] += (threading.current_thread(),)
+
+
+def _take_printed() -> tuple[bytes, Any]:
+    """What the backend printed since the last look, and the judge's standard error."""
+    for routed in _RELAYING["routed"]:
+        _flush_streams(routed._backend)
+    printed = _RELAYING["reader"].read()
+    return printed, _RELAYING["routed"][1]._judge
+
+
+def end_routing(keep_aside: bool = False) -> None:
+    """What the backend printed since the last look relayed, and the judge's standard
+    output and error back in place; ``keep_aside``: threads the backend left are still
+    running, so descriptors 1 and 2 stay theirs, on /dev/null, until the process ends."""
+    with _RELAY_LOCK:
+        if not _RELAYING:
+            return
+        printed, err = _take_printed()
+        _RELAYING["reader"].close()
+        if keep_aside:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+            _RELAYING.update(in_backend=False, reader=open(os.devnull, "rb"))
+        else:
+            state = dict(_RELAYING)
+            _RELAYING.clear()
+            for routed in state["routed"]:
+                _flush_streams(routed._judge)
+            sys.stdout, sys.stderr = (  # one the backend closed: open again on its fd
+                open(fd, "w", encoding=getattr(stream, "encoding", None) or "utf-8",
+                     errors="backslashreplace", buffering=1, closefd=False)
+                if getattr(stream, "closed", False) else stream
+                for fd, stream in enumerate(state["streams"], start=1))
+            os.dup2(state["out"], 1)
+            os.dup2(state["err"], 2)
+            os.close(state["out"])
+            os.close(state["err"])
+            err = sys.stderr
+    relay_backend_output(printed, err)
+
+
 @contextlib.contextmanager
 def backend_output_relayed() -> Iterator[None]:
     """A backend run in the judge's process prints (Python's and C code's alike) into a
     file of its own, relayed when its code returns: raw, its lines could forge verdicts
     and drive the terminal (``--no-isolate``; isolated, the worker's output is relayed)."""
-    _flush_streams()
-    sink = tempfile.TemporaryFile()
+    if not _RELAYING:
+        route_backend_output(whole_run=False)
     with _RELAY_LOCK:
-        if _RELAYING:
+        if _RELAYING.get("in_backend"):
             raise RuntimeError("backend output is already being relayed")
-        saved: list[int] = []
-        try:
-            saved += [os.dup(1), os.dup(2)]
-            os.dup2(sink.fileno(), 1)
-            os.dup2(sink.fileno(), 2)
-        except OSError:
-            for fd in saved:
-                os.dup2(fd, saved.index(fd) + 1)
-                os.close(fd)
-            sink.close()
-            raise
-        _RELAYING.update(out=saved[0], err=saved[1], sink=sink)
+        _flush_streams(*(routed._judge for routed in _RELAYING["routed"]))
+        _RELAYING["in_backend"] = True
     try:
         yield
     finally:
@@ -434,18 +565,16 @@ def stop_relaying() -> None:
     """The judge's own standard output and error back in place, and what the backend
     printed meanwhile relayed (the watchdog calls it too, when a check overruns)."""
     with _RELAY_LOCK:
-        if not _RELAYING:
+        if not _RELAYING or not _RELAYING["in_backend"]:
             return
-        _flush_streams()
-        out, err, sink = _RELAYING.pop("out"), _RELAYING.pop("err"), _RELAYING.pop("sink")
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.close(out)
-        os.close(err)
-        sink.seek(0)
-        printed = sink.read()
-        sink.close()
-    relay_backend_output(printed)
+        _RELAYING["in_backend"] = False
+        whole_run = _RELAYING["whole_run"]
+        if whole_run:
+            printed, err = _take_printed()
+    if whole_run:
+        relay_backend_output(printed, err)
+    else:
+        end_routing()
 
 
 def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
@@ -465,19 +594,29 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
     or None; ``dtype``, ``device``: what was asked, which the backend must declare (and
     compute in; None: the backend's own); ``relay_output``: what the backend prints is
     relayed, escaped (:func:`backend_output_relayed`)."""
-    suite = SuiteResult(describe_backend(backend),
+    # the judge's reads of the backend (its name, dtype, operations) run its code too
+    relayed = backend_output_relayed if relay_output else contextlib.nullcontext
+    with relayed():
+        described = describe_backend(backend)
+    suite = SuiteResult(described,
                         suite_settings_dict(profile, seed, area, timeout, isolated=False))
     if header:
         header(suite)
-    evaluate, unimplemented = judge(backend, profile=profile, seed=seed, timeout=timeout,
-                                    save_failures=save_failures, origin=origin, plain=plain,
-                                    dtype=dtype, device=device)
+    with relayed():
+        evaluate, unimplemented = judge(backend, profile=profile, seed=seed,
+                                        timeout=timeout, save_failures=save_failures,
+                                        origin=origin, plain=plain, dtype=dtype,
+                                        device=device)
     if relay_output:
-        judged = evaluate
+        judged, looked_up = evaluate, unimplemented
 
         def evaluate(check: Check) -> CheckResult:
             with backend_output_relayed():
                 return judged(check)
+
+        def unimplemented(check: Check) -> str:
+            with backend_output_relayed():
+                return looked_up(check)
 
     for result in walk(all_checks(area), select, evaluate, reproduce, seed, unimplemented):
         suite.results.append(result)
