@@ -323,6 +323,27 @@ def test_a_head_whose_scores_swap_moves_the_output_coherently_and_within_its_bud
     assert comparison.fraction > 0.5  # the swap happened: the output is the other key's
 
 
+@pytest.mark.parametrize("rows", [None, [0, 5, 6, 11]])
+def test_the_range_over_visible_keys_of_a_causal_mask_is_the_masked_ones(rows):
+    """The saturated rows' range over the visible keys is read from running extremes
+    where each row sees a prefix of the keys (the causal mask, whole or some rows of it,
+    as generation asks): it equals the masked maximum and minimum, exactly, broadcast
+    over batch and heads. A mask of some other form takes the masked form itself."""
+    rng = np.random.default_rng(3)
+    high = rng.normal(size=(2, 3, 12, 5))
+    low = high - rng.random(size=high.shape)
+    masked = np.isneginf(ref.causal_mask(12) if rows is None else ref.causal_mask(12)[rows])
+    visible = ~masked[..., :, :, None]
+    want_top = np.max(np.where(visible, high[..., None, :, :], -np.inf), axis=-2)
+    want_bottom = np.min(np.where(visible, low[..., None, :, :], np.inf), axis=-2)
+    top, bottom = B._visible_range(high, low, masked)
+    assert np.array_equal(top, want_top) and np.array_equal(bottom, want_bottom)
+    scattered = masked.copy()
+    scattered[-1, 0], scattered[-1, -1] = True, False  # the last row sees keys 1 … 11
+    top, _ = B._visible_range(high, low, scattered)
+    assert np.array_equal(top[..., -1, :], np.max(high[..., 1:, :], axis=-2))
+
+
 def test_float64_gradients_of_the_softmax_far_tail_keep_their_budget():
     """Probabilities of e^-350 carry the exp argument's relative error (~350 u), but their
     errors, squared in a quadrature, underflowed to 0 in float64: the budget of ∂W_U and

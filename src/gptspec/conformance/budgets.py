@@ -615,12 +615,8 @@ def attention_bound(Q, eQ, K, eK, V, eV, M, p: Precision, visible_keys: bool = F
     masked = np.broadcast_to(masked, np.shape(A))
     saturated = _saturated(A, eA, masked)
     if np.any(saturated):
-        visible = ~masked[..., :, :, None]
-        Vb = np.broadcast_to(np.asarray(V, dtype=np.float64)[..., None, :, :],
-                             visible.shape[:-1] + V.shape[-1:])
-        eVb = np.broadcast_to(np.asarray(eV, dtype=np.float64)[..., None, :, :], Vb.shape)
-        top = np.max(np.where(visible, Vb + LAMBDA * eVb, -np.inf), axis=-2)
-        bottom = np.min(np.where(visible, Vb - LAMBDA * eVb, np.inf), axis=-2)
+        V, eV = np.asarray(V, dtype=np.float64), np.asarray(eV, dtype=np.float64)
+        top, bottom = _visible_range(V + LAMBDA * eV, V - LAMBDA * eV, masked)
         eO = np.where(saturated, np.maximum(eO, (top - bottom) / LAMBDA), eO)
     # Where a row's weights all lie within a factor 1 + 2u of each other, storing them
     # rounds them alike (they share one or two cells of the dtype's grid), so the
@@ -640,6 +636,28 @@ def _saturated(A, eA, masked) -> Array:
     """Rows (…, 1) with a weight only known to lie in [0, 1]: softmax_bound's cap, where
     the scores' error moves the weights by O(1)."""
     return np.any(~masked & (LAMBDA * eA >= np.maximum(A, 1 - A)), axis=-1, keepdims=True)
+
+
+def _visible_range(high, low, masked) -> tuple[Array, Array]:
+    """Each row's max of ``high`` and min of ``low`` (…, keys, d) over the keys it sees
+    (``masked`` (…, rows, keys) False): (…, rows, d). Where every row sees a prefix of the
+    keys (the causal mask), running extremes along the keys, read at the row's last
+    visible key: T·d work, where the masked broadcast is T²·d (seconds per draw at
+    T = 1024, and most of a thorough run's attention checks)."""
+    shape = np.broadcast_shapes(np.shape(high)[:-2], np.shape(masked)[:-2])
+    visible = np.broadcast_to(~masked, shape + np.shape(masked)[-2:])
+    seen = np.sum(visible, axis=-1)
+    if np.all(seen > 0) and np.all(visible[..., :-1] >= visible[..., 1:]):  # prefixes
+        last = np.broadcast_to((seen - 1)[..., None], shape + seen.shape[-1:] + high.shape[-1:])
+        top = np.broadcast_to(np.maximum.accumulate(high, axis=-2), shape + high.shape[-2:])
+        bottom = np.broadcast_to(np.minimum.accumulate(low, axis=-2), top.shape)
+        return (np.take_along_axis(top, last, axis=-2),
+                np.take_along_axis(bottom, last, axis=-2))
+    visible = visible[..., :, :, None]
+    high, low = (np.broadcast_to(X[..., None, :, :], visible.shape[:-1] + X.shape[-1:])
+                 for X in (high, low))
+    return (np.max(np.where(visible, high, -np.inf), axis=-2),
+            np.min(np.where(visible, low, np.inf), axis=-2))
 
 
 def _alike(A, masked, p: Precision) -> Array:
@@ -662,18 +680,16 @@ def multi_head_attention_bound(H, eH, W_qkv, b_qkv, W_O, b_O, n_heads: int,
     parts = [(ref.split_heads(QKV[..., i * d:(i + 1) * d], n_heads),
               ref.split_heads(eQKV[..., i * d:(i + 1) * d], n_heads)) for i in range(3)]
     (Q, eQ), (K, eK), (V, eV) = parts
-    T = np.shape(H)[-2]
-    M = ref.causal_mask(T)
+    M = ref.causal_mask(np.shape(H)[-2])
     if rows is not None:
         Q, eQ, M = Q[..., rows, :], eQ[..., rows, :], M[rows]
     A, eA, O, eO = attention_bound(Q, eQ, K, eK, V, eV, M, p, visible_keys=rows is not None,
                                    weights_apart=True)
     y, ey = linear_bound(ref.merge_heads(O), ref.merge_heads(eO), W_O, b_O, p)
-    return y, _q(ey, _weight_moves(A, eA, V, eV, np.isneginf(M), W_O,
-                                   np.arange(T) if rows is None else np.asarray(rows), p))
+    return y, _q(ey, _weight_moves(A, eA, V, eV, np.isneginf(M), W_O, p))
 
 
-def _weight_moves(A, eA, V, eV, masked, W_O, positions, p: Precision) -> Array:
+def _weight_moves(A, eA, V, eV, masked, W_O, p: Precision) -> Array:
     """The output's error (…, T_rows, d) from the attention weights' errors, propagated
     through W_O per head. An error of weight j moves every component of the head's
     output along V_j, so through W_O it moves output k by itself times (V W_O⁽ⁱ⁾)_jk: it
@@ -684,8 +700,7 @@ def _weight_moves(A, eA, V, eV, masked, W_O, positions, p: Precision) -> Array:
     value rows, so output k lies within the range of (V W_O⁽ⁱ⁾)_k over the visible keys
     (a correct bfloat16 backend at 133 % of the quadrature budget, thorough seed 138423:
     two scores 42 apart at 1.4·10⁴ swapped); where they all lie within 1 + 2u, storing
-    them rounds them alike: u Σ_j A_j |(V W_O⁽ⁱ⁾)_jk| (see attention_bound).
-    ``positions``: each row's position (it sees keys 0 … position)."""
+    them rounds them alike: u Σ_j A_j |(V W_O⁽ⁱ⁾)_jk| (see attention_bound)."""
     masked = np.broadcast_to(masked, np.shape(A))
     saturated, alike = _saturated(A, eA, masked), _alike(A, masked, p)
     V, eV, W_O = (np.asarray(X, dtype=np.float64) for X in (V, eV, W_O))
@@ -697,9 +712,7 @@ def _weight_moves(A, eA, V, eV, masked, W_O, positions, p: Precision) -> Array:
         head = _quadrature_product(eA[..., i, :, :], Z)
         if np.any(saturated[..., i, :, :]):
             eZ = LAMBDA * _quadrature_product(eV[..., i, :, :], W_i)
-            # the visible keys of a row are a prefix (the causal mask): running extremes
-            top = np.maximum.accumulate(Z + eZ, axis=-2)[..., positions, :]
-            bottom = np.minimum.accumulate(Z - eZ, axis=-2)[..., positions, :]
+            top, bottom = _visible_range(Z + eZ, Z - eZ, masked[..., i, :, :])
             head = np.where(saturated[..., i, :, :], np.maximum(head, (top - bottom) / LAMBDA),
                             head)
         if np.any(alike[..., i, :, :]):
