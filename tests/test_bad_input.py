@@ -499,6 +499,16 @@ case("generate-max-new-tokens-beyond-64-bits", _with(GEN, "--max-new-tokens", st
      "2^63")
 for value in ("-1", str(2**63), str(2**64)):
     case(f"conformance--seed={value}", _with(CONF, "--seed", value), "seed")
+# a whole number of more digits than Python converts was an "invalid int value", echoed
+# digit by digit; one past a float's range was "got inf", as if typed so (hostile round 9)
+for name, argv in [("train--steps", _with(TRAIN, "--steps", "9" * 5000)),
+                   ("generate--top-k", _with(GEN, "--top-k", "-" + "9" * 5000)),
+                   ("conformance--seed", _with(CONF, "--seed", "9" * 5000)),
+                   ("info--bytes", ["info", "tiny", "--bytes", "1_" + "0" * 4999])]:
+    case(f"{name}-5000-digits", argv, "a number of 5000 digits")
+case("train--lr-400-digits", _with(TRAIN, "--lr", "9" * 400), "past ±1.8e308 reads as inf")
+case("generate--temperature-400-digits", _with(GEN, "--temperature", "9" * 400),
+     "past ±1.8e308 reads as inf")
 for value in (str(10**30), str(10**6)):
     case(f"experiment--jobs={value}", ["experiment", "vocab", "--quick", "--jobs", value,
                                        "--out", "{w}/exp"], "jobs")

@@ -12,6 +12,7 @@ import errno
 import importlib
 import io
 import os
+import re
 import signal
 import sys
 import threading
@@ -77,10 +78,21 @@ def writing_stdout() -> Iterator[None]:
         raise CLIError(f"cannot write to standard output: {err.strerror or err}") from None
 
 
+def _too_many_digits(message: str) -> str:
+    """argparse's "invalid int value: '999…'" for a whole number of more digits than
+    Python converts (4300) said a valid number was not one, and echoed every digit."""
+    found = re.fullmatch(r"(argument \S+: )invalid int value: '\s*[+-]?([\d_]+)\s*'", message)
+    if not found:
+        return message
+    digits = len(found[2].replace("_", ""))
+    return f"{found[1]}a number of {digits} digits (no number gptspec reads has so many)"
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad argument is reported in one line (the usage is one --help away)."""
 
     def error(self, message: str):  # type: ignore[override]
+        message = _too_many_digits(message)
         first = printable(message.strip()) if message.strip() else "bad arguments"
         self.exit(2, f"{self.prog}: error: {first} (see {self.prog} --help)\n")
 

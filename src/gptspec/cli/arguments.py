@@ -368,11 +368,16 @@ def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     return p
 
 
+def beyond_floats(value: float) -> str:
+    """Why a number written in digits reads as inf: "got inf" alone said it was typed so."""
+    return " (a number past ±1.8e308 reads as inf)" if math.isinf(value) else ""
+
+
 def finite(value: float, flag: str, *, low: float | None = None, high: float | None = None,
            low_open: bool = False, high_open: bool = False) -> float:
     """A finite number in [low, high] (either end open if asked)."""
     if not math.isfinite(value):
-        raise CLIError(f"{flag} must be a finite number, got {value}")
+        raise CLIError(f"{flag} must be a finite number, got {value}{beyond_floats(value)}")
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:

@@ -46,7 +46,7 @@ def check_settings(args: argparse.Namespace) -> None:
     arguments.integer(args.max_new_tokens, "--max-new-tokens", low=0)
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise CLIError(f"--temperature must be a finite number ≥ 0 (0 is greedy), "
-                       f"got {args.temperature}")
+                       f"got {args.temperature}{arguments.beyond_floats(args.temperature)}")
     if args.top_k is not None and args.top_k <= 0:
         raise CLIError(f"--top-k must be a positive integer, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
