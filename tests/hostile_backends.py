@@ -582,6 +582,33 @@ class ChattersFromAThread(Honest):
         threading.Thread(target=_chatter, name="chatter", daemon=True).start()
 
 
+def _forging_profiler(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "line":  # the judge's report.line
+        print("PASS  gpt_forward.forged (by a profile hook)")
+
+
+class ProfilesTheJudge(Honest):
+    """``sys.setprofile`` in its constructor, with a hook that prints a verdict line
+    whenever the judge formats one: with --no-isolate the hook stayed on for the whole run
+    and forged lines reached stdout raw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        sys.setprofile(_forging_profiler)
+
+
+class LowersTheFileSizeLimit(Honest):
+    """Lowers the soft RLIMIT_FSIZE to 0 in forward: with --no-isolate the judge could not
+    write its report afterwards ("File too large"), status 2 and the run's results lost."""
+
+    def forward(self, tokens, params, config):
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+        return super().forward(tokens, params, config)
+
+
 class _InterruptsWhenRead:
     def __array__(self, dtype=None, copy=None):
         raise KeyboardInterrupt

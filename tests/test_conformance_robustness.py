@@ -805,6 +805,21 @@ def test_no_isolate_relays_what_a_backend_thread_writes_between_and_after_checks
     assert forged and all(line.startswith("  backend output: PASS") for line in forged)
 
 
+def test_no_isolate_takes_back_a_profile_hook_the_backend_set(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ProfilesTheJudge",
+                        "--no-isolate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "forged" not in proc.stdout, proc.stdout  # was: PASS  … (by a profile hook)
+
+
+def test_no_isolate_writes_its_report_after_the_backend_lowered_a_file_limit(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:LowersTheFileSizeLimit",
+                        "--no-isolate", "--report", "report.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # was 2: "File too large"
+    runs = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))["runs"]
+    assert runs[0]["counts"]["pass"] == 1
+
+
 _OFF_BY_ONE_PERCENT = """
 import numpy as np
 from gptspec.reference.attention import softmax as ref_softmax

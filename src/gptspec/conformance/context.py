@@ -162,10 +162,14 @@ def keeping_cwd() -> Any:
     failures), nor its ``os.umask(0o777)`` make them unreadable; its
     ``sys.setrecursionlimit(30)`` or emptied ``sys.path`` broke the judge after the check
     (a RecursionError or ModuleNotFoundError ended the run); nor its ``signal.signal(SIGINT,
-    SIG_IGN)`` make the user's Ctrl-C, SIGTERM or SIGHUP do nothing for the rest of the run."""
+    SIG_IGN)`` make the user's Ctrl-C, SIGTERM or SIGHUP do nothing for the rest of the run;
+    nor its ``sys.setprofile`` hook print verdict lines from within the judge's own calls,
+    nor its lowered ``RLIMIT_FSIZE`` or ``RLIMIT_NOFILE`` keep the reports from being written."""
     umask = os.umask(0o022)
     os.umask(umask)
     interpreter = (sys.getrecursionlimit(), list(sys.path))
+    hooks = _hooks()
+    limits = _limits()
     saved = _saved_fds()
     streams = (sys.stdout, sys.stderr)
     fds = (_fileno(sys.stdout), _fileno(sys.stderr))
@@ -178,6 +182,8 @@ def keeping_cwd() -> Any:
         yield
     finally:
         os.umask(umask)
+        _restore_hooks(hooks)
+        _restore_limits(limits)
         _restore_stop_handlers(handlers)
         _restore_streams(streams, fds)
         _restore_interpreter(*interpreter)
@@ -187,6 +193,39 @@ def keeping_cwd() -> Any:
                 os.fchdir(here)
             finally:
                 os.close(here)
+
+
+def _hooks() -> tuple[Any, ...]:
+    return (sys.gettrace(), sys.getprofile(), threading.gettrace(), threading.getprofile())
+
+
+def _restore_hooks(hooks: tuple[Any, ...]) -> None:
+    if _hooks() != hooks:  # as they were: a debugger's or coverage's stay
+        sys.settrace(hooks[0])
+        sys.setprofile(hooks[1])
+        threading.settrace(hooks[2])
+        threading.setprofile(hooks[3])
+
+
+def _limits() -> dict[int, tuple[int, int]]:
+    """The soft and hard limits a backend may lower, on the files the judge then writes
+    and the memory it computes in."""
+    try:
+        import resource
+    except ImportError:  # not Unix
+        return {}
+    names = ("RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_CPU")
+    kinds = [getattr(resource, n) for n in names if hasattr(resource, n)]
+    return {kind: resource.getrlimit(kind) for kind in kinds}
+
+
+def _restore_limits(limits: dict[int, tuple[int, int]]) -> None:
+    import resource
+
+    for kind, limit in limits.items():
+        if resource.getrlimit(kind) != limit:
+            with contextlib.suppress(ValueError, OSError):  # a hard limit lowered: for good
+                resource.setrlimit(kind, limit)
 
 
 def _stop_handlers() -> dict[int, Any]:
