@@ -820,6 +820,21 @@ def test_no_isolate_writes_its_report_after_the_backend_lowered_a_file_limit(tmp
     assert runs[0]["counts"]["pass"] == 1
 
 
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_a_huge_output_is_not_saved_whole_with_the_failure(tmp_path, isolation):
+    started = time.monotonic()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ReturnsAHugeBroadcastView",
+                        "--save-failures", "failures", "--timeout", "30", *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL  gpt_forward.differential" in proc.stdout, proc.stdout  # was: timed out
+    assert time.monotonic() - started < 30
+    (npz,) = (tmp_path / "failures").glob("*.npz")
+    with np.load(npz) as saved:
+        manifest = json.loads(str(saved["manifest"]))
+        assert "actual" not in saved.files
+    assert "(1099511627776,)" in manifest["actual_unstored"]
+
+
 _OFF_BY_ONE_PERCENT = """
 import numpy as np
 from gptspec.reference.attention import softmax as ref_softmax

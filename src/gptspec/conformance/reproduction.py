@@ -5,9 +5,9 @@ The ``.npz`` holds no pickle, only numeric arrays and strings: a JSON ``manifest
 check, its entries, the message, the backend's target, device and dtype, and the replayed
 call: its name, each argument described by kind, ``output_index``), the argument arrays
 ``a.<n>…`` exactly as the backend received them, and ``expected``, ``bound`` and
-``actual`` of the failing comparison. Only a comparison of one backend call's result can
-be replayed on its own; for a property needing two calls (causality) the ``.npz`` holds
-the example's calls and no pytest file is written.
+``actual`` of the failing comparison (of an ``actual`` far larger, its shape only). Only a
+comparison of one backend call's result can be replayed on its own; for a property needing
+two calls (causality) the ``.npz`` holds the example's calls and no pytest file is written.
 """
 
 from __future__ import annotations
@@ -95,7 +95,14 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
         arrays["expected"] = np.asarray(capture.expected, dtype=np.float64)
         arrays["bound"] = np.broadcast_to(np.asarray(capture.bound, dtype=np.float64),
                                           arrays["expected"].shape).copy()
-        arrays["actual"] = np.asarray(capture.actual, dtype=np.float64)
+        actual = np.asarray(capture.actual)
+        if actual.size <= 4 * arrays["expected"].size + 1024:
+            arrays["actual"] = actual.astype(np.float64)
+        else:  # a broadcast view of 2^40 zeros took hours to compress: its shape says enough
+            manifest["actual_unstored"] = (f"the backend's output has shape "
+                                           f"{tuple(actual.shape)}, {actual.size:,} values; "
+                                           f"the comparison expected "
+                                           f"{tuple(arrays['expected'].shape)}")
     else:
         manifest["calls"] = []
         for j, c in enumerate(capture.calls):
