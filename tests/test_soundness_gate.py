@@ -42,7 +42,7 @@ def test_seeds_are_drawn_afresh_unless_given():
 def test_a_failing_run_fails_the_gate_and_prints_its_reproduction(monkeypatch, capsys):
     """The gate can still fail: a run with a failed check exits 1 and names the seed that
     reproduces it (the real runs are replaced by a canned failure)."""
-    def failing_run(backend, dtype, seed, profile, area):
+    def failing_run(backend, dtype, seed, profile, area, timeout):
         result = SimpleNamespace(id="gpt_backward.long_batch", status="fail",
                                  worst_fraction=1.15, detail="115% of budget")
         counts = {"pass": 0, "fail": 1, "error": 0, "blocked": 0, "not-implemented": 0}
@@ -102,3 +102,30 @@ def test_the_judges_identity_changes_with_its_code(tmp_path, monkeypatch):
     budgets = copy / "src/gptspec/conformance/budgets.py"
     budgets.write_text(budgets.read_text() + "\n# a change\n")
     assert gate.judge_identity() != same
+
+
+def test_the_time_limit_per_check_is_given_to_every_run_and_a_bad_one_refused(monkeypatch, capsys):
+    """A sitting on a busy machine lifts the limit (--timeout 0: a thorough check slowed
+    past 600 s is an error that leaves its seed unjudged); a negative or non-finite limit
+    is refused before anything runs."""
+    limits = []
+
+    def passing_run(backend, dtype, seed, profile, area, timeout):
+        limits.append(timeout)
+        counts = {"pass": 1, "fail": 0, "error": 0, "blocked": 0, "not-implemented": 0}
+        suite = SimpleNamespace(ok=True, counts=counts, results=[])
+        return gate.Row(backend, dtype, seed, profile, suite, 0.0)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gate, "run_one", passing_run)
+    args = ["--backend", "numpy-emulated", "--dtype", "float32", "--seed", "7"]
+    assert gate.main(args) == 0 and gate.main([*args, "--timeout", "0"]) == 0
+    assert limits == [600, 0]
+    for bad in ("-1", "nan", "inf"):
+        try:
+            gate.main([*args, "--timeout", bad])
+        except SystemExit as stop:
+            assert stop.code == 2
+        else:
+            raise AssertionError(f"--timeout {bad} was accepted")
+        assert "--timeout must be a number of seconds" in capsys.readouterr().err
+    assert limits == [600, 0]

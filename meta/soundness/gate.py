@@ -163,10 +163,11 @@ def _one_thread_each() -> None:
     torch.set_num_threads(1)
 
 
-def run_one(backend: str, dtype: str, seed: int, profile: str, area: str) -> Row:
+def run_one(backend: str, dtype: str, seed: int, profile: str, area: str,
+            timeout: float = 600) -> Row:
     start = time.perf_counter()
     suite = run_suite(BACKENDS[backend](dtype=dtype), profile=PROFILE_OF.get(backend, profile),
-                      seed=seed, area=None if area == "all" else area, timeout=600)
+                      seed=seed, area=None if area == "all" else area, timeout=timeout or None)
     return Row(backend, dtype, seed, PROFILE_OF.get(backend, profile), suite,
                time.perf_counter() - start)
 
@@ -218,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--area", default="all")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, in processes of one thread each")
+    parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                        help="time limit per check (default 600; 0 for none: on a machine "
+                             "busy with other work a thorough check can take longer, and "
+                             "a timed-out check is an error that leaves its seed unjudged)")
     parser.add_argument("--record", type=Path, default=None, metavar="LEDGER",
                         help="append each run to this ledger (JSON lines)")
     parser.add_argument("--ledger", type=Path, default=None,
@@ -238,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seeds {', '.join(map(str, seeds))} ({how}), profile {profile}", flush=True)
 
     rows, start = [], time.perf_counter()
-    work = [(backend, dtype, seed, profile, args.area)
+    if not 0 <= args.timeout < float("inf"):
+        parser.error(f"--timeout must be a number of seconds ≥ 0, got {args.timeout}")
+    work = [(backend, dtype, seed, profile, args.area, args.timeout)
             for backend in backends for dtype in dtypes for seed in seeds]
 
     def report(row: Row) -> None:
