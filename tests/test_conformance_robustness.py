@@ -259,6 +259,31 @@ def test_a_stop_signal_inside_a_backend_call_stops_the_run(signum):
         signal.signal(signum, previous)
 
 
+def test_a_stop_signal_between_checks_is_counted_as_the_users():
+    """A SIGTERM that landed while the judge looked up the next check's operations (in the
+    moment it swaps the signal handlers) was not counted: its KeyboardInterrupt became that
+    check's error, "raised KeyboardInterrupt with no Ctrl-C, SIGTERM or SIGHUP received",
+    and the run went on to its end (--no-isolate, 1 run in 12). Every stop of the run counts."""
+    from gptspec.conformance.context import STOPS_RECEIVED
+    from gptspec.conformance.runner import run_suite
+
+    def stop(number, frame):
+        raise KeyboardInterrupt  # as the command's handlers raise each stop
+
+    def between_checks(result):  # the judge's own code, outside any check
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    counted = len(STOPS_RECEIVED)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_suite(ReferenceBackend(), profile="quick", area=None,
+                      select=lambda c: c.id.startswith("softmax"), on_result=between_checks)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(STOPS_RECEIVED) > counted
+
+
 # --- a backend may fork, forge, move the working directory or misstate its dtype (issue 29)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))  # hostile_backends
@@ -833,6 +858,29 @@ def test_a_huge_output_is_not_saved_whole_with_the_failure(tmp_path, isolation):
         manifest = json.loads(str(saved["manifest"]))
         assert "actual" not in saved.files
     assert "(1099511627776,)" in manifest["actual_unstored"]
+
+
+def test_no_isolate_ends_on_sigterm_though_the_backend_left_a_thread(tmp_path):
+    """The thread sleeps an hour: the process said "terminated", then waited for it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptspec", "conformance", "--backend",
+         "hostile_backends:LeavesAThread", "--no-isolate", "--profile", "quick",
+         "--adjudicate-with", "none", "--report", "report.json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": TESTS})
+    assert proc.stdout is not None
+    for line in proc.stdout:  # forward has run: the thread is there
+        if line.startswith("PASS"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "gptspec conformance: terminated"
+    (run,) = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))["runs"]
+    assert run["settings"]["interrupted"] is True
 
 
 _OFF_BY_ONE_PERCENT = """

@@ -107,11 +107,26 @@ def build_parser(which: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# threads a backend run in this process left running (conformance --no-isolate, stopped by
+# an error or a signal): Python waits for them at exit, forever if they never end
+ABANDONED_THREADS: list[threading.Thread] = []
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; its exit status. Called without ``argv`` (the ``gptspec``
     command itself) it also looks after the process: closed standard streams, an
     encoding that cannot spell the output, and Ctrl-C before the subcommand starts or
     while Python shuts down."""
+    status = _main(argv)
+    if argv is None and any(t.is_alive() for t in ABANDONED_THREADS):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        os._exit(status)
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     command = argv is None
     argv = sys.argv[1:] if argv is None else argv
     which = next((a for a in argv if a in SUBCOMMANDS), None)

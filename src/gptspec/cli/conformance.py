@@ -271,6 +271,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run_all(args, area, selected, timeout, isolate, suites, current,
                         with_the_run_in_progress, write_reports, guard)
+    except BaseException:  # Ctrl-C, SIGTERM, an error: reported by main, which then ends
+        # the process without waiting for the threads the backend left
+        from gptspec import cli
+
+        cli.ABANDONED_THREADS.extend(guard.stray_threads())
+        raise
     finally:
         end_routing(keep_aside=guard.left_running())
 

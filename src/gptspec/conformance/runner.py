@@ -618,12 +618,17 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
             with backend_output_relayed():
                 return looked_up(check)
 
-    for result in walk(all_checks(area), select, evaluate, reproduce, seed, unimplemented):
-        suite.results.append(result)
-        if on_result:
-            on_result(result)
-        if stop_on_failure and result.status in ("fail", "error"):
-            break
+    # every stop signal of the run counted, not only those within a check's own count: one
+    # that landed while a look-up swapped the handlers was taken for the backend's
+    # KeyboardInterrupt, and the run went on to its end
+    with _noting_stops():
+        for result in walk(all_checks(area), select, evaluate, reproduce, seed,
+                           unimplemented):
+            suite.results.append(result)
+            if on_result:
+                on_result(result)
+            if stop_on_failure and result.status in ("fail", "error"):
+                break
     return suite
 
 
