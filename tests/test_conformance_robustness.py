@@ -883,6 +883,27 @@ def test_no_isolate_ends_on_sigterm_though_the_backend_left_a_thread(tmp_path):
     assert run["settings"]["interrupted"] is True
 
 
+def test_a_limit_the_backend_lowered_is_raised_again_and_one_it_raised_is_kept():
+    """Lowered, the judge's reports could not be written; raised (more files open for a
+    model's shards), an honest backend still needs it for its next call."""
+    import resource
+
+    from gptspec.conformance.context import keeping_cwd
+
+    files = resource.RLIMIT_NOFILE
+    before = resource.getrlimit(files)
+    try:
+        with keeping_cwd():
+            resource.setrlimit(files, (64, before[1]))
+        assert resource.getrlimit(files) == before
+        resource.setrlimit(files, (min(before[0], 256), before[1]))
+        with keeping_cwd():
+            resource.setrlimit(files, before)
+        assert resource.getrlimit(files) == before
+    finally:
+        resource.setrlimit(files, before)
+
+
 _OFF_BY_ONE_PERCENT = """
 import numpy as np
 from gptspec.reference.attention import softmax as ref_softmax

@@ -222,10 +222,18 @@ def _limits() -> dict[int, tuple[int, int]]:
 def _restore_limits(limits: dict[int, tuple[int, int]]) -> None:
     import resource
 
-    for kind, limit in limits.items():
-        if resource.getrlimit(kind) != limit:
+    def lower(a: int, b: int) -> bool:  # a below b, RLIM_INFINITY above all
+        return a != b and (b == resource.RLIM_INFINITY
+                           or (a != resource.RLIM_INFINITY and a < b))
+
+    for kind, (soft, _) in limits.items():
+        now_soft, now_hard = resource.getrlimit(kind)
+        # only a lowered soft limit is raised again: one the backend raised (more files
+        # for its weights' shards) it may still need, and it keeps the judge from nothing
+        if lower(now_soft, soft):
             with contextlib.suppress(ValueError, OSError):  # a hard limit lowered: for good
-                resource.setrlimit(kind, limit)
+                resource.setrlimit(kind, (soft if not lower(now_hard, soft) else now_hard,
+                                          now_hard))
 
 
 def _stop_handlers() -> dict[int, Any]:
