@@ -418,8 +418,7 @@ class _Routed:
         if me in judges and not (me == judges[0] and _RELAYING.get("in_backend")):
             return self._judge
         if getattr(self._backend, "closed", False):  # the backend's close() closed its own
-            self._backend = open(self._fd, "w", encoding="utf-8", errors="backslashreplace",
-                                 buffering=1, closefd=False)
+            self._backend = _line_stream(self._fd)
         return self._backend
 
     @property
@@ -434,6 +433,11 @@ class _Routed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target(), name)
+
+
+def _line_stream(fd: int, encoding: str = "utf-8", errors: str = "backslashreplace") -> Any:
+    """A line-buffered text stream on descriptor ``fd``, which it never closes."""
+    return open(fd, "w", encoding=encoding, errors=errors, buffering=1, closefd=False)
 
 
 def _stream_on(stream: Any, fd: int) -> bool:
@@ -481,13 +485,12 @@ def route_backend_output(whole_run: bool = True) -> None:
             judge: Any
             backend: Any
             if _stream_on(stream, number):  # the judge's now writes where fd 1 (2) was
-                judge = open(kept, "w", encoding=encoding, closefd=False, buffering=1,
-                             errors=getattr(stream, "errors", None) or "backslashreplace")
+                judge = _line_stream(kept, encoding,
+                                     getattr(stream, "errors", None) or "backslashreplace")
                 backend = stream
             else:  # a stream of its own (pytest's capsys): the backend's is a new one
                 judge = stream
-                backend = open(number, "w", encoding=encoding, closefd=False, buffering=1,
-                               errors="backslashreplace")
+                backend = _line_stream(number, encoding)
             routed.append(_Routed(judge, backend, number))
         _RELAYING.update(out=saved[0], err=saved[1], reader=reader, streams=streams,
                          routed=routed, whole_run=whole_run, in_backend=False,
@@ -531,8 +534,7 @@ def end_routing(keep_aside: bool = False) -> None:
             for routed in state["routed"]:
                 _flush_streams(routed._judge)
             sys.stdout, sys.stderr = (  # one the backend closed: open again on its fd
-                open(fd, "w", encoding=getattr(stream, "encoding", None) or "utf-8",
-                     errors="backslashreplace", buffering=1, closefd=False)
+                _line_stream(fd, getattr(stream, "encoding", None) or "utf-8")
                 if getattr(stream, "closed", False) else stream
                 for fd, stream in enumerate(state["streams"], start=1))
             os.dup2(state["out"], 1)
