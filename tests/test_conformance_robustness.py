@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from gptspec.cli.in_process import GRACE_S
+from gptspec.conformance import reproduction
 from gptspec.conformance.isolation import run_isolated
 from gptspec.conformance.reproduction import load_case, replay
 from gptspec.conformance.runner import run_suite
@@ -858,6 +859,25 @@ def test_a_huge_output_is_not_saved_whole_with_the_failure(tmp_path, isolation):
         manifest = json.loads(str(saved["manifest"]))
         assert "actual" not in saved.files
     assert "(1099511627776,)" in manifest["actual_unstored"]
+
+
+def test_a_worker_that_died_while_saving_leaves_no_temporary_file(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:DiesWhileSavingItsFailure",
+                        "--save-failures", "failures")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ended the worker process (exit code 3)" in proc.stdout, proc.stdout
+    left = sorted(p.name for p in (tmp_path / "failures").iterdir())
+    assert left == [".notes.txt.abcd1234.tmp"]  # the user's own is kept
+
+
+def test_a_temporary_name_cut_short_is_still_recognised(tmp_path):
+    stem = "b" * 230 + "_float32_gpt_forward_differential"
+    cut = tmp_path / f".{('test_' + stem)[:236]}.abcd1234.tmp"
+    other = tmp_path / f".{'c' * 236}.abcd1234.tmp"
+    for path in (cut, other):
+        path.write_bytes(b"half")
+    assert reproduction.remove_unfinished(tmp_path, stem) == [cut]
+    assert other.exists()
 
 
 def test_no_isolate_ends_on_sigterm_though_the_backend_left_a_thread(tmp_path):

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from gptspec.conformance import reproduction
 from gptspec.conformance.discovery import BackendError, BackendRefused
 from gptspec.conformance.protocol import shown
 from gptspec.conformance.registry import Check, all_checks
@@ -194,7 +195,8 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profi
     # them as blocked (runner.walk)
     unmet_by_id = {} if mismatch else {c.id: why for c in all_checks()
                                        if (why := unmet(backend, c))}
-    _send(conn, _ENCODE({"backend": described, "unmet": unmet_by_id}).encode())
+    _send(conn, _ENCODE({"backend": described, "unmet": unmet_by_id,
+                         "origin": {k: origin[k] for k in ("name", "dtype")}}).encode())
     while True:
         try:
             check_id = conn.recv_bytes().decode()
@@ -288,6 +290,8 @@ class _Worker:
         self.process.start()
         child.close()
         self.backend: dict[str, str] = {}
+        self.save_failures = save_failures
+        self.origin: dict[str, Any] = {}
         # a module that hangs on import is stopped by the run's time limit too
         try:
             started = self.conn.poll(start_timeout)
@@ -308,6 +312,7 @@ class _Worker:
                             for k in ("name", "version", "device", "dtype")}
             self.unmet: dict[str, str] = {str(k): shown(v) for k, v in
                                           dict(hello.get("unmet") or {}).items()}
+            self.origin = {k: str(v) for k, v in dict(hello.get("origin") or {}).items()}
         except EOFError:
             death = _death(self.process)
             self.stop()
@@ -334,11 +339,14 @@ class _Worker:
             if not self.conn.poll(timeout):
                 ended = time.monotonic()
                 self.stop()
+                self.remove_unfinished(check)
                 return error(f"timed out after {timeout:g} s (the worker was stopped)", ended)
             answer = self.conn.recv_bytes()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             ended = time.monotonic()  # before waiting for the worker's exit status
-            return error(_death(self.process), ended)
+            death = _death(self.process)
+            self.remove_unfinished(check)
+            return error(death, ended)
         finally:
             self.relay()
         try:
@@ -350,6 +358,15 @@ class _Worker:
             self.stop()
             return error("the worker sent an unreadable answer (the backend wrote into "
                          "the judge's channel)")
+
+    def remove_unfinished(self, check: Check) -> None:
+        """A worker that died while it saved ``check``'s failure left its temporary files:
+        removed, once it is dead, so that --save-failures holds finished files only."""
+        if self.save_failures is not None and self.origin:
+            self.process.join(5)
+            if not self.process.is_alive():
+                reproduction.remove_unfinished(
+                    self.save_failures, reproduction.failure_stem(check.id, self.origin))
 
     def relay(self) -> None:
         """What the backend printed since the last call (runner.relay_backend_output)."""

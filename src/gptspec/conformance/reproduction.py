@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.atomic_files import replacing, write_text
+from gptspec.atomic_files import RANDOM_CHARACTERS, replacing, write_text
 from gptspec.conformance import budgets
 from gptspec.conformance.context import Call, FailureCapture
 from gptspec.conformance.protocol import shown
@@ -77,12 +77,18 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
 
 
+def failure_stem(check_id: str, origin: dict[str, Any]) -> str:
+    """The name a failure of ``check_id`` is saved under, less its ``test_``, ``_2`` and
+    suffix: backend, dtype and check."""
+    return _safe(f"{origin.get('name', 'backend')}_{origin.get('dtype', '')}_{check_id}")
+
+
 def save_failure(directory: str | Path, check_id: str, entries: list[str],
                  capture: FailureCapture, origin: dict[str, Any]) -> list[str]:
     """Write ``<backend>-<dtype>-<check>.npz`` (and a ``test_…py`` when the failure can
     be replayed alone) under ``directory``; return the paths written."""
     directory = Path(directory)
-    stem = _safe(f"{origin.get('name', 'backend')}_{origin.get('dtype', '')}_{check_id}")
+    stem = failure_stem(check_id, origin)
     call, index = _find_compared_call(capture) if capture.comparison is not None else (None, None)
     arrays: dict[str, np.ndarray] = {}
     manifest: dict[str, Any] = {"check": check_id, "entries": entries, "what": capture.what,
@@ -123,6 +129,33 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
                    make_parents=True)
         written.append(str(test))
     return written
+
+
+def remove_unfinished(directory: str | Path, stem: str) -> list[Path]:
+    """Remove the temporary files a save of ``stem``'s failure left when its writer died
+    before renaming them (a worker stopped on its time limit while saving); return them.
+    A temporary name is ``.NAME.XXXXXXXX.tmp``, NAME cut short where the whole would pass
+    the file system's limit (atomic_files.temporary_prefix)."""
+    wanted = re.compile(rf"(test_)?{re.escape(stem)}(_\d+)?\.(npz|py)")
+    removed: list[Path] = []
+    try:
+        paths = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    for path in paths:
+        name = path.name
+        if not (name.startswith(".") and name.endswith(".tmp")):
+            continue
+        written = name[1:-(len(".tmp") + RANDOM_CHARACTERS + 1)]
+        cut_short = len(name.encode()) >= 200 and any(
+            full.startswith(written) for full in (stem, f"test_{stem}"))
+        if wanted.fullmatch(written) or cut_short:
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
 
 
 _HEADER = '"""Reproduces the conformance failure of '  # how every test file written begins
