@@ -81,15 +81,21 @@ def _verification_page(views: list[Any], root: Path) -> str:
     from gptspec.conformance import budgets
     from gptspec.conformance.registry import all_checks
     from meta.mutants import MUTANTS
+    from meta.soundness import gate
 
     try:
         run = verification.load_mutation_results(root / verification.MUTATION_RESULTS)
         keyhole = verification.load_keyhole_results(root / verification.KEYHOLE_RESULTS)
         cuda = verification.load_cuda_results(root / verification.CUDA_RESULTS)
+        ledger = verification.load_soundness_ledger(root / verification.SOUNDNESS_LEDGER)
     except verification.MutationResultsError as err:
         raise PluginError(str(err)) from None
-    return verification.verification_page(views, all_checks(), MUTANTS, run, budgets,
-                                          keyhole=keyhole, cuda=cuda)
+    identity = gate.judge_identity()
+    summary = gate.ledger_summary(root / verification.SOUNDNESS_LEDGER,
+                                  identity)[0] if ledger is not None else ""
+    return verification.verification_page(
+        views, all_checks(), MUTANTS, run, budgets, keyhole=keyhole, cuda=cuda,
+        soundness=verification.soundness_section(ledger, identity, summary))
 
 
 def _compatibility_page(root: Path) -> str:

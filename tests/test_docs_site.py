@@ -876,3 +876,20 @@ def test_every_quantity_in_an_equation_is_defined(site: Path, tmp_path: Path) ->
                     '\\(X\\)</span></td><td><span class="arithmatex">\\(\\sigma_i\\)</span>'
                     "</td></tr></table></article>")
     assert undefined_quantities(tmp_path) == ["made_up: G_Q", "made_up: Y", "made_up: \\gamma"]
+
+
+def test_the_verification_page_counts_the_soundness_gate_as_its_ledger_does(site: Path) -> None:
+    """The gate's standing, as `python -m meta.soundness.gate --ledger` prints it for the
+    judge as it is now, line for line."""
+    import html
+
+    from meta.soundness.gate import judge_identity, ledger_summary
+
+    page = html.unescape(_article(site, "spec/verification"))
+    assert 'id="soundness"' in _article(site, "spec/verification")
+    ledger = ROOT / "meta" / "soundness" / "ledger.jsonl"
+    if not ledger.exists():
+        assert "No ledger was found" in page
+        return
+    for line in ledger_summary(ledger, judge_identity())[0].splitlines():
+        assert line in page, line

@@ -5,7 +5,8 @@ Everything shown is read at build time: the budgets' model and λ from
 preconditions) from ``gptspec.conformance.registry``, the mutation catalog from
 ``meta.mutants`` and, where a catalog run was saved
 (``python -m meta.mutation --json docs/mutation-results.json``), which check
-killed each mutant. Nothing here is typed by hand, so the page cannot drift from the suite.
+killed each mutant; the soundness gate's runs from its ledger. Nothing here is typed by
+hand, so the page cannot drift from the suite.
 """
 
 from __future__ import annotations
@@ -294,6 +295,61 @@ def keyhole_section(data: dict[str, Any] | None, spec_dir: str, entry_ids: set[s
     return "\n".join(parts)
 
 
+SOUNDNESS_LEDGER = Path("meta") / "soundness" / "ledger.jsonl"  # the gate's --record
+_A_GATE_RUN = {"judge", "backend", "dtype", "seed", "profile", "passed", "worst",
+               "worst_check", "seconds"}
+
+
+def load_soundness_ledger(path: Path) -> list[dict[str, Any]] | None:
+    """The soundness gate's runs, one per line of its ledger, or None without a ledger."""
+    if not path.exists():
+        return None
+    try:
+        entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+                   if line.strip()]
+    except (OSError, ValueError) as err:
+        raise MutationResultsError(f"soundness ledger {path}: cannot be read: {err}") from None
+    if not all(isinstance(e, dict) and _A_GATE_RUN <= e.keys() for e in entries):
+        raise MutationResultsError(f"soundness ledger {path}: a line is not a run of the gate")
+    return entries
+
+
+def soundness_section(entries: list[dict[str, Any]] | None, identity: str,
+                      summary: str) -> str:
+    """The gate's runs on the judge as built (``identity``) from its ledger; ``summary``:
+    the gate's own count of them (meta.soundness.gate.ledger_summary)."""
+    parts = ["## No false alarms: the soundness gate { #soundness }\n",
+             "Backends that compute the model correctly but differently from the built-in one "
+             "(the built-in one run in float64 with every result rounded once to the dtype, "
+             "one written out again in PyTorch a head at a time, a NumPy one that emulates "
+             "each dtype with every sum in reverse order, the built-in one compiled) must "
+             "pass every check they implement, in float32, bfloat16 and float16, at the "
+             "thorough profile (the compiled one at quick: it recompiles for every "
+             "configuration) and at seeds drawn afresh: a failure would be a false alarm of "
+             "the suite. `python -m meta.soundness.gate --record "
+             f"{SOUNDNESS_LEDGER.as_posix()}` appends each run to the committed ledger. A run "
+             "counts for the judge it ran on only: a digest of the spec, the reference, the "
+             "suite, the built-in and the soundness backends and the versions of the "
+             "libraries that draw and compute the examples, so that any change to them "
+             "starts the count again.\n"]
+    if entries is None:
+        parts.append("No ledger was found when this site was built: run the gate with "
+                     "`--record` and rebuild.\n")
+        return "\n".join(parts)
+    parts.append("\n".join(f"- {esc(line)}" for line in summary.splitlines()) + "\n")
+    mine = sorted((e for e in entries if e["judge"] == identity),
+                  key=lambda e: (str(e.get("when", "")), e["backend"], e["dtype"]))
+    if mine:
+        rows = [[esc(str(e["seed"])), code(str(e["backend"])), esc(str(e["dtype"])),
+                 esc(str(e["profile"])), esc(str(e.get("area", "all"))),
+                 "pass" if e["passed"] else '<span class="gs-missing">FAIL</span>',
+                 f"{100 * float(e['worst']):.3g} %", code(str(e["worst_check"])),
+                 f"{float(e['seconds']) / 60:.0f} min"] for e in mine]
+        parts.append(table(["Seed", "Backend", "dtype", "Profile", "Area", "Verdict",
+                            "Worst fraction of budget", "in", "Took"], rows, "gs-soundness"))
+    return "\n".join(parts)
+
+
 CUDA_RESULTS = Path("docs") / "cuda-results.json"  # python -m benchmarks.cuda_results
 
 
@@ -358,9 +414,10 @@ def cuda_section(data: dict[str, Any] | None) -> str:
 def verification_page(views: Sequence[Any], checks: Sequence[Any], mutants: Sequence[Any],
                       run: MutationRun | None, budgets: Any, spec_dir: str = "..",
                       keyhole: dict[str, Any] | None = None,
-                      cuda: dict[str, Any] | None = None) -> str:
+                      cuda: dict[str, Any] | None = None, soundness: str = "") -> str:
     """``views``: the entries (spec_pages.EntryView); ``checks``: the registry's checks;
-    ``spec_dir``: the spec pages' folder relative to this page."""
+    ``spec_dir``: the spec pages' folder relative to this page; ``soundness``: the
+    soundness gate's section (soundness_section)."""
     entry_ids = {v.entry.id for v in views}
     kinds: dict[str, int] = {}
     for c in checks:
@@ -385,5 +442,6 @@ def verification_page(views: Sequence[Any], checks: Sequence[Any], mutants: Sequ
         _checks_section(checks, entry_ids, spec_dir),
         _mutation_section(mutants, run, spec_dir, entry_ids),
         keyhole_section(keyhole, spec_dir, entry_ids),
+        soundness,
         cuda_section(cuda),
     ]) + "\n"
