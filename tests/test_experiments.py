@@ -682,3 +682,51 @@ def test_a_pipe_is_text_data_as_for_train(tmp_path, capsys, corpus):
     finally:
         writer.join()
         os.close(read)
+
+
+DEEP_JSON = "[" * 200_000 + "]" * 200_000  # deeper than Python's JSON parser follows
+
+
+def test_json_nested_too_deeply_is_named_or_made_again(tmp_path, corpus):
+    """Hostile round, finding 10: deeply nested JSON in the token cache's record, a run
+    record, the study's JSON or its figures record gave "RecursionError: maximum recursion
+    depth exceeded", naming no file. The cache's record is made again (as an unreadable
+    one is); the others are refused in one line naming the file."""
+    from gptspec.experiments.corpus import split_text, tokenize
+    from gptspec.experiments.runner import (
+        ExperimentError,
+        PlannedRun,
+        check_outputs,
+        finished,
+    )
+
+    text = split_text(corpus.read_text(encoding="utf-8"), "spec", 0.1)
+    cache = tmp_path / "cache"
+    made = tokenize(text, 256, cache)
+    record = made.train.with_name("bytes.json")
+    record.write_text(DEEP_JSON)
+    notes: list[str] = []
+    assert tokenize(text, 256, cache, notes.append) == made
+    assert len(notes) == 1 and "record" in notes[0] and "making it again" in notes[0], notes
+    assert json.loads(record.read_text())["vocab"] == 256
+
+    study = design("vocab", QUICK)
+    run = PlannedRun(study, study.arms[0], 0, {}, made, tmp_path / "runs")
+    run.folder.mkdir()
+    run.result_path.write_text(DEEP_JSON)
+    with pytest.raises(ExperimentError, match="nested too deeply") as refused:
+        finished(run)
+    assert str(run.result_path) in str(refused.value) and "\n" not in str(refused.value)
+
+    out = tmp_path / "out"
+    (out / ".runs" / "vocab").mkdir(parents=True)
+    (out / ".runs" / "vocab" / "figures.json").write_text(DEEP_JSON)
+    check_outputs(["vocab"], out)  # no figure there: the record is rewritten by the study
+    (out / "vocab-final.svg").write_text("<svg/>")
+    with pytest.raises(ExperimentError, match="vocab-final.svg is not a figure the vocab"):
+        check_outputs(["vocab"], out)
+    (out / "vocab-final.svg").unlink()
+    (out / "vocab.json").write_text(DEEP_JSON)
+    with pytest.raises(ExperimentError, match="nested too deeply") as refused:
+        check_outputs(["vocab"], out)
+    assert str(out / "vocab.json") in str(refused.value) and "\n" not in str(refused.value)

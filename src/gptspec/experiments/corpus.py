@@ -20,6 +20,7 @@ import numpy as np
 
 from gptspec.atomic_files import replacing, write_text
 from gptspec.experiments.studies import BYTE_LEVEL
+from gptspec.spec.config import parse_json
 
 PREPARATION_VERSION = 1  # bump when the files below would be made differently
 
@@ -161,8 +162,10 @@ def tokenize(corpus: Corpus, vocab: int, cache: Path,
 
 
 def _read_meta(path: Path) -> dict | None:
+    """The cache's record, or None where there is none or it cannot be read (JSON nested
+    deeper than the parser follows included): the files are made again."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -30,6 +30,7 @@ from gptspec.experiments.plots import figure_names
 from gptspec.experiments.studies import Arm, Study, curve_steps, training_settings
 from gptspec.experiments.summary import summarize
 from gptspec.reference.costs import param_count_total, training_flops_per_token
+from gptspec.spec.config import parse_json
 
 HARNESS_VERSION = 1  # bump when a run would compute something else from the same settings
 STUDY_SCHEMA = "gptspec-experiment"
@@ -209,6 +210,17 @@ def result_problem(record: dict, settings: dict) -> str | None:
     return None
 
 
+def _run_record_json(text: str) -> Any:
+    """A run record's JSON as Python's json reads it, NaN included (a record holding one
+    is a damaged result, run again: ``result_problem``, where ``parse_json`` would make it
+    a file to delete); nesting deeper than the parser follows is a ValueError, not a
+    RecursionError that named no file."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
+
+
 def finished(run: PlannedRun, note: Callable[[str], None] | None = None) -> dict | None:
     """The run's earlier result if it has one with these settings; None if it has none,
     or if its result is not one a run can produce (``result_problem``: the run is done
@@ -218,7 +230,7 @@ def finished(run: PlannedRun, note: Callable[[str], None] | None = None) -> dict
     if not path.exists():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = _run_record_json(path.read_text(encoding="utf-8"))
         if not isinstance(record, dict) or record.get("schema") != RUN_SCHEMA:
             raise ValueError(f"not a {RUN_SCHEMA} file")
         settings = record["settings"]
@@ -449,7 +461,7 @@ def _recorded_figures(path: Path) -> dict[str, set[str]]:
     """Figure name → the SHA-256s a record (the study's JSON, or the figures record)
     holds; empty if the file is missing or holds none."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
         figures = data["figures"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -472,7 +484,7 @@ def _owned(study: str, out: Path) -> dict[Path, str | None]:
     recorded: dict[str, set[str]] = {}
     if json_path.is_file():
         try:
-            data = json.loads(json_path.read_text(encoding="utf-8"))
+            data = parse_json(json_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise ExperimentError(f"{json_path} is not a {STUDY_SCHEMA} file (it cannot be read "
                                   f"as JSON: {str(err)[:60]}); {advice}") from None
