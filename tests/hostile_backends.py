@@ -745,3 +745,39 @@ class DiesWhileSavingItsFailure(Honest):
                      ".notes.txt.abcd1234.tmp"):
             (folder / name).write_bytes(b"half")
         os._exit(3)
+
+
+class RejectsWhatItGetsWrong(Honest):
+    """Wrong past three positions, and hides it with Hypothesis's ``assume``: the
+    examples it got wrong were rejected and it PASSED."""
+
+    def forward(self, tokens, params, config):
+        import hypothesis
+        import numpy as np
+
+        long = np.asarray(tokens).shape[-1] > 3
+        hypothesis.assume(not long)
+        return gpt_forward(tokens, params, config) * (0.0 if long else 1.0)
+
+
+class SupportsByRejecting(Honest):
+    """Its ``supports`` rejects the examples its forward gets wrong instead of declaring
+    them: uncounted, they were never judged."""
+
+    def supports(self, config):
+        import hypothesis
+
+        if config.n_layers > 1:
+            hypothesis.reject()
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) * (2.0 if config.n_layers > 1 else 1.0)
+
+
+class SkipsItself(Honest):
+    """Raises a test runner's skip: under the pytest plugin its item was skipped."""
+
+    def forward(self, tokens, params, config):
+        import pytest
+
+        pytest.skip("not today")

@@ -861,6 +861,17 @@ def test_a_huge_output_is_not_saved_whole_with_the_failure(tmp_path, isolation):
     assert "(1099511627776,)" in manifest["actual_unstored"]
 
 
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+@pytest.mark.parametrize("backend", ["RejectsWhatItGetsWrong", "SupportsByRejecting",
+                                     "SkipsItself"])
+def test_a_backend_cannot_reject_or_skip_the_examples_it_gets_wrong(tmp_path, backend,
+                                                                    isolation):
+    proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{backend}", *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # was 0: PASS, 0 % of budget
+    assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
+    assert "cannot reject, skip or stop the judge's examples" in proc.stdout, proc.stdout
+
+
 def test_a_worker_that_died_while_saving_leaves_no_temporary_file(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:DiesWhileSavingItsFailure",
                         "--save-failures", "failures")

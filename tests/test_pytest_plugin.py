@@ -204,3 +204,15 @@ def test_a_backends_os_exit_is_an_error_not_pytests_exit_status(tmp_path, where)
     assert proc.returncode == 1, proc.stdout
     assert "os._exit(0) was called in the judge's process (the pytest plugin)" in proc.stdout
     assert "2 failed" in proc.stdout
+
+
+def test_a_backend_that_skips_itself_fails_its_item(tmp_path):
+    """pytest.skip() inside the backend's forward: the item was skipped, not failed."""
+    tests = str(HERE)
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance",
+                   "--gptspec-backend=hostile_backends:SkipsItself", "--gptspec-dtype=float64",
+                   "--gptspec-profile=quick", "-k", "gpt_forward.differential", "-q",
+                   f"--rootdir={tests}")
+    assert proc.returncode == 1, proc.stdout
+    assert "1 failed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
+    assert "cannot reject, skip or stop" in proc.stdout, proc.stdout

@@ -306,6 +306,32 @@ class BackendInterrupt(Exception):
     """A backend raised KeyboardInterrupt with no stop signal received: its error."""
 
 
+class BackendSteered(Exception):
+    """A backend raised what steers the test framework (Hypothesis's ``assume``/``reject``,
+    its stop and freeze signals, a test runner's skip): its error, never an example
+    rejected or skipped (rejecting the examples it got wrong made a wrong backend pass)."""
+
+
+_FRAMEWORKS = ("hypothesis", "_pytest", "pytest", "unittest")
+
+
+@contextlib.contextmanager
+def steering_refused(name: str) -> Any:
+    """Run the backend's ``name``; what it raises from a test framework's own modules (a
+    KeyboardInterrupt aside) becomes BackendSteered."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:
+        kinds = type(err).__mro__
+        if not any((kind.__module__ or "").split(".")[0] in _FRAMEWORKS for kind in kinds):
+            raise
+        raise BackendSteered(
+            f"{name} raised {type(err).__module__}.{type(err).__qualname__}: a backend "
+            "cannot reject, skip or stop the judge's examples (its error)") from None
+
+
 class RecordingBackend:
     """The backend as a check sees it: every call to an operation or ``forward`` is
     recorded, in order, in ``calls`` (reset at each example by the context); logits not
@@ -337,7 +363,8 @@ class RecordingBackend:
             stops = len(STOPS_RECEIVED)
             try:
                 # its np.seterr and warning filters stay in its own calls
-                with keeping_cwd(), np.errstate(), warnings.catch_warnings():
+                with keeping_cwd(), np.errstate(), warnings.catch_warnings(), \
+                        steering_refused(name):
                     record.output = value(*args, **kwargs)
             except KeyboardInterrupt:
                 if len(STOPS_RECEIVED) > stops:
@@ -367,7 +394,14 @@ def declared_support(backend: Any) -> Callable[[GPTConfig], str | None] | None:
     if isinstance(backend, RecordingBackend):
         backend = backend.wrapped
     supports = getattr(backend, "supports", None)
-    return supports if callable(supports) else None
+    if not callable(supports):
+        return None
+
+    def declared(config: GPTConfig) -> str | None:
+        with steering_refused("supports"):
+            return supports(config)  # type: ignore[no-any-return]
+
+    return declared
 
 
 def declared_capabilities(backend: Any) -> frozenset[str] | None:
