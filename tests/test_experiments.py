@@ -730,3 +730,35 @@ def test_json_nested_too_deeply_is_named_or_made_again(tmp_path, corpus):
     with pytest.raises(ExperimentError, match="nested too deeply") as refused:
         check_outputs(["vocab"], out)
     assert str(out / "vocab.json") in str(refused.value) and "\n" not in str(refused.value)
+
+
+def _running_study(argv: list[str], runs: Path) -> subprocess.Popen:
+    """``gptspec`` with ``argv`` in a process of its own, once its first run has started
+    (its spec written). Ctrl-C's default is restored in the child, as in the test above."""
+    process = subprocess.Popen([sys.executable, "-m", "gptspec", *argv],
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(runs.glob("*.spec.json")) and process.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()
+    return process
+
+
+@pytest.mark.parametrize("signum, status, said", [
+    (signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hung up (SIGHUP)")])
+def test_sigterm_and_sighup_stop_a_study_as_they_stop_train(tmp_path, corpus, signum, status,
+                                                            said):
+    """Hostile round, finding 13: SIGTERM and SIGHUP were reported as a Ctrl-C
+    ("interrupted: …" on standard output, exit 130); train exits 143 and 129. Now the
+    same statuses, the line on standard error, and the runs stopped."""
+    out = tmp_path / "res"
+    process = _running_study(["experiment", "tying", "--quick", "--data", str(corpus),
+                              "--out", str(out), "--jobs", "1"], out / ".runs" / "tying")
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == status, (stdout, stderr)
+    assert stderr.strip().splitlines()[-1].startswith(
+        f"gptspec experiment: {said}: the finished runs are kept in "), stderr
+    assert "interrupted" not in stdout and "Traceback" not in stderr

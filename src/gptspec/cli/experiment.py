@@ -14,9 +14,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
+import sys
 from pathlib import Path
 
-from gptspec.cli import CLIError, arguments, printable, standard_stream, writing_stdout
+from gptspec.cli import (
+    CLIError,
+    HungUp,
+    Terminated,
+    arguments,
+    printable,
+    standard_stream,
+    writing_stdout,
+)
 
 NAMES = ("vocab", "tying", "head-width", "all")
 FULL_OUT = Path("docs") / "experiments"  # the results the site answers from
@@ -169,10 +179,22 @@ def run(args: argparse.Namespace) -> int:
                            log=lambda line: print(printable(line), flush=True))
     except ExperimentError as err:
         raise CLIError(str(err)) from None
-    except KeyboardInterrupt:
-        print(f"interrupted: the finished runs are kept in {out / '.runs'}; the same command "
-              "continues the study", flush=True)
-        return 130
+    except KeyboardInterrupt as stop:
+        return _stopped(stop, out)
     finally:
         lock.release(remove=True)
+
+
+def _stopped(stop: KeyboardInterrupt, out: Path) -> int:
+    """The line (on standard error, as the CLI's other stops) and exit status of a study
+    stopped by a signal, as a shell reports it and train does: 130 for Ctrl-C, 143 for
+    SIGTERM, 129 for SIGHUP (SIGTERM and SIGHUP were said and exited as Ctrl-C)."""
+    signum = (signal.SIGHUP if isinstance(stop, HungUp) else signal.SIGTERM
+              if isinstance(stop, Terminated) else getattr(stop, "signum", signal.SIGINT))
+    said = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
+            signal.SIGHUP: "hung up (SIGHUP)"}.get(signum, f"stopped by signal {signum}")
+    print(f"gptspec experiment: {said}: the finished runs are kept in "
+          f"{printable(str(out / '.runs'))}; the same command continues the study",
+          file=sys.stderr, flush=True)
+    return 128 + signum
 

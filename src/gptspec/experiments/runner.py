@@ -54,6 +54,15 @@ class ExperimentError(Exception):
     message is one line naming the problem."""
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM while runs ran, outside the gptspec command (which raises its own); its
+    ``signum`` says which signal, for the exit status 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signum
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     study: Study
@@ -340,8 +349,10 @@ def execute(runs: Sequence[PlannedRun], jobs: int, log: Callable[[str], None],
             done_before: int = 0, total: int | None = None) -> list[str]:
     """Run each as ``python -m gptspec.experiments.worker`` with up to ``jobs`` at once,
     the costliest first (fewer idle cores at the end). Returns one line per failed run.
-    Ctrl-C or SIGTERM stops the running processes (their runs are left undone) and
-    raises KeyboardInterrupt."""
+    Ctrl-C, SIGTERM or SIGHUP stops the running processes (their runs are left undone)
+    and the KeyboardInterrupt the signal's handler raised goes on: the gptspec command's
+    own (``Terminated``, ``HungUp``: 143 and 129, as for train), or, where SIGTERM has no
+    handler (a caller of this function), ``Stopped``."""
     queue = sorted(runs, key=lambda r: -r.flops)
     total = len(runs) + done_before if total is None else total
     running: list[_Running] = []
@@ -349,9 +360,11 @@ def execute(runs: Sequence[PlannedRun], jobs: int, log: Callable[[str], None],
     count = done_before
 
     def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        raise Stopped(signum)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    # the command's handler is kept: replaced, SIGTERM was reported as a Ctrl-C (130)
+    default = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    previous = signal.signal(signal.SIGTERM, stop) if default else None
     try:
         while queue or running:
             while queue and len(running) < jobs:
@@ -382,7 +395,8 @@ def execute(runs: Sequence[PlannedRun], jobs: int, log: Callable[[str], None],
             r.log.close()
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return failures
 
 
