@@ -948,6 +948,42 @@ class Backend:
 """
 
 
+_TWO_OF_ONE_NAME = """
+from gptspec.reference.output import gpt_forward
+class PlusOne:
+    protocol_version = 2
+    name, version, device, dtype = "same", "1", "cpu", "float64"
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) + 1
+class Doubles(PlusOne):
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) * 2
+"""
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_two_runs_of_one_command_keep_both_their_failures(tmp_path, isolation):
+    """Two backends of one name (or one backend on two devices) saved under one name: the
+    second replaced the first's failure, and both were printed as saved (round 10)."""
+    (tmp_path / "twoofone.py").write_text(_TWO_OF_ONE_NAME)
+    proc = _cli(tmp_path, "--backend", "twoofone:PlusOne", "--backend", "twoofone:Doubles",
+                "--check", "gpt_forward.differential", "--profile", "quick",
+                "--save-failures", "saved", "--report", "report.json", *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    runs = json.loads((tmp_path / "report.json").read_text())["runs"]
+    saved = [next(c for c in r["checks"] if c["id"] == "gpt_forward.differential")["saved"]
+             for r in runs]
+    npz = [next(p for p in s if p.endswith(".npz")) for s in saved]
+    assert len(set(npz)) == 2, saved
+    for path, spec in zip(npz, ("twoofone:PlusOne", "twoofone:Doubles"), strict=True):
+        manifest, _ = load_case(tmp_path / path if not os.path.isabs(path) else path)
+        assert manifest["backend"]["spec"] == spec
+    again = _cli(tmp_path, "--backend", "twoofone:PlusOne", "--check",
+                 "gpt_forward.differential", "--profile", "quick", "--save-failures", "saved")
+    assert again.returncode == 1  # a later command replaces what an earlier one saved
+    assert len(list((tmp_path / "saved").glob("*.npz"))) == 2
+
+
 def test_saved_failures_never_replace_a_file_they_did_not_write(tmp_path):
     """--save-failures replaced a file of the user's that had a failure's name, and a
     --report named like one replaced the failure itself, both printed as "saved:" (hostile

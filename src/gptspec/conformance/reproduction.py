@@ -13,6 +13,7 @@ two calls (causality) the ``.npz`` holds the example's calls and no pytest file 
 from __future__ import annotations
 
 import json
+import os
 import re
 import zipfile
 from collections.abc import Callable
@@ -91,9 +92,10 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
     stem = failure_stem(check_id, origin)
     call, index = _find_compared_call(capture) if capture.comparison is not None else (None, None)
     arrays: dict[str, np.ndarray] = {}
+    command = _this_command()
     manifest: dict[str, Any] = {"check": check_id, "entries": entries, "what": capture.what,
                                 "message": capture.message, "backend": origin,
-                                "replayable": call is not None}
+                                "replayable": call is not None, "command": command}
     if call is not None:
         manifest.update(call=call.name, output_index=index,
                         args=[_encode(a, f"a.{i}", arrays) for i, a in enumerate(call.args)],
@@ -119,7 +121,7 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
                     "kwargs": {k: _encode(v, f"c{j}.k.{k}", arrays) for k, v in c.kwargs.items()}})
             except TypeError as err:
                 manifest["calls"].append({"call": c.name, "unstored": str(err)})
-    npz, test = _free_names(directory, stem)
+    npz, test = _free_names(directory, stem, command)
     with replacing(npz, make_parents=True) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
                             **arrays)  # type: ignore[arg-type]
@@ -161,21 +163,45 @@ def remove_unfinished(directory: str | Path, stem: str) -> list[Path]:
 _HEADER = '"""Reproduces the conformance failure of '  # how every test file written begins
 
 
-def _free_names(directory: Path, stem: str) -> tuple[Path, Path]:
+def _free_names(directory: Path, stem: str, command: str) -> tuple[Path, Path]:
     """``stem``.npz and test_``stem``.py, or with _2, _3, … where either name holds a file
-    that is not a saved failure (the user's own, say): a saved failure is replaced, the
-    rest is kept."""
+    that is not a saved failure (the user's own, say) or one this ``command`` saved (a run
+    of another backend of the same name, or on another device): a failure an earlier
+    command saved is replaced, the rest is kept."""
+    def replaceable(path: Path) -> bool:
+        return _a_saved_case(path) and _saved_by(path) != command
+
     for n in range(1, 1000):
         name = stem if n == 1 else f"{stem}_{n}"
         npz, test = directory / f"{name}.npz", directory / f"test_{name}.py"
-        if _ours(npz, _a_saved_case) and _ours(test, _a_saved_test):
+        if _ours(npz, replaceable) and _ours(test, _a_saved_test):
             return npz, test
     raise OSError(f"no free name for {stem} in {directory}")
+
+
+def _this_command() -> str:
+    """The gptspec command saving a failure, as its process's pid and start time (pids
+    are reused): the judge's, which is a worker's parent."""
+    import multiprocessing
+
+    pid = os.getppid() if multiprocessing.parent_process() is not None else os.getpid()
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            started = stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "?"
+    return f"{pid}:{started}"
 
 
 def _a_saved_case(path: Path) -> bool:
     with np.load(path, allow_pickle=False) as case:
         return "manifest" in case.files
+
+
+def _saved_by(path: Path) -> object:
+    with np.load(path, allow_pickle=False) as case:
+        manifest = json.loads(str(case["manifest"]))
+    return manifest.get("command") if isinstance(manifest, dict) else None
 
 
 def _a_saved_test(path: Path) -> bool:
@@ -189,8 +215,8 @@ def _ours(path: Path, is_a_saved_failure: Callable[[Path], bool]) -> bool:
         return True
     try:
         return path.is_file() and bool(is_a_saved_failure(path))
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # (UnicodeDecodeError: a
-        return False  # ValueError)
+    except (OSError, ValueError, EOFError, RecursionError, zipfile.BadZipFile):
+        return False  # (UnicodeDecodeError, a JSONDecodeError: ValueErrors)
 
 
 def _docstring_text(text: object) -> str:
