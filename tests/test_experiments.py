@@ -762,3 +762,44 @@ def test_sigterm_and_sighup_stop_a_study_as_they_stop_train(tmp_path, corpus, si
     assert stderr.strip().splitlines()[-1].startswith(
         f"gptspec experiment: {said}: the finished runs are kept in "), stderr
     assert "interrupted" not in stdout and "Traceback" not in stderr
+
+
+def test_a_link_or_fifo_in_place_of_a_runs_log_is_refused_naming_it(tmp_path, capsys, corpus):
+    """Hostile round, finding 4: a link at OUT/.runs/<study>/<run>.log was opened through,
+    emptying the file it pointed to, and the study reported success. A run's working file
+    that is a link or not a regular file is refused in one line naming it, before
+    anything runs (as train refuses a loss.png link); the log itself is opened without
+    following a link, so one put there later is refused too."""
+    import os
+
+    from gptspec.experiments import runner
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "res"
+    runs = out / ".runs" / "tying"
+    runs.mkdir(parents=True)
+    arm = design("tying", QUICK).arms[0].name
+    for suffix in (".log", ".spec.json", ".json"):
+        link = runs / f"{arm}.seed0{suffix}"
+        link.symlink_to(victim)
+        line = one_line_error(capsys, ["experiment", "tying", "--quick", "--jobs", "1",
+                                       "--data", str(corpus), "--out", str(out)])
+        assert str(link).lower() in line and "symbolic link" in line, line
+        assert victim.read_text() == "precious\n"
+        link.unlink()
+    assert not list(runs.glob("*.seed*"))  # nothing ran
+
+    log = runs / "opened.log"
+    log.symlink_to(victim)
+    with pytest.raises(runner.ExperimentError, match=f"{log} is a symbolic link"):
+        runner._open_log(log)
+    log.unlink()
+    os.mkfifo(log)  # no reader: not waited on
+    with pytest.raises(runner.ExperimentError, match=f"{log} is not a regular file"):
+        runner._open_log(log)
+    log.unlink()
+    log.write_text("an earlier run's log\n")
+    with runner._open_log(log) as opened:
+        opened.write("this run's\n")
+    assert log.read_text() == "this run's\n" and victim.read_text() == "precious\n"

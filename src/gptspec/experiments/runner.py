@@ -6,7 +6,8 @@ OUT/.runs/<study>/ (one ``<arm>.seed<k>.json`` per finished run) and OUT/.cache/
 working state. A run whose file has these settings is not run again; other settings are
 refused, naming the file; a result no run can produce (``result_problem``) is run again.
 Files are written whole and renamed. A study replaces only its own files: a JSON of that
-study, figures whose SHA-256 it recorded (also in .runs/<study>/figures.json).
+study, figures whose SHA-256 it recorded (also in .runs/<study>/figures.json); a run's
+working file (log, spec, result) that is a link or not a regular file is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -321,11 +323,57 @@ def _start(run: PlannedRun) -> _Running:
     # one thread per run: the runs are the parallelism (and one thread's results do not
     # depend on how many cores the machine has)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    log = open(run.log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in _finish)
+    log = _open_log(run.log_path)  # closed once the process has ended
     process = subprocess.Popen([sys.executable, "-m", "gptspec.experiments.worker",
                                 str(run.spec_path)], stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env)
     return _Running(run, process, time.perf_counter(), log)
+
+
+def _not_replaceable(path: Path) -> str | None:
+    """Why the run may not write ``path`` (a symbolic link, a folder, a FIFO…: not a file of
+    its own), or None where it is a regular file or there is nothing there."""
+    if path.is_symlink():
+        return f"{path} is a symbolic link, not a file this run can replace; remove it"
+    if path.exists() and not path.is_file():
+        return f"{path} is not a regular file, not a file this run can replace; remove it"
+    return None
+
+
+def check_run_files(studies: Sequence[Study], seeds: int, out: Path) -> None:
+    """Refuse (ExperimentError, naming it) a run's working file in OUT/.runs that is a
+    link or not a regular file, before anything is made or run: the log was opened
+    through a link, emptying the file it pointed to, and the spec written over it."""
+    for study in studies:
+        for arm in study.arms:
+            for seed in range(seeds):
+                folder, stem = out / ".runs" / study.name, f"{arm.name}.seed{seed}"
+                for suffix in (".log", ".spec.json", ".json"):  # PlannedRun's paths
+                    problem = _not_replaceable(folder / f"{stem}{suffix}")
+                    if problem:
+                        raise ExperimentError(problem)
+
+
+def _open_log(path: Path) -> Any:
+    """The run's log, emptied, for writing: never through a link (O_NOFOLLOW), never
+    waiting on a FIFO (O_NONBLOCK), and only a regular file (ExperimentError naming it
+    otherwise); checked on the opened file, so a link put there meanwhile is no way in."""
+    flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        problem = _not_replaceable(path)
+        if problem:
+            raise ExperimentError(problem) from None
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ExperimentError(f"{path} is not a regular file, not a file this run can "
+                              "replace; remove it")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)  # emptied only now: it is the run's own file
+    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 def bpb_text(value: Any) -> str:
@@ -383,7 +431,7 @@ def execute(runs: Sequence[PlannedRun], jobs: int, log: Callable[[str], None],
                     failures.append(f"{r.run.label} failed (exit {r.process.returncode}): "
                                     f"{_last_line(r.run.log_path)} — log: {r.run.log_path}")
                     log(f"  [{count}/{total}] {failures[-1]}")
-    except KeyboardInterrupt:
+    except BaseException:  # a signal, or a run that cannot start (its log refused)
         for r in running:
             r.process.terminate()  # our own children, by their handles
         for r in running:
@@ -569,6 +617,7 @@ def run_studies(studies: Sequence[Study], corpus: Corpus, out: Path, jobs: int, 
     started = provenance()
     wall = time.perf_counter()
     check_outputs([s.name for s in studies], out)  # before anything is made or run
+    check_run_files(studies, seeds, out)
     log(f"corpus: {corpus.source}: {corpus.train_bytes:,} bytes for training, "
         f"{corpus.val_bytes:,} for validation")
     tokens = prepare(studies, corpus, out, log)
