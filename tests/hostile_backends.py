@@ -781,3 +781,12 @@ class SkipsItself(Honest):
         import pytest
 
         pytest.skip("not today")
+
+
+class OffByOnePercentInFloat32(Honest):
+    """A plainly wrong float32 backend, for an adjudicator that never answers."""
+
+    dtype = "float32"
+
+    def forward(self, tokens, params, config):
+        return (gpt_forward(tokens, params, config) * 1.01).astype("float32")

@@ -872,6 +872,21 @@ def test_a_backend_cannot_reject_or_skip_the_examples_it_gets_wrong(tmp_path, ba
     assert "cannot reject, skip or stop the judge's examples" in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_an_adjudicator_that_never_answers_leaves_the_failure_its_verdict(tmp_path, isolation):
+    """Isolated, the failure became 'timed out' with its fraction and example lost; with
+    --no-isolate the whole run ended, blaming the backend judged (round 10)."""
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:OffByOnePercentInFloat32",
+                        "--dtype", "float32", "--adjudicate-with", "hostile_backends:HangsOnStart",
+                        "--timeout", "10", "--report", "report.json", *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL  gpt_forward.differential" in proc.stdout, proc.stdout
+    (check,) = json.loads((tmp_path / "report.json").read_text())["runs"][0]["checks"]
+    assert check["status"] == "fail" and check["worst_fraction"] > 1
+    assert "hostile_backends:HangsOnStart did not answer within the check's time limit" in \
+        check["adjudication"]["note"], check
+
+
 def test_a_worker_that_died_while_saving_leaves_no_temporary_file(tmp_path):
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:DiesWhileSavingItsFailure",
                         "--save-failures", "failures")

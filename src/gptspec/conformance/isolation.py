@@ -149,7 +149,8 @@ def tampered(before: dict[str, tuple[Any, Any]]) -> str:
 
 
 def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profile: str,
-            seed: int, save_failures: str | None, plain: str | None, output: str) -> None:
+            seed: int, save_failures: str | None, plain: str | None, output: str,
+            within: float | None) -> None:
     # first, before any backend code runs: a session (and process group) of its own, which
     # the parent kills whole, with whatever the backend started in it
     if hasattr(os, "setsid"):
@@ -212,7 +213,7 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profi
             result = (dtype_error(check, mismatch) if mismatch else
                       not_implemented(check, [], why) if why else
                       run_check(check, backend, precision, profile, seed, None, save_failures,
-                                origin, plain, dtype is not None))
+                                origin, plain, dtype is not None, within))
         except BaseException as err:  # noqa: BLE001 — run_check lets KeyboardInterrupt out
             result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
                                  f"the backend raised {type(err).__name__}: {err}".rstrip(": "),
@@ -277,7 +278,8 @@ def _death(process: Any) -> str:
 class _Worker:
     def __init__(self, target: str, device: str | None, dtype: str | None, profile: str,
                  seed: int, save_failures: str | None,
-                 start_timeout: float | None = START_TIMEOUT, plain: str | None = None) -> None:
+                 start_timeout: float | None = START_TIMEOUT, plain: str | None = None,
+                 timeout: float | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         fd, self.output_path = tempfile.mkstemp(prefix="gptspec-backend-output-")
@@ -285,7 +287,7 @@ class _Worker:
         self.process = context.Process(
             target=_worker,
             args=(child, target, device, dtype, profile, seed, save_failures, plain,
-                  self.output_path),
+                  self.output_path, timeout),
             daemon=True)
         self.process.start()
         child.close()
@@ -476,7 +478,7 @@ def run_isolated(target: str, *, device: str | None = None, dtype: str | None = 
     adopted = _adopt_orphans()
     try:
         worker: _Worker | None = _Worker(target, device, dtype, profile, seed, save_failures,
-                                         start_timeout, plain)
+                                         start_timeout, plain, timeout)
     except BaseException:
         _end_orphans(adopted)
         raise
@@ -492,7 +494,7 @@ def run_isolated(target: str, *, device: str | None = None, dtype: str | None = 
         if worker is None or not worker.alive():
             try:
                 worker = _Worker(target, device, dtype, profile, seed, save_failures,
-                                 start_timeout, plain)
+                                 start_timeout, plain, timeout)
             except BackendError as err:
                 worker = None
                 return CheckResult(check.id, list(check.entries), check.kind, "error", None,

@@ -278,13 +278,17 @@ def _noting_stops() -> Iterator[None]:
 def run_check(check: Check, backend: Any, precision: Precision, profile: str,
               seed: int, timeout: float | None = None, save_failures: str | None = None,
               origin: dict[str, Any] | None = None, plain: str | None = None,
-              dtype_asked: bool = True) -> CheckResult:
+              dtype_asked: bool = True, within: float | None = None) -> CheckResult:
     """Run one check; never raises (except KeyboardInterrupt). On a failed comparison the
     example's exact inputs are saved under ``save_failures`` (see reproduction), and a
     low-precision failure is adjudicated against ``plain``, the target (module:attr or an
     installed name) of a plain same-dtype implementation (None: not adjudicated);
     ``dtype_asked``: whether the run was asked for
-    ``precision``'s dtype (else it judges the one the backend declared)."""
+    ``precision``'s dtype (else it judges the one the backend declared). ``within``: the
+    seconds the whole check has, its adjudication included (default ``timeout``; a worker
+    gets the limit its judge stops it at): an adjudication that would pass it is cut, and
+    the failure keeps its verdict."""
+    within = timeout if within is None else within
     recording = RecordingBackend(backend, precision.dtype, dtype_asked)
     ctx = CheckContext(recording, precision, suite_settings(profile), seed)
     start = time.perf_counter()
@@ -339,9 +343,13 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         not_applicable=ctx.not_applicable)
     if status == "fail" and ctx.failure is not None:
         stops = len(STOPS_RECEIVED)
+        # what is left of the check's limit, less a margin for saving and answering
+        left = None if within is None else (
+            within - (time.perf_counter() - start) - min(2.0, within / 10))
         try:
             with keeping_cwd(), _noting_stops():  # adjudication calls the backend again
-                _after_failure(result, ctx, backend, precision, save_failures, origin, plain)
+                _after_failure(result, ctx, backend, precision, save_failures, origin, plain,
+                               left)
         except KeyboardInterrupt:
             if _stop_arrived(stops):
                 raise
@@ -353,12 +361,22 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
 
 def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precision: Precision,
                    save_failures: str | None, origin: dict[str, Any] | None,
-                   plain: str | None) -> None:
+                   plain: str | None, left: float | None = None) -> None:
     from gptspec.conformance import reproduction
 
     assert ctx.failure is not None
     try:
-        result.adjudication = reproduction.adjudicate(ctx.failure, backend, precision.dtype, plain)
+        if left is not None and left <= 0:
+            if plain is not None and precision.dtype != "float64":
+                result.adjudication = {"note": "not adjudicated: the check used its time "
+                                               "limit"}
+        else:  # a plain implementation that hangs cost the failure its verdict
+            with _time_limit(left):
+                result.adjudication = reproduction.adjudicate(ctx.failure, backend,
+                                                              precision.dtype, plain)
+    except CheckTimeout:
+        result.adjudication = {"note": f"adjudication stopped: {plain} did not answer "
+                                       "within the check's time limit"}
     except (Exception, SystemExit) as err:  # noqa: BLE001 — adjudication is advice; never
         # lose the result (the backend's SystemExit(0) there ended the run with status 0)
         result.adjudication = {"note": f"adjudication failed: {_one_line(err)}"}
