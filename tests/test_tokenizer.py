@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ import gptspec.reference as reference
 from gptspec.conformance import checks_tokenizer as checks
 from gptspec.conformance.registry import all_checks, checks_for
 from gptspec.conformance.runner import run_suite
+from gptspec.conformance.text_strategies import any_merges, spelled_texts
 from gptspec.fast.tokenizer import (
     ENDOFTEXT,
     GPT2_NO_LOOKAHEAD,
@@ -23,6 +25,7 @@ from gptspec.fast.tokenizer import (
     FastTokenizerBackend,
     Tokenizer,
     TokenizerError,
+    bpe_lowest_rank_first,
     cut_whitespace_runs,
     split_for_threads,
     train_merges,
@@ -415,6 +418,33 @@ def test_merges_that_spell_the_same_bytes(tmp_path):
         assert not (tmp_path / f"t.{fmt}").exists()
     tok.save(tmp_path / "t.json")
     assert Tokenizer.load(tmp_path / "t.json").merges == merges
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_exact_encoder_equals_reference_on_any_merges(data):
+    # any valid merges: ones BPE would not learn, two merges spelling the same bytes
+    merges = data.draw(any_merges(alphabet=b"ab c"))
+    texts = data.draw(st.lists(spelled_texts(merges, alphabet=b"ab c"), max_size=4))
+    rank = {pair: k for k, pair in enumerate(merges)}
+    tok = Tokenizer(merges)
+    tok._encoding = None  # the exact path, whatever tiktoken would do with these merges
+    for text in texts:
+        assert bpe_lowest_rank_first(list(text.encode()), rank) == ref.bpe_chunk(
+            text.encode(), merges)
+        assert tok.encode(text) == ref.encode(text, merges)
+
+
+def test_merges_that_spell_the_same_bytes_encode_a_long_run_in_linear_time():
+    # they keep tiktoken out; the exact path rescanned the chunk after every merge
+    # (10 000 'a' took 13 s, 40 000 several minutes)
+    merges = [(97, 97), (256, 97), (97, 256)]
+    tok = Tokenizer(merges)
+    assert tok.encode("a" * 3001) == ref.encode("a" * 3001, merges)
+    started = time.perf_counter()
+    assert tok.encode("a" * 40_000) == [256] * 20_000
+    assert time.perf_counter() - started < 10  # 0.3 s here
 
 
 @settings(max_examples=40, deadline=None)

@@ -7,8 +7,10 @@ contractions in any case, digit runs, the newline family, Unicode white space, o
 scripts, combining marks, multi-code-point emoji, the end-of-text text). A chunking
 difference shows only where a merge spans the disputed boundary, so ``spanning_merges``
 learns merges from whole lines of such text (``'S``, ``\\u3000\\u3000`` become tokens).
-``invalid_utf8`` draws the ill-formed sequences a UTF-8 decoder must handle (truncated,
-overlong, surrogates, above U+10FFFF, lone continuations, C0, C1, F5–FF).
+``any_merges`` draws merge lists no text would teach (see there), and ``spelled_texts``
+texts made of their tokens. ``invalid_utf8`` draws the ill-formed sequences a UTF-8
+decoder must handle (truncated, overlong, surrogates, above U+10FFFF, lone
+continuations, C0, C1, F5–FF).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from gptspec.reference import tokenizer as ref
 
 __all__ = ["PIECES", "pretokenization_texts", "spanning_merges", "PRETOKENIZATION_CORPUS",
-           "LINES_PATTERN", "invalid_utf8", "is_utf8"]
+           "LINES_PATTERN", "any_merges", "spelled_texts", "invalid_utf8", "is_utf8"]
 
 CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")
 # Pieces by the pattern alternative (or the boundary between two) they exercise.
@@ -93,6 +95,37 @@ PRETOKENIZATION_CORPUS = _corpus()
 def spanning_merges(vocab_size: int = 640) -> tuple[tuple[int, int], ...]:
     """Merges learned by the reference from the whole lines of the fixed corpus."""
     return tuple(ref.train(PRETOKENIZATION_CORPUS, vocab_size, LINES_PATTERN))
+
+
+# --- merge lists no text would teach ---------------------------------------------------------
+
+
+@st.composite
+def any_merges(draw: st.DrawFn, alphabet: bytes = b"abc",
+               max_merges: int = 12) -> list[tuple[int, int]]:
+    """A valid merge list over the bytes of ``alphabet``: each merge joins two tokens
+    already defined (bytes of the alphabet or earlier merges), no pair twice. Most are
+    not what BPE learns from any text, and an encoder that assumes they are fails on
+    them: a merge may spell bytes that byte-ranked BPE (tiktoken's) would split
+    otherwise ([(a, b), (b, c), (a, bc)]: the spec encodes "abc" as ab, c; joining by
+    byte ranks gives abc), or two merges may spell the same bytes ([(a, a), (aa, a),
+    (a, aa)])."""
+    merges: list[tuple[int, int]] = []
+    for k in range(draw(st.integers(1, max_merges))):
+        tokens = st.sampled_from([*alphabet, *range(256, 256 + k)])
+        merges.append(draw(st.tuples(tokens, tokens).filter(lambda p: p not in merges)))
+    return merges
+
+
+@st.composite
+def spelled_texts(draw: st.DrawFn, merges: list[tuple[int, int]], alphabet: bytes = b"abc",
+                  max_tokens: int = 8) -> str:
+    """A text of the bytes of drawn tokens of ``merges`` (over an ASCII ``alphabet``) and
+    spaces: random letters would seldom spell the long tokens whose merges matter."""
+    spelling = ref.token_bytes(merges)
+    ids = st.sampled_from([*alphabet, *range(256, 256 + len(merges)), ord(" ")])
+    return b"".join(spelling[i] for i in draw(st.lists(ids, min_size=1,
+                                                       max_size=max_tokens))).decode("ascii")
 
 
 # --- byte strings that are not UTF-8 -------------------------------------------------------

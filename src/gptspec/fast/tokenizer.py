@@ -4,8 +4,9 @@ Training updates pair counts incrementally (a merge recounts only the distinct c
 holding its pair; a heap on (−count, pair) gives the spec's tie-break). Encoding goes
 through tiktoken's ``Encoding``, built offline from the merges' ranks; tiktoken ranks a
 pair by its concatenated bytes, which on BPE-learned merges is the spec's map (the tests
-and conformance checks hold it to the reference). If two merges spelled the same bytes,
-encoding falls back to a cached transcription of the spec. Past tiktoken's own speed,
+and conformance checks hold it to the reference). If two merges spell the same bytes,
+encoding runs the spec's algorithm itself, in O(n log n) per chunk (a heap over adjacent
+pairs) and cached per chunk. Past tiktoken's own speed,
 same tokens: GPT-2's pattern (whose lookahead sends tiktoken's regex engine to its slow
 path) runs lookahead-free on pieces cut at the only places the two forms differ, and a
 long text may be encoded on several threads (``num_threads``).
@@ -35,7 +36,8 @@ from gptspec.reference.tokenizer import (
 )
 
 __all__ = ["Tokenizer", "TokenizerError", "FastTokenizerBackend", "train_merges",
-           "split_for_threads", "cut_whitespace_runs", "resolve_pattern", "GPT2_PATTERN",
+           "bpe_lowest_rank_first", "split_for_threads", "cut_whitespace_runs",
+           "resolve_pattern", "GPT2_PATTERN",
            "GPT2_NO_LOOKAHEAD", "CL100K_PATTERN", "ENDOFTEXT", "MAX_VOCAB_SIZE", "WHITE_SPACE"]
 
 # Far beyond any BPE vocabulary in use (cl100k ≈ 100k, o200k ≈ 200k); a larger request
@@ -356,6 +358,55 @@ def _merge_bytes(merges: Sequence[Pair], base: Sequence[int]) -> list[bytes]:
     return vocab
 
 
+def lowest_rank_first(symbols: Sequence[Any], rank_of: Callable[[Any, Any], int | None],
+                      join: Callable[[Any, Any, int], Any]) -> list[Any]:
+    """BPE as the spec runs it: while some adjacent pair has a rank, join the leftmost
+    occurrence of the lowest-ranked one (``rank_of(x, y)``: the pair's rank or None;
+    ``join(x, y, rank)``: the symbol they become). O(n log n), not the spec's O(n²): the
+    symbols form a linked list, and a heap holds (rank, position) for each ranked
+    adjacent pair. A position is that of the pair's left symbol in the input, so among
+    equal ranks the heap gives the leftmost, as the spec does. An entry whose pair
+    changed after it was pushed (a neighbour joined, or its left symbol was absorbed) is
+    skipped when popped: the pair that replaced it was pushed when it formed. A rank
+    names one pair, so a popped entry is current exactly when its pair still has it."""
+    n = len(symbols)
+    if n < 2:
+        return list(symbols)
+    current = list(symbols)
+    following = list(range(1, n + 1))  # n: the end; -1: absorbed into its left neighbour
+    preceding = list(range(-1, n - 1))  # -1: the start
+    heap = [(k, j) for j in range(n - 1)
+            if (k := rank_of(current[j], current[j + 1])) is not None]
+    heapq.heapify(heap)
+    while heap:
+        k, left = heapq.heappop(heap)
+        right = following[left]
+        if right < 0 or right == n or rank_of(current[left], current[right]) != k:
+            continue
+        current[left] = join(current[left], current[right], k)
+        after = following[right]
+        following[right] = -1
+        following[left] = after
+        if after < n:
+            preceding[after] = left
+            if (k := rank_of(current[left], current[after])) is not None:
+                heapq.heappush(heap, (k, left))
+        before = preceding[left]
+        if before >= 0 and (k := rank_of(current[before], current[left])) is not None:
+            heapq.heappush(heap, (k, before))
+    out: list[Any] = []
+    j = 0  # the first symbol has no left neighbour, so it is never absorbed
+    while j < n:
+        out.append(current[j])
+        j = following[j]
+    return out
+
+
+def bpe_lowest_rank_first(ids: Sequence[int], rank: Mapping[Pair, int]) -> list[int]:
+    """The spec's bpe_chunk on token ids, given its rank table {pair: k}."""
+    return lowest_rank_first(ids, lambda x, y: rank.get((x, y)), lambda x, y, k: 256 + k)
+
+
 class Tokenizer:
     """Byte-level BPE: ``merges`` (merge k makes token 256 + k), a pre-tokenization
     ``pattern``, ``special_tokens`` (text → id) and ``base`` (the byte of each of the
@@ -402,6 +453,7 @@ class Tokenizer:
         ranks = {data: i for i, data in enumerate(self._vocab)}
         self._encoding: tiktoken.Encoding | None = None
         self._rank = {pair: k for k, pair in enumerate(self.merges)}
+        self._token_of_byte = {b: i for i, b in enumerate(base)}
         # GPT-2's pattern is run as its lookahead-free form on pieces cut by
         # cut_whitespace_runs (same chunks, and about twice as fast in tiktoken)
         self._cut_runs = self.pattern == GPT2_PATTERN
@@ -530,17 +582,8 @@ class Tokenizer:
                                  f"{str(err).splitlines()[0] if str(err) else 'panic'}") from None
 
     def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
-        token_of_byte = {b: i for i, b in enumerate(self.base)}
-        ids = [token_of_byte[b] for b in chunk.encode("utf-8")]
-        rank = self._rank
-        while len(ids) > 1:
-            best = min(((rank[p], j) for j, p in enumerate(zip(ids, ids[1:], strict=False))
-                        if p in rank), default=None)
-            if best is None:
-                break
-            k, j = best
-            ids[j : j + 2] = [256 + k]
-        return tuple(ids)
+        ids = [self._token_of_byte[b] for b in chunk.encode("utf-8")]
+        return tuple(bpe_lowest_rank_first(ids, self._rank))
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         ids = list(ids)
