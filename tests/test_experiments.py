@@ -803,3 +803,43 @@ def test_a_link_or_fifo_in_place_of_a_runs_log_is_refused_naming_it(tmp_path, ca
     with runner._open_log(log) as opened:
         opened.write("this run's\n")
     assert log.read_text() == "this run's\n" and victim.read_text() == "precious\n"
+
+
+def test_a_full_disk_while_the_token_cache_is_written_is_one_line_naming_the_file(
+        tmp_path, capsys, monkeypatch, corpus):
+    """Hostile round, finding 12: on a full disk the command said only "error: OSError:
+    371822 requested and 106432 written" (NumPy's short write, with no errno). The line
+    names the file and says the disk is full; no temporary file is left."""
+    import errno
+
+    from gptspec.experiments import corpus as corpus_module
+
+    def short_write(f, ids, allow_pickle=False):
+        f.write(b"\x93NUMPY")
+        raise OSError(f"{ids.nbytes} requested and 6 written")
+
+    out = tmp_path / "res"
+    argv = ["experiment", "vocab", "--quick", "--jobs", "1", "--data", str(corpus),
+            "--out", str(out)]
+
+    def error_line() -> str:  # as for any failure during the work (exit 1), in one line
+        assert main(argv) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    monkeypatch.setattr(corpus_module.np, "save", short_write)
+    line = error_line()
+    assert line.startswith("gptspec experiment: error: cannot write the token cache, the "
+                           "disk is full (a short write: "), line
+    assert line.endswith(".train.npy") and str(out / ".cache") in line, line
+    assert not [p for p in (out / ".cache").rglob("*") if p.name.endswith(".tmp")]
+
+    def no_space(f, ids, allow_pickle=False):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(corpus_module.np, "save", no_space)
+    line = error_line()
+    assert "cannot write the token cache, the disk is full (No space left on device): " \
+        in line, line
+    assert line.endswith("bytes.train.npy"), line

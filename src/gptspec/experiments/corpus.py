@@ -10,6 +10,7 @@ written is made again, not trained on.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 from collections.abc import Callable
@@ -118,6 +119,22 @@ def cache_problem(meta: dict | None, files: dict[str, Path], corpus: Corpus,
     return None
 
 
+class CacheWriteError(OSError):
+    """A cache file that could not be written, named (the CLI says "STRERROR: FILE"), and
+    said to be a full disk where it is: NumPy reports a short write as "N requested and
+    M written", with no errno, and the user saw that alone."""
+
+    def __init__(self, path: Path, err: OSError) -> None:
+        full = "cannot write the token cache, the disk is full"
+        if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            code, why = err.errno, f"{full} ({err.strerror})"
+        elif err.errno is None and " requested and " in str(err):
+            code, why = errno.ENOSPC, f"{full} (a short write: {err})"
+        else:
+            code, why = err.errno, f"cannot write the token cache ({err.strerror or err})"
+        super().__init__(code, why, str(path))
+
+
 def tokenize(corpus: Corpus, vocab: int, cache: Path,
              note: Callable[[str], None] | None = None) -> Tokenized:
     """The tokenizer of ``vocab`` tokens for this corpus and both splits' token ids, made
@@ -143,18 +160,24 @@ def tokenize(corpus: Corpus, vocab: int, cache: Path,
                              f"vocabulary of {vocab} (training stopped at "
                              f"{tokenizer.vocab_size})")
         folder.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(files["tokenizer"])  # written whole, then renamed
-        counts = {}
-        for split, text in (("train", corpus.train_text), ("val", corpus.val_text)):
-            ids = np.asarray(tokenizer.encode_ordinary(text), dtype=np.uint16)
-            with replacing(files[split]) as tmp, open(tmp, "wb") as f:
-                np.save(f, ids, allow_pickle=False)
-            counts[split] = int(ids.size)
-        digests = {name: file_sha256(path) for name, path in files.items()}
-        meta = {"version": PREPARATION_VERSION, "corpus": corpus.sha256, "vocab": vocab,
-                "tokenizer_sha256": digests["tokenizer"], "sha256": digests,
-                "train_tokens": counts["train"], "val_tokens": counts["val"]}
-        write_text(meta_path, json.dumps(meta, indent=1))
+        target = files["tokenizer"]  # the file being written, named if that fails
+        try:
+            tokenizer.save(target)  # written whole, then renamed
+            counts = {}
+            for split, text in (("train", corpus.train_text), ("val", corpus.val_text)):
+                ids = np.asarray(tokenizer.encode_ordinary(text), dtype=np.uint16)
+                target = files[split]
+                with replacing(target) as tmp, open(tmp, "wb") as f:
+                    np.save(f, ids, allow_pickle=False)
+                counts[split] = int(ids.size)
+            digests = {name: file_sha256(path) for name, path in files.items()}
+            meta = {"version": PREPARATION_VERSION, "corpus": corpus.sha256, "vocab": vocab,
+                    "tokenizer_sha256": digests["tokenizer"], "sha256": digests,
+                    "train_tokens": counts["train"], "val_tokens": counts["val"]}
+            target = meta_path
+            write_text(target, json.dumps(meta, indent=1))
+        except OSError as err:
+            raise CacheWriteError(target, err) from None
     assert meta is not None
     return Tokenized(vocab, files["tokenizer"], files["train"], files["val"],
                      meta["tokenizer_sha256"], meta["train_tokens"], meta["val_tokens"],
