@@ -843,3 +843,63 @@ def test_a_full_disk_while_the_token_cache_is_written_is_one_line_naming_the_fil
     assert "cannot write the token cache, the disk is full (No space left on device): " \
         in line, line
     assert line.endswith("bytes.train.npy"), line
+
+
+def _workers_of(spec: Path) -> list[int]:
+    """The pids of the live processes running the worker on ``spec`` (read from /proc)."""
+    import os
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if os.fsencode(str(spec)) in argv and b"gptspec.experiments.worker" in argv \
+                and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_dies_with_its_killed_study(tmp_path, corpus):
+    """Hostile round, finding 6: SIGKILL of `gptspec experiment` left its worker running
+    (adopted by init), finishing its run; a rerun took over the lock and started the same
+    run beside it. The worker now dies with the study (PR_SET_PDEATHSIG), its run left
+    undone."""
+    import os
+
+    out = tmp_path / "res"
+    runs = out / ".runs" / "tying"
+    process = _running_study(["experiment", "tying", "--quick", "--data", str(corpus),
+                              "--out", str(out), "--jobs", "1"], runs)
+    spec = next(runs.glob("*.spec.json"))
+    deadline = time.monotonic() + 60
+    while not (workers := _workers_of(spec)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert workers, "the study's worker did not start"
+    process.kill()
+    process.communicate(timeout=30)
+    deadline = time.monotonic() + 120
+    while _workers_of(spec) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _workers_of(spec)
+    for pid in left:  # this test's own orphan, by the pid found above
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the worker outlived its study"
+    result = spec.with_name(spec.name.removesuffix(".spec.json") + ".json")
+    assert not result.exists(), "the orphan finished its run"
+
+
+def test_a_worker_whose_parent_died_before_it_asked_exits_at_once():
+    """The race in finding 6's fix: a parent that died before the worker's prctl ran is
+    seen in getppid, and the worker exits instead of running on."""
+    code = "from gptspec.parent_death import die_with_parent\n" \
+           "import os\ndie_with_parent(os.getppid())\nprint('alive')\n" \
+           "die_with_parent(os.getppid() + 1)\nprint('still alive')\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and done.stdout == "alive\n", done

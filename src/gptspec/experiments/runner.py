@@ -313,6 +313,8 @@ class _Running:
 def _start(run: PlannedRun) -> _Running:
     run.folder.mkdir(parents=True, exist_ok=True)
     spec = {"settings": run.settings, "launched": time.time(),
+            # the worker ends with this process (parent_death), even when it is SIGKILLed
+            "parent": os.getpid(),
             "paths": {"tokenizer": str(run.tokens.tokenizer.resolve()),
                       "train": str(run.tokens.train.resolve()),
                       "val": str(run.tokens.val.resolve()),

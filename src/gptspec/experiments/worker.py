@@ -5,7 +5,8 @@ paths of its token files and of its result file. The run trains with the project
 trainer (``gptspec.fast.train.Trainer``, what ``gptspec train`` uses) on one thread,
 measures the validation loss on fixed windows along the way (the learning curve), then on
 the whole validation split, and writes its result file whole (temporary name, then
-rename): a run that is killed leaves nothing, and the study's rerun does it again.
+rename): a run that is killed leaves nothing, and the study's rerun does it again. It
+dies with the study's process, even one killed by SIGKILL (``gptspec.parent_death``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from gptspec.atomic_files import write_text
 from gptspec.experiments.metrics import bits_per_byte
+from gptspec.parent_death import die_with_parent
 from gptspec.reference.costs import forward_flops_per_token, training_flops_per_token
 from gptspec.spec.config import GPTConfig
 
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m gptspec.experiments.worker SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if "parent" in spec:  # an orphan went on to finish its run beside the rerun's
+        die_with_parent(spec["parent"])
     from gptspec.conformance.report import provenance
 
     started = provenance()
