@@ -27,6 +27,7 @@ from gptspec.fast.tokenizer import (
     TokenizerError,
     bpe_lowest_rank_first,
     cut_whitespace_runs,
+    merges_follow_byte_ranks,
     split_for_threads,
     train_merges,
 )
@@ -434,6 +435,42 @@ def test_exact_encoder_equals_reference_on_any_merges(data):
         assert bpe_lowest_rank_first(list(text.encode()), rank) == ref.bpe_chunk(
             text.encode(), merges)
         assert tok.encode(text) == ref.encode(text, merges)
+
+
+
+def test_merges_byte_ranked_bpe_would_not_make_encode_as_the_spec(tmp_path):
+    # "abc" is token 258 = (a, bc); byte ranks join ab (256) first and then spell abc
+    # as 258, the spec's pair ranks find no merge (ab, c): [256, 99]
+    merges = [(97, 98), (98, 99), (97, 257)]
+    tok = Tokenizer(merges)
+    assert tok.encode("abc") == ref.encode("abc", merges) == [256, 99]
+    assert tok.encode("xabc abcabc") == ref.encode("xabc abcabc", merges)
+    assert not merges_follow_byte_ranks(tok._vocab, merges)
+    (tmp_path / "t.json").write_text(json.dumps({
+        "format": "gptspec-tokenizer", "version": 1, "pattern": "gpt2",
+        "base": list(range(256)), "merges": merges, "special_tokens": {}}))
+    assert Tokenizer.load(tmp_path / "t.json").encode("abc") == [256, 99]
+    # tiktoken's ranks would bring back (ab, c) in place of (a, bc): refused
+    with pytest.raises(TokenizerError, match="byte-ranked BPE"):
+        tok.save(tmp_path / "t.tiktoken", "tiktoken")
+    assert not (tmp_path / "t.tiktoken").exists()
+
+
+def test_learned_merges_keep_tiktoken():
+    tok = Tokenizer.train(corpus()[:20_000], 500)
+    assert tok._encoding is not None
+    assert merges_follow_byte_ranks(tok._vocab, tok.merges)
+    assert not merges_follow_byte_ranks(tok._vocab, tok.merges, max_work=10)  # too costly
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fast_encoder_equals_reference_on_any_merges(data):
+    # whichever path the tokenizer picks for them (tiktoken or the exact one)
+    merges = data.draw(any_merges(alphabet=b"ab c"))
+    tok = Tokenizer(merges)
+    for text in data.draw(st.lists(spelled_texts(merges, alphabet=b"ab c"), max_size=4)):
+        assert tok.encode(text) == ref.encode(text, merges), (merges, text)
 
 
 def test_merges_that_spell_the_same_bytes_encode_a_long_run_in_linear_time():

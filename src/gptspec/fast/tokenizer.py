@@ -3,8 +3,10 @@
 Training updates pair counts incrementally (a merge recounts only the distinct chunks
 holding its pair; a heap on (−count, pair) gives the spec's tie-break). Encoding goes
 through tiktoken's ``Encoding``, built offline from the merges' ranks; tiktoken ranks a
-pair by its concatenated bytes, which on BPE-learned merges is the spec's map (the tests
-and conformance checks hold it to the reference). If two merges spell the same bytes,
+pair by its concatenated bytes, which is the spec's map only for merges byte-ranked BPE
+would make itself, as BPE-learned ones are (merges_follow_byte_ranks tests it when the
+tokenizer is built; the tests and conformance checks hold both paths to the reference).
+For any other merges (two spelling the same bytes, or [(a, b), (b, c), (a, bc)]),
 encoding runs the spec's algorithm itself, in O(n log n) per chunk (a heap over adjacent
 pairs) and cached per chunk. Past tiktoken's own speed,
 same tokens: GPT-2's pattern (whose lookahead sends tiktoken's regex engine to its slow
@@ -49,6 +51,11 @@ MAX_VOCAB_SIZE = 1 << 21
 # all tokens together are capped, and counted before any token is built, so loading costs
 # time and memory linear in this cap. GPT-2's and cl100k's vocabularies hold < 1 MiB.
 MAX_VOCAB_BYTES = 16 << 20
+# Whether tiktoken may encode for a vocabulary is decided by replaying BPE over each
+# token's bytes (merges_follow_byte_ranks): time ∝ the sum of squared token lengths, here
+# capped (GPT-2's vocabulary: a few million). Past it, encoding takes the exact path.
+MAX_CONSISTENCY_WORK = 1 << 25
+SHORT_TOKEN = 24  # bytes, up to which that replay rescans the pieces (cheaper than a heap)
 
 # The `regex` module backtracks, so a pattern can take exponential time on the wrong text
 # ((?:a|a)*b on a run of a's). tiktoken's engine, which encoding goes through, is linear
@@ -407,6 +414,47 @@ def bpe_lowest_rank_first(ids: Sequence[int], rank: Mapping[Pair, int]) -> list[
     return lowest_rank_first(ids, lambda x, y: rank.get((x, y)), lambda x, y, k: 256 + k)
 
 
+def merges_follow_byte_ranks(vocab: Sequence[bytes], merges: Sequence[Pair],
+                             max_work: int = MAX_CONSISTENCY_WORK) -> bool:
+    """Whether tiktoken's BPE gives the spec's tokens for these merges. tiktoken ranks a
+    pair of adjacent pieces by the token their joined bytes spell, whichever two tokens
+    spell it; the spec ranks only the pair each merge names. They agree when every
+    merge is the one byte-ranked BPE itself ends with: BPE over token 256 + k's bytes,
+    allowed only tokens below it, leaves exactly merge k's pair (true of merges learned
+    by BPE; not of [(a, b), (b, c), (a, bc)], whose "abc" byte ranks make of (ab, c)).
+    Token bytes must be distinct. False, too, when the test would cost more than
+    ``max_work`` (the sum of the squared lengths of the tokens it replays): the spec's
+    own encoder is right for every vocabulary, only slower."""
+    if sum(len(data) ** 2 for data in vocab[256:]) > max_work:
+        return False
+    ranks = {data: i for i, data in enumerate(vocab)}
+    for k, (a, b) in enumerate(merges):
+        data = vocab[256 + k]
+        if len(data) == 2:  # two single bytes: no other way to spell it
+            continue
+        limit = 256 + k
+
+        def rank_below(x: bytes, y: bytes, limit: int = limit) -> int | None:
+            r = ranks.get(x + y)
+            return r if r is not None and r < limit else None
+
+        pieces = [data[i:i + 1] for i in range(len(data))]
+        if len(data) > SHORT_TOKEN:
+            pieces = lowest_rank_first(pieces, rank_below, lambda x, y, _: x + y)
+        while len(pieces) > 2:  # a short token: rescanning costs less than a heap
+            best, at = limit, -1
+            for j in range(len(pieces) - 1):
+                r = ranks.get(pieces[j] + pieces[j + 1], limit)
+                if r < best:
+                    best, at = r, j
+            if at < 0:
+                return False
+            pieces[at:at + 2] = [pieces[at] + pieces[at + 1]]
+        if pieces != [vocab[a], vocab[b]]:
+            return False
+    return True
+
+
 class Tokenizer:
     """Byte-level BPE: ``merges`` (merge k makes token 256 + k), a pre-tokenization
     ``pattern``, ``special_tokens`` (text → id) and ``base`` (the byte of each of the
@@ -457,7 +505,10 @@ class Tokenizer:
         # GPT-2's pattern is run as its lookahead-free form on pieces cut by
         # cut_whitespace_runs (same chunks, and about twice as fast in tiktoken)
         self._cut_runs = self.pattern == GPT2_PATTERN
-        if len(ranks) == n:
+        # tiktoken only where it gives the spec's tokens (see merges_follow_byte_ranks);
+        # otherwise (two merges spell the same bytes, or a merge that byte-ranked BPE
+        # would not make) the spec's algorithm, in O(n log n) per chunk
+        if len(ranks) == n and merges_follow_byte_ranks(self._vocab, self.merges):
             self._encoding = tiktoken.Encoding(
                 name, pat_str=GPT2_NO_LOOKAHEAD if self._cut_runs else self.pattern,
                 mergeable_ranks=ranks, special_tokens={})

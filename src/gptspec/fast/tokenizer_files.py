@@ -98,6 +98,12 @@ def save(tokenizer: Tokenizer, path: str | Path, format: str = "gptspec") -> Non
     if format != "gptspec" and len(tokenizer.mergeable_ranks()) != tokenizer._n_bpe:
         raise TokenizerError(f"two merges of this tokenizer spell the same bytes; the "
                              f"{format} format keys tokens by their bytes and cannot hold it")
+    if format == "tiktoken" and merges_from_ranks(tokenizer.mergeable_ranks())[0] != tokenizer.merges:
+        # ranks hold no merges: a reader recovers the ones byte-ranked BPE makes, which
+        # here are others, and would encode differently
+        raise TokenizerError("this tokenizer's merges are not the ones byte-ranked BPE "
+                             "makes from its tokens (e.g. (a, bc) where BPE joins ab, c); "
+                             "the tiktoken format holds only ranks and would change them")
     write_bytes(path, writers[format](tokenizer))
 
 
