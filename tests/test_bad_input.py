@@ -391,6 +391,25 @@ for name, needle in [("underscore", "1_0"), ("plus", "+5"), ("other-digits", "٣
 # damaged state.json: RNG states that pass a type check but not the generators
 for damage in ("rng-torch-garbage", "rng-python-size"):
     case(f"resume-state-{damage}", _with(RESUME, "--out", "{w}/damaged/" + damage), "rng")
+# damaged state.json: a gradient scaler's state (float16 on CUDA; read on every resume) and
+# a data block that torch or NumPy took and failed on in words of their own, or that was
+# blamed on the token file (hostile round 11: findings 9 and 11)
+for damage, needle in [
+    ("scaler-partial", "state.json: 'scaler' lacks 'growth_factor'"),
+    ("scaler-scale-a-string", "state.json: 'scaler' 'scale' must be a positive normal float32"),
+    ("scaler-scale-zero", "state.json: 'scaler' 'scale' must be a positive normal float32"),
+    ("scaler-scale-underflowing", "'scale' must be a positive normal float32 (2^-126 … "
+                                  "3.4e38), got 1e-300"),
+    ("scaler-growth-factor-a-list", "state.json: 'scaler' 'growth_factor' must be a finite "
+                                    "number above 1"),
+    ("scaler-tracker-a-string", "state.json: 'scaler' '_growth_tracker' must be an integer"),
+    ("data-dtype-a-number", "state.json: 'data' 'dtype' must be uint16 or uint32"),
+    ("data-dtype-an-object", "state.json: 'data' 'dtype' must be uint16 or uint32"),
+    ("data-unknown-field", "state.json: 'data' holds 'extra', an unknown field"),
+    ("data-sha256-a-number", "state.json: 'data' 'sha256' must be a sha-256"),
+    ("data-n-tokens-negative", "state.json: 'data' 'n_tokens' must be a positive integer"),
+]:
+    case(f"resume-state-{damage}", _with(RESUME, "--out", "{w}/damaged/" + damage), needle)
 # a configuration nested past the JSON parser's recursion limit
 case("generate-config-nested-deep", _with(GEN, "--checkpoint", "{w}/deep-config"), "nested")
 case("info-config-nested-deep", ["info", "{w}/deep-config"], "nested")
@@ -708,6 +727,24 @@ def _damage_runs(world: Path) -> None:
         (run / "nan").rmdir()
 
     damaged("nan-weights", nan_weights)
+
+    # a float16 run's scaler state (what torch's GradScaler saves), one field wrong
+    scaler = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+              "growth_interval": 2000, "_growth_tracker": 0}
+    damaged("scaler-partial", state=lambda d: d.update(scaler={"scale": 65536.0}))
+    damaged("scaler-scale-a-string", state=lambda d: d.update(scaler={**scaler, "scale": "x"}))
+    damaged("scaler-scale-zero", state=lambda d: d.update(scaler={**scaler, "scale": 0.0}))
+    damaged("scaler-scale-underflowing",
+            state=lambda d: d.update(scaler={**scaler, "scale": 1e-300}))
+    damaged("scaler-growth-factor-a-list",
+            state=lambda d: d.update(scaler={**scaler, "growth_factor": [1]}))
+    damaged("scaler-tracker-a-string",
+            state=lambda d: d.update(scaler={**scaler, "_growth_tracker": "x"}))
+    damaged("data-dtype-a-number", state=lambda d: d["data"].update(dtype=5))
+    damaged("data-dtype-an-object", state=lambda d: d["data"].update(dtype={"a": 1}))
+    damaged("data-unknown-field", state=lambda d: d["data"].update(extra=1))
+    damaged("data-sha256-a-number", state=lambda d: d["data"].update(sha256=5))
+    damaged("data-n-tokens-negative", state=lambda d: d["data"].update(n_tokens=-1))
 
 
 def _hf_variants(world: Path) -> None:

@@ -404,6 +404,17 @@ STEP_KEY = "gptspec_step"
 MODEL_DIGEST_KEY = "gptspec_model_sha256"
 OPTIMIZER_DIGEST = "optimizer_sha256"
 TOKENIZER_DIGEST = "tokenizer_sha256"  # of what it holds (tokenizer_files.fingerprint)
+# state.json's "scaler": what torch's GradScaler.state_dict() saves (float16 training, on
+# CUDA), each field checked against the tensors the scaler keeps it in
+SCALER_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval",
+                 "_growth_tracker")
+FLOAT32_SMALLEST_NORMAL = 2.0**-126
+FLOAT32_LARGEST = float(np.finfo(np.float32).max)
+INT32_LARGEST = 2**31 - 1  # the growth tracker is an int32 tensor counting to the interval
+# state.json's "data": the token file a run trains on (dtype and sha256 since issue 29)
+DATA_FIELDS = ("source", "tokens", "n_tokens", "dtype", "sha256")
+# str() of the dtypes open_tokens accepts: uint16 or uint32, in either byte order
+TOKEN_DTYPES = ("uint16", "uint32", "<u2", "<u4", ">u2", ">u4")
 
 
 def crash_point(name: str) -> None:
@@ -621,21 +632,116 @@ def check_state(state: Any, file: Path) -> dict:
     if (not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool)
             or not math.isfinite(elapsed) or elapsed < 0):
         raise CheckpointError(f"{file}: 'elapsed_seconds' is not a number of seconds")
-    if not isinstance(state.get("scaler") or {}, dict):
-        raise CheckpointError(f"{file}: 'scaler' is not a saved gradient scaler state")
+    _check_scaler(state.get("scaler"), file)
     rng = state["rng"]
     if not (isinstance(rng.get("torch"), str) and isinstance(rng.get("python"), list)
             and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)):
         raise CheckpointError(f"{file}: 'rng' is not a saved RNG state")
     _check_history(state["history"], state["step"], file)
     if "data" in state:
-        data = state["data"]
-        fields = {"source": str, "tokens": str, "n_tokens": int}
-        if not isinstance(data, dict) or any(
-                not isinstance(data.get(k), t) or isinstance(data.get(k), bool)
-                for k, t in fields.items()):
-            raise CheckpointError(f"{file}: 'data' must hold source, tokens and n_tokens")
+        _check_data(state["data"], file)
     return state
+
+
+def _shown(value: Any) -> str:
+    """A state field's value for an error line, as JSON names it, cut short."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        return text if len(text) <= 40 else f"{text[:39]}…"
+    if isinstance(value, str):
+        return repr(value[:40]) + ("…" if len(value) > 40 else "")
+    return "an object" if isinstance(value, dict) else "a list"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_scaler(scaler: Any, file: Path) -> None:
+    """null (a run without loss scaling), or what torch's GradScaler.state_dict() saves,
+    each field of its type and in the range the scaler's own updates keep it in. torch's
+    load_state_dict takes any value: a string failed later in words of torch's own, and a
+    scale of 0 (or 1e-300, 0 as a float32) made every step's loss NaN, which was then
+    reported as the run diverging."""
+    if scaler is None:
+        return
+    if not isinstance(scaler, dict):
+        raise CheckpointError(f"{file}: 'scaler' is not a saved gradient scaler state (an "
+                              f"object of {', '.join(SCALER_FIELDS)}, or null), got "
+                              f"{_shown(scaler)}")
+    unknown = [str(k)[:40] for k in scaler if k not in SCALER_FIELDS]
+    if unknown:
+        raise CheckpointError(f"{file}: 'scaler' holds {unknown[0]!r}, which a gradient "
+                              f"scaler's state does not (it holds {', '.join(SCALER_FIELDS)})")
+    for key in SCALER_FIELDS:
+        if key not in scaler:
+            raise CheckpointError(f"{file}: 'scaler' lacks {key!r}")
+
+    def refuse(key: str, expected: str) -> CheckpointError:
+        return CheckpointError(f"{file}: 'scaler' {key!r} must be {expected}, got "
+                               f"{_shown(scaler[key])}")
+
+    # the scale is a float32 tensor: below its smallest normal number a scaled loss
+    # underflows, above its largest the scale is infinite
+    scale = scaler["scale"]
+    if not (_number(scale) and FLOAT32_SMALLEST_NORMAL <= scale <= FLOAT32_LARGEST):
+        raise refuse("scale", "a positive normal float32 (2^-126 … 3.4e38)")
+    growth = scaler["growth_factor"]
+    if not (_number(growth) and 1 < growth <= FLOAT32_LARGEST):
+        raise refuse("growth_factor", "a finite number above 1")
+    backoff = scaler["backoff_factor"]
+    if not (_number(backoff) and 0 < backoff < 1):
+        raise refuse("backoff_factor", "a number between 0 and 1")
+    interval = scaler["growth_interval"]
+    if not (_integer(interval) and 0 < interval <= INT32_LARGEST):
+        raise refuse("growth_interval", f"a positive integer (at most {INT32_LARGEST})")
+    tracker = scaler["_growth_tracker"]
+    if not (_integer(tracker) and 0 <= tracker < interval):
+        # the steps since the scale last grew: it grows, and the count restarts, at the
+        # growth interval
+        raise refuse("_growth_tracker", f"an integer from 0 to growth_interval − 1 "
+                                        f"({interval - 1})")
+
+
+def _check_data(data: Any, file: Path) -> None:
+    """The token file a run trains on, as its fresh start recorded it. A wrong value here
+    was blamed on the token file ("changed since the checkpoint was written") or failed
+    in NumPy's words; dtype and sha256 are absent from states written before issue 29."""
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: 'data' is not an object of {', '.join(DATA_FIELDS)}, "
+                              f"got {_shown(data)}")
+    unknown = [str(k)[:40] for k in data if k not in DATA_FIELDS]
+    if unknown:  # a field misspelt by hand would be dropped, its value never used
+        raise CheckpointError(f"{file}: 'data' holds {unknown[0]!r}, an unknown field (it "
+                              f"holds {', '.join(DATA_FIELDS)})")
+    for key in ("source", "tokens", "n_tokens"):
+        if key not in data:
+            raise CheckpointError(f"{file}: 'data' lacks {key!r}")
+
+    def refuse(key: str, expected: str) -> CheckpointError:
+        return CheckpointError(f"{file}: 'data' {key!r} must be {expected}, got "
+                               f"{_shown(data[key])}")
+
+    if not isinstance(data["source"], str):
+        raise refuse("source", "text (what the tokens were made from)")
+    tokens = data["tokens"]
+    if not (isinstance(tokens, str) and tokens and "\x00" not in tokens):
+        raise refuse("tokens", "the token file's path")
+    if not (_integer(data["n_tokens"]) and 0 < data["n_tokens"] < 2**63):
+        raise refuse("n_tokens", "a positive integer (the token file's length in ids)")
+    if "dtype" in data and not (isinstance(data["dtype"], str)
+                                and data["dtype"] in TOKEN_DTYPES):
+        raise refuse("dtype", "uint16 or uint32 (the token ids' type)")
+    digest = data.get("sha256")
+    if "sha256" in data and not (isinstance(digest, str) and len(digest) == 64
+                                 and all(c in "0123456789abcdef" for c in digest)):
+        raise refuse("sha256", "a SHA-256 of the token ids (64 lowercase hexadecimal digits)")
 
 
 def _check_history(history: dict, step: int, file: Path) -> None:
