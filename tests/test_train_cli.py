@@ -236,3 +236,31 @@ def test_a_setting_missing_from_state_json_is_refused_not_defaulted(tmp_path, co
                                    if k != "compile"}}
     state_file.write_text(json.dumps(older))
     assert main(resume) == 0
+
+
+@pytest.mark.parametrize(("code", "said"), [("ENOSPC", "the disk is full"),
+                                            ("EDQUOT", "the disk quota is used up")])
+def test_a_full_disk_while_writing_the_tokens_names_the_file(tmp_path, corpus, monkeypatch,
+                                                             capsys, code, said):
+    """A fresh run on a full disk said "error: No space left on device", exit 1, with no
+    file named (the write goes to a temporary name): now the token file is named, and
+    the run leaves nothing behind."""
+    import errno
+    import os
+    from pathlib import Path
+
+    real_write_bytes = Path.write_bytes
+
+    def full_disk(self, data):
+        if self.name.startswith(".tokens.bin."):  # atomic_files' temporary for tokens.bin
+            number = getattr(errno, code)
+            raise OSError(number, os.strerror(number))
+        return real_write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    assert _train(tmp_path, "--data", str(corpus), "--steps", "1") == 2
+    err = capsys.readouterr().err.strip()
+    tokens = tmp_path / "out" / "tokens.bin"
+    assert err.splitlines() == [f"gptspec train: error: cannot write the token file {tokens}: "
+                                f"{said} ({os.strerror(getattr(errno, code))})"]
+    assert not (tmp_path / "out").exists()  # the run's folder, lock and temporary went

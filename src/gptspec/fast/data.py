@@ -8,6 +8,7 @@ of T + 1 consecutive tokens at random offsets: inputs are the first T, targets t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -21,7 +22,8 @@ TOKEN_FILE_SUFFIXES = (".bin", ".npy")  # token ids, memory-mapped; any other fi
 
 
 class DataError(ValueError):
-    """A token file that cannot be trained on; the message names the file and the problem."""
+    """A token file that cannot be trained on (or written); the message names the file and
+    the problem."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -35,7 +37,15 @@ def write_tokens(path: str | os.PathLike[str], ids, vocab_size: int) -> Path:
     array = np.asarray(ids, dtype=np.int64)
     if array.size and (array.min() < 0 or array.max() >= vocab_size):
         raise DataError(f"token ids must lie in [0, {vocab_size}) to be written to {target}")
-    write_bytes(target, array.astype(token_dtype(vocab_size)).tobytes(), make_parents=True)
+    try:
+        write_bytes(target, array.astype(token_dtype(vocab_size)).tobytes(), make_parents=True)
+    except OSError as err:  # the OS's words name no file (the write went to a temporary
+        # one, removed since): the target is named here
+        full = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up"}
+        why = err.strerror or str(err) or type(err).__name__
+        if err.errno in full:
+            why = f"{full[err.errno]} ({why})"
+        raise DataError(f"cannot write the token file {target}: {why}") from None
     return target
 
 

@@ -253,7 +253,10 @@ class TrainingRun:
         except DataError as err:
             raise RunError(f"{source}: {err}") from None
         self._claim()  # makes OUT only now: a refused input leaves no folder
-        written = write_tokens(self.out / "tokens.bin", ids, config.vocab_size)
+        try:  # a full disk: the temporary file went, _discard removes what the run made
+            written = write_tokens(self.out / "tokens.bin", ids, config.vocab_size)
+        except DataError as err:
+            raise RunError(str(err)) from None
         self._wrote_tokens = True
         self.tokens, self.source = open_tokens(written, config.vocab_size), source
         return config, tokenizer
