@@ -451,6 +451,24 @@ def unsupported_tokenizers():
         small_tokenizer().save(hf / "tokenizer.json", "hf")
         (hf / "tokenizer_config.json").write_text('{"add_prefix_space": true}')
 
+    def edited(change):  # the small tokenizer's file, one field changed
+        def write(hf):
+            small_tokenizer().save(hf / "tokenizer.json", "hf")
+            doc = json.loads((hf / "tokenizer.json").read_text())
+            change(doc)
+            (hf / "tokenizer.json").write_text(json.dumps(doc))
+        return write
+
+    def template(doc):  # HF puts <|endoftext|> before every encoding
+        from tokenizers import processors
+
+        eot = doc["added_tokens"][0]["id"]
+        doc["post_processor"] = json.loads(processors.TemplateProcessing(
+            single=f"{ENDOFTEXT} $A", special_tokens=[(ENDOFTEXT, eot)]).__getstate__())
+
+    def added(option):
+        return lambda doc: doc["added_tokens"][0].update({option: True})
+
     return {
         "wordpiece": (wordpiece, "BPE model (its model is WordPiece)"),
         "sentencepiece": (lambda hf: (hf / "tokenizer.model").write_bytes(b"\x0a\x00"),
@@ -461,6 +479,10 @@ def unsupported_tokenizers():
         "metaspace": (metaspace, "not byte-level"),
         "prefix-space": (prefix_space, "add_prefix_space=true"),
         "added-not-special": (added_not_special, "added token 'fox' is not special"),
+        "template-post-processor": (edited(template), "post_processor 'TemplateProcessing'"),
+        "added-lstrip": (edited(added("lstrip")), "sets lstrip=true"),
+        "added-rstrip": (edited(added("rstrip")), "sets rstrip=true"),
+        "added-single-word": (edited(added("single_word")), "sets single_word=true"),
     }
 
 
@@ -479,6 +501,49 @@ def test_from_hf_unsupported_tokenizer_is_a_one_line_error(tmp_path, capsys, cas
     assert convert("--from-hf", hf, tmp_path / "ck", "--no-tokenizer") == 0
     assert not (tmp_path / "ck" / "tokenizer.json").exists()
 
+
+
+def test_from_hf_options_that_change_ids_would_have_changed_them(tmp_path):
+    """What the refusals above prevent: HF's ids differ from gptspec's for each."""
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from gptspec.fast.tokenizer_files import tokenizer_from_hf_doc
+
+    tok = small_tokenizer()
+    text = f"a x {ENDOFTEXT} b"
+    ids = tok.encode(text, allowed_special="all")
+    cases = unsupported_tokenizers()
+    for case in ("template-post-processor", "added-lstrip", "added-rstrip"):
+        folder = tmp_path / case
+        folder.mkdir()
+        cases[case][0](folder)
+        doc = (folder / "tokenizer.json").read_text()
+        assert HFTokenizer.from_str(doc).encode(text).ids != ids, case
+        with pytest.raises(ValueError, match=cases[case][1]):
+            tokenizer_from_hf_doc(folder / "tokenizer.json", json.loads(doc))
+
+
+def test_from_hf_accepts_gpt2s_own_post_processor_and_added_token(tmp_path):
+    """GPT-2's tokenizer.json: a ByteLevel post-processor (offsets only) with
+    add_prefix_space true, and <|endoftext|> with normalized true (no normalizer)."""
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from gptspec.fast.tokenizer_files import tokenizer_from_hf_doc
+
+    folder = tmp_path
+    small_tokenizer().save(folder / "tokenizer.json", "hf")
+    doc = json.loads((folder / "tokenizer.json").read_text())
+    doc["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True,
+                             "trim_offsets": False, "use_regex": True}
+    doc["added_tokens"][0]["normalized"] = True
+    tok = tokenizer_from_hf_doc(folder / "tokenizer.json", doc)
+    text = f"a x {ENDOFTEXT} b  c"
+    assert tok.encode(text, allowed_special="all") == \
+        HFTokenizer.from_str(json.dumps(doc)).encode(text).ids
 
 def test_from_hf_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
     hf = hf_model_dir(tmp_path / "hf", vocab_size=290)

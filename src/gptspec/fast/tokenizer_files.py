@@ -356,6 +356,23 @@ def _hf_pattern(path: Path, doc: dict) -> str:
     return regex_text
 
 
+def _check_hf_post_processor(path: Path, processor: Any) -> None:
+    """Refuse a post-processor that adds ids. ByteLevel (GPT-2's own file has one, with
+    add_prefix_space true and trim_offsets false) only adjusts offsets, whatever its
+    settings; TemplateProcessing, RobertaProcessing, BertProcessing put tokens around
+    every encoding, which this tokenizer would not."""
+    if processor is None:
+        return
+    steps = processor.get("processors") if isinstance(processor, dict) and \
+        processor.get("type") == "Sequence" else [processor]
+    for step in steps if isinstance(steps, list) else [steps]:
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind != "ByteLevel":
+            raise TokenizerFileError(f"{path}: post_processor {kind or str(step)[:40]!r} "
+                                     f"adds tokens to every encoding, which this tokenizer "
+                                     f"does not; only none or ByteLevel is supported")
+
+
 def _load_hf(path: Path, data: bytes) -> Tokenizer:
     return tokenizer_from_hf_doc(path, _json(path, data))
 
@@ -371,6 +388,7 @@ def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
     if doc.get("normalizer"):
         raise TokenizerFileError(f"{path}: has a normalizer, which this tokenizer does not apply")
     pattern = _hf_pattern(path, doc)
+    _check_hf_post_processor(path, doc.get("post_processor"))
     # options that change which ids BPE gives ("" is how GPT-2's own file says "none")
     for option in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(option):
@@ -393,6 +411,15 @@ def tokenizer_from_hf_doc(path: Path, doc: Any) -> Tokenizer:
             raise TokenizerFileError(f"{path}: added token {added.get('content')!r} is not "
                                      f"special; only special added tokens are supported")
         content, token = added.get("content"), added.get("id")
+        # HF strips the white space beside a token matched with lstrip/rstrip, and matches
+        # a single_word one only between word boundaries; here a special token's text is
+        # matched wherever it stands and the text around it kept. (normalized says whether
+        # to match in the normalized text: with no normalizer, the text itself.)
+        changing = [option for option in ("lstrip", "rstrip", "single_word") if added.get(option)]
+        if changing:
+            raise TokenizerFileError(f"{path}: added token {str(content)[:40]!r} sets "
+                                     f"{', '.join(o + '=true' for o in changing)}, which "
+                                     f"changes where HF matches it and the ids around it")
         if not isinstance(content, str) or not isinstance(token, int) or isinstance(token, bool):
             raise TokenizerFileError(f"{path}: added token {str(content)[:40]!r} needs text "
                                      f"and an integer id, got id {token!r}")
