@@ -451,7 +451,8 @@ def test_a_hangup_saves_the_run_as_ctrl_c_does(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([*GPTSPEC, *TRAIN, "--data", str(corpus), "--out", str(out),
                              "--steps", "100000", "--checkpoint-interval", "1000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_default)  # under nohup, SIGHUP came ignored
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("step 2:"):  # no checkpoint yet: the first save is at step 1000

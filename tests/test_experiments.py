@@ -734,9 +734,14 @@ def test_json_nested_too_deeply_is_named_or_made_again(tmp_path, corpus):
 
 def _running_study(argv: list[str], runs: Path) -> subprocess.Popen:
     """``gptspec`` with ``argv`` in a process of its own, once its first run has started
-    (its spec written). Ctrl-C's default is restored in the child, as in the test above."""
+    (its spec written). The defaults of Ctrl-C and SIGHUP are restored in the child (a
+    shell's background job and nohup hand them on ignored), as in the test above."""
+    def stop_signals_by_default() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
     process = subprocess.Popen([sys.executable, "-m", "gptspec", *argv],
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                               preexec_fn=stop_signals_by_default,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list(runs.glob("*.spec.json")) and process.poll() is None \
