@@ -1,18 +1,14 @@
-"""Text where pre-tokenization matters, and byte sequences that are not UTF-8.
+"""Text where pre-tokenization matters, merge lists no text teaches, and non-UTF-8 bytes.
 
-A backend whose pre-tokenization pattern differs from the spec's on one rare piece
-encodes every other text correctly. ``pretokenization_texts`` builds text from a grammar
-of the pieces GPT-2's and the cl100k-style patterns treat specially (space runs,
-contractions in any case, digit runs, the newline family, Unicode white space, other
-scripts, combining marks, multi-code-point emoji, the end-of-text text). A chunking
-difference shows only where a merge spans the disputed boundary, so ``spanning_merges``
-learns merges from whole lines of such text (``'S``, ``\\u3000\\u3000`` become tokens).
-``any_merges`` draws merge lists no text would teach (see there), and ``spelled_texts``
-texts made of their tokens. ``invalid_utf8`` draws the ill-formed sequences a UTF-8
-decoder must handle (truncated, overlong, surrogates, above U+10FFFF, lone
-continuations, C0, C1, F5–FF).
+``pretokenization_texts`` builds text from a grammar of the pieces GPT-2's and the
+cl100k-style patterns treat specially (space runs, contractions in any case, digit runs,
+the newline family, Unicode white space, other scripts, combining marks, emoji, the
+end-of-text text); a chunking difference shows only where a merge spans the disputed
+boundary, so ``spanning_merges`` learns merges from whole lines of such text.
+``any_merges`` draws merge lists no text would teach, ``spelled_texts`` texts of their
+tokens, and ``invalid_utf8`` the ill-formed sequences a UTF-8 decoder must handle
+(truncated, overlong, surrogates, above U+10FFFF, lone continuations, C0, C1, F5–FF).
 """
-
 from __future__ import annotations
 
 import random

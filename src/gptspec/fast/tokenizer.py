@@ -2,18 +2,13 @@
 
 Training updates pair counts incrementally (a merge recounts only the distinct chunks
 holding its pair; a heap on (−count, pair) gives the spec's tie-break). Encoding goes
-through tiktoken's ``Encoding``, built offline from the merges' ranks; tiktoken ranks a
-pair by its concatenated bytes, which is the spec's map only for merges byte-ranked BPE
-would make itself, as BPE-learned ones are (merges_follow_byte_ranks tests it when the
-tokenizer is built; the tests and conformance checks hold both paths to the reference).
-For any other merges (two spelling the same bytes, or [(a, b), (b, c), (a, bc)]),
-encoding runs the spec's algorithm itself, in O(n log n) per chunk (a heap over adjacent
-pairs) and cached per chunk. Past tiktoken's own speed,
-same tokens: GPT-2's pattern (whose lookahead sends tiktoken's regex engine to its slow
-path) runs lookahead-free on pieces cut at the only places the two forms differ, and a
-long text may be encoded on several threads (``num_threads``).
+through tiktoken, built offline from the merges' ranks, where that is the spec's map:
+tiktoken ranks a pair by its bytes, right only for merges byte-ranked BPE itself makes
+(merges_follow_byte_ranks, tested when the tokenizer is built). Other merges run the
+spec's algorithm in O(n log n) per chunk (a heap over adjacent pairs), cached per chunk.
+GPT-2's pattern runs lookahead-free on pieces cut where the two forms differ (tiktoken's
+regex engine is slow on lookahead), and a long text may use several threads.
 """
-
 from __future__ import annotations
 
 import heapq
