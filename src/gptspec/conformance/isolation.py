@@ -39,6 +39,7 @@ from gptspec.conformance.runner import (
     suite_settings_dict,
     walk,
 )
+from gptspec.parent_death import die_with_parent
 
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
 
@@ -72,19 +73,6 @@ def _let_go_of_the_judges_tracker() -> None:
             pass
         tracker._fd = None
         tracker._pid = None
-
-
-def _die_with_the_judge() -> None:
-    """Linux: this worker is killed when the judge dies, even by SIGKILL."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the judge died before the request took effect
-        os._exit(1)
 
 
 # the modules whose functions a verdict passes through, up to the bytes sent to the judge
@@ -155,7 +143,8 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profi
     # the parent kills whole, with whatever the backend started in it
     if hasattr(os, "setsid"):
         os.setsid()
-    _die_with_the_judge()
+    parent = multiprocessing.parent_process()  # the judge: killed with it, even by SIGKILL
+    die_with_parent(parent.pid if parent is not None and parent.pid else os.getppid())
     _let_go_of_the_judges_tracker()
     _print_into(output)
     from gptspec.conformance.context import cache_outside_the_working_directory
