@@ -11,6 +11,7 @@ import pytest
 
 from gptspec.conformance import protocol
 from gptspec.conformance.discovery import BackendError, load_backend
+from gptspec.conformance.protocol import NotApplicable
 from gptspec.conformance.registry import CHECKS, all_checks
 from gptspec.conformance.runner import run_suite
 from gptspec.reference import tokenizer as ref
@@ -147,6 +148,26 @@ def test_tiktoken_passes_every_tokenizer_check_it_can_run():
     assert {k: v.status for k, v in status.items() if k in TOKENIZER_CHECKS} == {
         k: "pass" for k in TOKENIZER_CHECKS}
     assert status["train.matches_reference"].status == "not-applicable"
+
+
+def test_tiktoken_declares_merges_it_cannot_hold_not_applicable():
+    """tiktoken ranks a pair by the bytes it spells: [(a, b), (b, c), (a, bc)] would make it
+    encode "abc" as [258], where the spec gives [256, 99]; the adapter says so at build."""
+    import tiktoken
+
+    from gptspec.adapters.tokenizer_engines import TiktokenBackend
+
+    untaught = [(97, 98), (98, 99), (97, 257)]
+    assert ref.encode("abc", untaught, ref.GPT2_PATTERN) == [256, 99]
+    spelled = {bytes([b]): b for b in range(256)} | {b"ab": 256, b"bc": 257, b"abc": 258}
+    raw = tiktoken.Encoding("raw", pat_str=ref.GPT2_PATTERN, mergeable_ranks=spelled,
+                            special_tokens={})
+    assert raw.encode("abc") == [258]  # what the engine would compute
+    with pytest.raises(NotApplicable, match="byte-ranked BPE"):
+        TiktokenBackend().build(untaught, ref.GPT2_PATTERN, {})
+    learned = ref.train("abc abc abd", 260, ref.GPT2_PATTERN)
+    assert TiktokenBackend().build(learned, ref.GPT2_PATTERN, {}).encode("abc abd") == \
+        ref.encode("abc abd", learned, ref.GPT2_PATTERN)
 
 
 def test_hf_tokenizers_passes_where_it_computes_the_spec():

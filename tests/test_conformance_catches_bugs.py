@@ -260,3 +260,47 @@ def test_a_temperature_divided_in_16_bit_is_caught_at_a_temperature_not_a_power_
 
     monkeypatch.setattr(checks_sampling, "TEMPERATURES", st.sampled_from((0.0, 0.5, 1.0, 2.0)))
     assert status(buggy)[0][0] == "pass"  # what the check drew before
+
+
+# --- the tokenizer ---------------------------------------------------------------------------
+
+
+class TiktokenWheneverBytesDiffer:
+    """The fast tokenizer as it was (hostile round, finding 2): tiktoken encoded whenever
+    no two merges spelled the same bytes, though it ranks a pair by the token its bytes
+    spell; for [(a, b), (b, c), (a, bc)] it gave [258] for "abc", the spec [256, 99]."""
+
+    @staticmethod
+    def backend():
+        import tiktoken
+
+        from gptspec.fast.tokenizer import GPT2_NO_LOOKAHEAD, FastTokenizerBackend
+
+        class Backend(FastTokenizerBackend):
+            def build(self, merges, pattern, special_tokens):
+                tok = super().build(merges, pattern, special_tokens)
+                ranks = tok.mergeable_ranks()
+                if tok._encoding is None and len(ranks) == tok._n_bpe:
+                    tok._encoding = tiktoken.Encoding(
+                        "by-byte-ranks", pat_str=GPT2_NO_LOOKAHEAD if tok._cut_runs
+                        else tok.pattern, mergeable_ranks=ranks, special_tokens={})
+                return tok
+
+        return Backend()
+
+
+def test_encoding_by_byte_ranks_for_untaught_merges_is_caught():
+    from gptspec.fast.tokenizer import FastTokenizerBackend
+
+    buggy = TiktokenWheneverBytesDiffer.backend()
+    assert buggy.build([(97, 98), (98, 99), (97, 257)], ref.tokenizer.GPT2_PATTERN,
+                       {}).encode("abc") == [258]  # the bug is planted
+    def encode_check(backend):
+        (result,) = run_suite(backend, profile="quick", seed=0, area="tokenizer",
+                              select=lambda c: c.id == "encode.matches_reference").results
+        return result
+
+    result = encode_check(buggy)
+    assert result.status == "fail", (result.status, result.detail)
+    assert result.minimal_example
+    assert encode_check(FastTokenizerBackend()).status == "pass"

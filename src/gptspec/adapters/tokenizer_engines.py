@@ -4,6 +4,8 @@ forward). Each builds the engine's own tokenizer from the spec's merges (tiktoke
 ranks; HF's byte-level BPE model, vocabulary and merges written in GPT-2's byte alphabet)
 and lets it encode and decode; HF's also trains with its own BPE trainer. tiktoken cannot
 train: its ``train`` is not applicable, and the suite builds it from the reference's merges.
+tiktoken ranks a pair by the bytes it spells, so it holds only merges byte-ranked BPE
+would make (``merges_follow_byte_ranks``); it declares others not applicable.
 
 What the adapters add to the engines is protocol only: the merges' byte strings, an
 exception type where the engine raises another, and for HF (which always splits added
@@ -13,10 +15,12 @@ tokens) the refusal of a special token's text that the caller did not allow.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gptspec.conformance.protocol import PROTOCOL_VERSION, NotApplicable
+from gptspec.fast.tokenizer import merges_follow_byte_ranks
 
 Pair = tuple[int, int]
 
@@ -87,7 +91,12 @@ class TiktokenBackend:
               special_tokens: Mapping[str, int]) -> TiktokenTokenizer:
         import tiktoken
 
-        ranks = {token: rank for rank, token in enumerate(_merged_bytes(merges))}
+        vocab = _merged_bytes(merges)
+        if not merges_follow_byte_ranks(vocab, merges, max_work=sys.maxsize):
+            raise NotApplicable("tiktoken ranks a pair by the bytes it spells, and these merges "
+                                "are not the ones byte-ranked BPE makes (such as [(a, b), "
+                                "(b, c), (a, bc)]): it cannot hold them")
+        ranks = {token: rank for rank, token in enumerate(vocab)}
         encoding = tiktoken.Encoding("gptspec-merges", pat_str=pattern, mergeable_ranks=ranks,
                                      special_tokens=dict(special_tokens))
         return TiktokenTokenizer(encoding, max([len(ranks), *(i + 1 for i in
