@@ -28,6 +28,23 @@ def test_an_error_while_writing_keeps_the_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
 
 
+def test_an_error_naming_the_temporary_file_names_the_target(tmp_path):
+    """A full disk while a library writes the temporary file (which it names in its
+    error): the user reads the file they asked for, not a hidden name already removed."""
+    import errno
+
+    target = tmp_path / "f.bin"
+    write_bytes(target, b"good")
+    with pytest.raises(OSError) as caught, replacing(target) as tmp:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+    assert (caught.value.errno, caught.value.filename) == (errno.ENOSPC, str(target))
+    with pytest.raises(PermissionError) as caught, replacing(target):
+        raise PermissionError(errno.EACCES, "Permission denied", "/elsewhere")
+    assert caught.value.filename == "/elsewhere"  # another file's error is left as it was
+    assert target.read_bytes() == b"good"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
 def test_parents_are_made_only_when_asked(tmp_path):
     with pytest.raises(FileNotFoundError):
         write_text(tmp_path / "a" / "f.txt", "x")

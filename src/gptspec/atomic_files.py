@@ -94,6 +94,12 @@ def replacing(path: str | os.PathLike[str], *, make_parents: bool = False) -> It
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())
         os.replace(tmp, target)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is None or os.fspath(err.filename) != os.fspath(tmp):
+            raise
+        # the temporary name is gone and means nothing to the user: name the target
+        raise OSError(err.errno, err.strerror, os.fspath(target)) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
