@@ -4,6 +4,7 @@ a low-precision failure is adjudicated against a plain same-dtype implementation
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -179,6 +180,29 @@ def test_a_low_precision_failure_is_adjudicated_against_plain_torch(tmp_path, mo
     (r,) = run_suite(odd_backends.SloppyHalf(), profile="quick",
                      select=_only("softmax.differential")).results
     assert r.status == "fail" and r.adjudication is None
+
+
+def test_a_failure_cut_by_its_time_limit_says_so_only_where_it_would_be_adjudicated():
+    """Past the check's limit the judge adjudicates nothing; it notes the omission only for
+    a failure that adjudication would have weighed (the one predicate both use)."""
+    from types import SimpleNamespace
+
+    from gptspec.conformance import runner
+    from gptspec.conformance.budgets import Comparison
+    from gptspec.conformance.context import FailureCapture
+
+    over = Comparison(2.0, (0,), 1.0, 0.0, 0.5)
+    cases = {("bfloat16", "torch", ""): True, ("float64", "torch", ""): False,
+             ("bfloat16", None, ""): False, ("bfloat16", "torch", "a NaN"): False}
+    for (dtype, plain, problem), noted in cases.items():
+        capture = FailureCapture("x", "over budget", [], comparison=dataclasses.replace(
+            over, problem=problem))
+        assert reproduction.adjudicable(capture, dtype, plain) is noted
+        result = SimpleNamespace(adjudication=None)
+        runner._after_failure(result, SimpleNamespace(failure=capture), object(),
+                              SimpleNamespace(dtype=dtype), None, None, plain, left=0.0)
+        assert result.adjudication == ({"note": "not adjudicated: the check used its time "
+                                                "limit"} if noted else None), (dtype, plain)
 
 
 def test_runs_finished_before_a_backend_fails_to_load_are_still_reported(tmp_path):

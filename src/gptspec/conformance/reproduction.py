@@ -278,16 +278,24 @@ def replay(path: str | Path, backend: Any = None) -> budgets.Comparison:
 # --- adjudication ------------------------------------------------------------------------------
 
 
+def adjudicable(capture: FailureCapture, dtype: str, plain_spec: str | None) -> bool:
+    """Whether ``adjudicate`` would weigh this failure: a plain implementation is named, the
+    dtype is a low precision one, and the failure is a comparison that exceeded its budget
+    (not a wrong shape, a NaN or a property)."""
+    return (plain_spec is not None and dtype != "float64" and capture.comparison is not None
+            and not capture.comparison.problem)
+
+
 def adjudicate(capture: FailureCapture, backend: Any, dtype: str,
                plain_spec: str | None) -> dict[str, Any] | None:
     """When a low-precision backend exceeds its budget, the same call on a plain
     same-dtype implementation, measured against the same float64 reference and budget:
     which of the two is closer? ``plain_spec`` names that implementation as discovery does
     (the command line passes the built-in ``torch``), built on the CPU in ``dtype``; the
-    judge itself knows no backend. None: no adjudication."""
-    if plain_spec is None or dtype == "float64" or capture.comparison is None \
-            or capture.comparison.problem:
+    judge itself knows no backend. None: no adjudication (see ``adjudicable``)."""
+    if not adjudicable(capture, dtype, plain_spec):
         return None
+    assert plain_spec is not None and capture.comparison is not None  # adjudicable says so
     call, index = _find_compared_call(capture)
     if call is None:
         return None

@@ -367,7 +367,7 @@ def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precisi
     assert ctx.failure is not None
     try:
         if left is not None and left <= 0:
-            if plain is not None and precision.dtype != "float64":
+            if reproduction.adjudicable(ctx.failure, precision.dtype, plain):
                 result.adjudication = {"note": "not adjudicated: the check used its time "
                                                "limit"}
         else:  # a plain implementation that hangs cost the failure its verdict
