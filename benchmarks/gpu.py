@@ -15,6 +15,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -103,17 +104,23 @@ class GraphedGreedy:
     """Greedy decoding on the device alone: the one-token step (``KVCache.static_plan``)
     and the argmax that feeds it back captured as one CUDA graph (``generate._capture``)
     and replayed, the host only launching it. On the CPU the same step runs eagerly (for
-    the tests)."""
+    the tests). ``compile``: the step traced whole by torch.compile first (these options,
+    e.g. ``{}`` for inductor's defaults), so the graph replays its fused kernels rather
+    than the eager step's ~200: whether fusion pays at batch 1 is what it measures."""
 
-    def __init__(self, model: GPT, batch: int, max_len: int) -> None:
+    def __init__(self, model: GPT, batch: int, max_len: int,
+                 compile: dict[str, Any] | None = None) -> None:
         self.model = model
         self.cache = model.new_cache(batch, max_len=max_len)
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=model.wte.device)
         self.logits: torch.Tensor | None = None
-        self.replay: Callable[[], object] = self._step
+        step: Callable[[], torch.Tensor] = self._step
+        if compile is not None:  # one trace: no graph break, no shape that changes
+            step = torch.compile(self._step, fullgraph=True, dynamic=False, **compile)
+        self.replay: Callable[[], object] = step
         if model.wte.device.type == "cuda":
             with torch.no_grad():
-                self.replay, _ = _capture(self._step)
+                self.replay, _ = _capture(step)
 
     def _step(self) -> torch.Tensor:
         self.logits = self.model.run(self.token, self.cache.static_plan(), last_only=True)[:, -1]
@@ -138,7 +145,8 @@ def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_to
     """New tokens per second (all sequences together), median over ``repeats``.
     ``loop``: "generate" (gptspec.fast.generate, the library's path: on CUDA each step a
     graph replay), "generate-eager" (the same, its kernels launched one by one), "greedy"
-    (generate_greedy: tokens stay on the device) or "graph" (GraphedGreedy)."""
+    (generate_greedy: tokens stay on the device), "graph" (GraphedGreedy) or
+    "compiled-graph" (GraphedGreedy, its step compiled by inductor)."""
     from gptspec.fast.generate import GREEDY, generate
 
     device = model.wte.device
@@ -146,7 +154,10 @@ def generation_tokens_per_second(model: GPT, batch: int, prompt_len: int, new_to
     prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device,
                            generator=gen)
     prompts = prompt.tolist()
-    decoder = GraphedGreedy(model, batch, prompt_len + new_tokens) if loop == "graph" else None
+    decoder = None
+    if loop in ("graph", "compiled-graph"):
+        decoder = GraphedGreedy(model, batch, prompt_len + new_tokens,
+                                compile={} if loop == "compiled-graph" else None)
 
     def decode(n: int) -> None:
         if decoder is not None:
@@ -172,10 +183,12 @@ def _median_time(fn: Callable[[], object], repeats: int, device: str | torch.dev
     return times[len(times) // 2]
 
 
-def graph_step_error(model: GPT, prompt: torch.Tensor) -> float:
+def graph_step_error(model: GPT, prompt: torch.Tensor,
+                     compile: dict[str, Any] | None = None) -> float:
     """‖a − b‖ / ‖b‖ of the next-token logits after ``prompt``'s last token: ``a`` from a
-    GraphedGreedy replay, ``b`` from the library's cached step (model(token, cache))."""
-    decoder = GraphedGreedy(model, prompt.shape[0], prompt.shape[1] + 2)
+    GraphedGreedy replay (its step compiled with ``compile``'s options, if given), ``b``
+    from the library's cached step (model(token, cache))."""
+    decoder = GraphedGreedy(model, prompt.shape[0], prompt.shape[1] + 2, compile=compile)
     with torch.no_grad():
         decoder(prompt, 1)  # prefill, then one replay on the prefill's greedy token
         assert decoder.logits is not None
@@ -278,12 +291,14 @@ def run(report: Report, quick: bool) -> None:
     report.metric("generation", "batch-1 bandwidth limit (cuda)", limit, "tokens/s",
                   "copy bandwidth / bytes read per token")
     loops = {"generate": "gptspec generate", "generate-eager": "gptspec generate, no graphs",
-             "greedy": "device-side greedy loop", "graph": "device-side CUDA-graph loop"}
+             "greedy": "device-side greedy loop", "graph": "device-side CUDA-graph loop",
+             "compiled-graph": "device-side CUDA-graph loop, step compiled"}
 
     def decode(loop: str) -> None:
         what = loops[loop]
-        if loop == "graph":
-            error = graph_step_error(model, probe)
+        if loop in ("graph", "compiled-graph"):
+            error = graph_step_error(model, probe,
+                                     compile={} if loop == "compiled-graph" else None)
             report.metric("generation", f"{what}: logits ‖a−b‖/‖b‖ against the eager step",
                           error, "", "bf16")
         if loop == "generate":
@@ -312,6 +327,8 @@ def run(report: Report, quick: bool) -> None:
         ("decoding, gptspec generate", lambda: decode("generate")),
         ("decoding, transformers static cache B=1", lambda: peer(True, 1)),
         ("decoding, device-side CUDA graph", lambda: decode("graph")),
+        ("decoding, device-side CUDA graph of the compiled step",
+         lambda: decode("compiled-graph")),
         ("training B=32, padded vocabulary", lambda: train(32, 64)),
         ("decoding, gptspec generate without graphs", lambda: decode("generate-eager")),
         ("training B=16, vocabulary as is", lambda: train(16, 1)),

@@ -193,6 +193,29 @@ def test_gpu_code_paths_run_on_the_cpu():
     assert same_tokens(model, 2, 4, 5) == 1.0  # no graphs on the CPU: the same path twice
 
 
+def test_the_one_token_step_traces_whole_for_the_compiled_graph():
+    """The GPU benchmark's compiled loop needs the static one-token step (plan, cache
+    writes, forward, argmax) traced without a graph break: dynamo's tracing is the same on
+    the CPU (the eager backend skips code generation, which only the GPU run measures)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from benchmarks.gpu import GraphedGreedy, generate_greedy, graph_step_error
+    from gptspec.fast.model import GPT
+    from gptspec.spec import PRESETS
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = GPT(PRESETS["tiny"], seed=4).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (2, 5),
+                           generator=torch.Generator().manual_seed(1))
+    traced = GraphedGreedy(model, 2, 11, compile={"backend": "eager"})
+    assert torch.equal(traced(prompt, 6), generate_greedy(model, prompt, 6))
+    traced(prompt, 6)  # a second run, the cache's lengths grown anew: the same trace
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert graph_step_error(model, prompt, compile={"backend": "eager"}) < 1e-5
+
+
 def test_reports_used_by_fakes_are_the_real_report():
     r = Report()
     r.metric("g", "n", 1.0, "s")
