@@ -90,12 +90,12 @@ def _verification_page(views: list[Any], root: Path) -> str:
         ledger = verification.load_soundness_ledger(root / verification.SOUNDNESS_LEDGER)
     except verification.MutationResultsError as err:
         raise PluginError(str(err)) from None
-    identity = gate.judge_identity()
-    summary = gate.ledger_summary(root / verification.SOUNDNESS_LEDGER,
-                                  identity)[0] if ledger is not None else ""
+    current = gate.current_runs(ledger) if ledger is not None else []
+    summary = gate.ledger_summary(root / verification.SOUNDNESS_LEDGER)[0] \
+        if ledger is not None else ""
     return verification.verification_page(
         views, all_checks(), MUTANTS, run, budgets, keyhole=keyhole, cuda=cuda,
-        soundness=verification.soundness_section(ledger, identity, summary))
+        soundness=verification.soundness_section(ledger, current, summary))
 
 
 def _compatibility_page(root: Path) -> str:

@@ -715,33 +715,46 @@ def test_the_compatibility_page_opens_with_a_matrix_of_checks_by_engine_and_dtyp
     assert seen == set(reports)
 
 
-def test_the_soundness_section_shows_the_runs_of_the_judge_as_built(tmp_path: Path) -> None:
+def test_the_soundness_section_shows_the_runs_of_the_judge_as_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sitegen.verification import load_soundness_ledger, soundness_section
 
+    from meta.soundness import gate
     from meta.soundness.gate import BACKENDS, FULL_DTYPES, PROFILE_OF, ledger_summary
+
+    monkeypatch.setattr(gate, "ROOT", tmp_path)
+    code = ("src/judge.py",)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "judge.py").write_text("# before\n")
+    before = gate.judge_identity(code)
+    (tmp_path / "src" / "judge.py").write_text("# now\n")
+    now = gate.judge_identity(code)
 
     def run(judge: str, backend: str, dtype: str, seed: int, passed: bool = True,
             worst: float = 0.25) -> dict:
-        return {"judge": judge, "area": "all", "backend": backend, "dtype": dtype,
+        return {"judge": judge, "code": list(code), "area": "all", "backend": backend,
+                "dtype": dtype,
                 "seed": seed, "profile": PROFILE_OF.get(backend, "thorough"),
                 "passed": passed, "worst": worst, "worst_check": "softmax.differential",
                 "failures": [] if passed else ["softmax.differential"], "seconds": 600,
                 "when": "2026-11-27T20:00:00+00:00"}
 
     ledger = tmp_path / "ledger.jsonl"
-    rows = [run("now", b, d, 5) for b in BACKENDS for d in FULL_DTYPES]  # one whole seed
-    rows += [run("now", "numpy-emulated", "float16", 6, worst=0.5),
-             run("before", "numpy-emulated", "float16", 7, passed=False, worst=1.5)]
+    rows = [run(now, b, d, 5) for b in BACKENDS for d in FULL_DTYPES]  # one whole seed
+    rows += [run(now, "numpy-emulated", "float16", 6, worst=0.5),
+             run(before, "numpy-emulated", "float16", 7, passed=False, worst=1.5)]
     ledger.write_text("".join(json.dumps(r) + "\n" for r in rows))
     entries = load_soundness_ledger(ledger)
-    text = soundness_section(entries, "now", ledger_summary(ledger, "now")[0])
+    assert entries is not None
+    text = soundness_section(entries, gate.current_runs(entries), ledger_summary(ledger)[0])
     assert "every backend × dtype (12 runs each): 1: 5" in text
-    assert "seeds begun: 6 (1 of 12)" in text and "1 on other versions" in text
-    assert text.count("<tr>") == 1 + 13  # the header, and the runs on this judge only
+    assert "seeds begun: 6 (1 of 12)" in text and "1 on code changed since" in text
+    assert text.count("<tr>") == 1 + 13  # the header, and the runs on this code only
     assert "150 %" not in text and "50 %" in text and "FAIL" not in text
-    failing = soundness_section(entries, "before", ledger_summary(ledger, "before")[0])
+    (tmp_path / "src" / "judge.py").write_text("# before\n")  # the code as it was
+    failing = soundness_section(entries, gate.current_runs(entries), ledger_summary(ledger)[0])
     assert '<span class="gs-missing">FAIL</span>' in failing and "150 %" in failing
-    assert "No ledger" in soundness_section(None, "now", "")
+    assert "No ledger" in soundness_section(None, [], "")
     ledger.write_text('{"judge": "now"}\n')
     with pytest.raises(ValueError, match="not a run of the gate"):
         load_soundness_ledger(ledger)

@@ -58,50 +58,74 @@ def test_a_failing_run_fails_the_gate_and_prints_its_reproduction(monkeypatch, c
     assert "0 of 1 runs passed every check" in out
 
 
-def _row(backend, dtype, seed, ok=True):
+def _row(backend, dtype, seed, ok=True, code=("src/judge.py",)):
     result = SimpleNamespace(id="softmax.differential", status="pass" if ok else "fail",
                              worst_fraction=0.5 if ok else 1.2, detail="")
     counts = {"pass": int(ok), "fail": int(not ok), "error": 0, "blocked": 0,
               "not-implemented": 0}
     suite = SimpleNamespace(ok=ok, counts=counts, results=[result])
-    return gate.Row(backend, dtype, seed, gate.PROFILE_OF.get(backend, "thorough"), suite, 1.0)
+    return gate.Row(backend, dtype, seed, gate.PROFILE_OF.get(backend, "thorough"), suite, 1.0,
+                    code)
 
 
-def test_the_ledger_counts_a_seed_only_when_every_run_passed_on_this_judge(tmp_path):
-    """Seeds run in several sittings add up, but only on the same judge, at the full
-    profile and area, with every backend × dtype passed; a failure is listed."""
+def test_the_ledger_counts_a_seed_only_when_every_run_passed_on_unchanged_code(
+        tmp_path, monkeypatch):
+    """Seeds run in several sittings add up, but only while the code each run loaded is
+    unchanged, at the full profile and area, with every backend × dtype passed; a failure
+    is listed. A change to a file no run loaded counts nothing out."""
+    monkeypatch.setattr(gate, "ROOT", tmp_path)
+    for name in ("judge.py", "other.py", "cli.py"):
+        (tmp_path / "src").mkdir(exist_ok=True)
+        (tmp_path / "src" / name).write_text("# one version\n")
     ledger = tmp_path / "ledger.jsonl"
     for seed in (1, 2):
         for backend in gate.BACKENDS:
             for dtype in gate.FULL_DTYPES:
                 if (seed, backend, dtype) != (2, "numpy-emulated", "float16"):
-                    gate.record(ledger, _row(backend, dtype, seed), "judge-a", "all")
-    gate.record(ledger, _row("numpy-emulated", "float16", 2), "judge-b", "all")  # other judge
-    gate.record(ledger, _row("numpy-emulated", "float16", 2), "judge-a", "forward")  # part
-    text, complete, failed = gate.ledger_summary(ledger, "judge-a")
+                    gate.record(ledger, _row(backend, dtype, seed), "all")
+    gate.record(ledger, _row("numpy-emulated", "float16", 2, code=("src/other.py",)), "all")
+    gate.record(ledger, _row("numpy-emulated", "float16", 2), "forward")  # a part only
+    (tmp_path / "src" / "other.py").write_text("# changed since\n")
+    (tmp_path / "src" / "cli.py").write_text("# changed, but no run loaded it\n")
+    text, complete, failed = gate.ledger_summary(ledger)
     assert (complete, failed) == (1, 0), text
+    assert "24 runs on the code as it is now (1 on code changed since" in text
     assert "seeds that passed every backend × dtype (12 runs each): 1: 1" in text
     assert "2 (11 of 12)" in text
-    gate.record(ledger, _row("torch-explicit", "bfloat16", 3, ok=False), "judge-a", "all")
-    text, complete, failed = gate.ledger_summary(ledger, "judge-a")
+    gate.record(ledger, _row("torch-explicit", "bfloat16", 3, ok=False), "all")
+    text, complete, failed = gate.ledger_summary(ledger)
     assert failed == 1 and "FAILED torch-explicit bfloat16 seed 3" in text
+    (tmp_path / "src" / "judge.py").write_text("# the judge changed\n")
+    text, complete, failed = gate.ledger_summary(ledger)
+    assert (complete, failed) == (0, 0) and "0 runs on the code as it is now" in text
 
 
-def test_the_judges_identity_changes_with_its_code(tmp_path, monkeypatch):
-    before = gate.judge_identity()
-    assert before == gate.judge_identity()
+def test_a_run_records_the_code_it_loaded_and_its_identity_follows_that_code(
+        tmp_path, monkeypatch):
+    """The code of a run is what it imported (lazy imports included) under the checkout:
+    the judge, the reference, the spec, the backend judged, the soundness variants; not a
+    library's module. Its identity changes with any of those files."""
+    import gptspec.conformance.budgets  # noqa: F401 — loaded by every run
+    import meta.soundness.torch_variants  # noqa: F401
+
+    code = gate.loaded_code()
+    for name in ("src/gptspec/conformance/budgets.py", "src/gptspec/reference/attention.py",
+                 "src/gptspec/spec/config.py", "meta/soundness/torch_variants.py",
+                 "meta/soundness/gate.py"):
+        assert name in code, name
+    assert not any(name.startswith(("tests/", ".nox")) for name in code)
+    assert gate.judge_identity(code) == gate.judge_identity(code)
     copy = tmp_path / "root"
-    for folder in gate.JUDGED_CODE:
-        src = ROOT / folder
-        for file in src.rglob("*.py"):
-            target = copy / file.relative_to(ROOT)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(file.read_bytes())
+    for name in code:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes((ROOT / name).read_bytes())
     monkeypatch.setattr(gate, "ROOT", copy)
-    same = gate.judge_identity()
+    same = gate.judge_identity(code)
     budgets = copy / "src/gptspec/conformance/budgets.py"
     budgets.write_text(budgets.read_text() + "\n# a change\n")
-    assert gate.judge_identity() != same
+    assert gate.judge_identity(code) != same
+    budgets.unlink()
+    assert gate.judge_identity(code) != same  # a file gone counts as changed
 
 
 def test_the_time_limit_per_check_is_given_to_every_run_and_a_bad_one_refused(monkeypatch, capsys):

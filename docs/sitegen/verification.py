@@ -314,10 +314,11 @@ def load_soundness_ledger(path: Path) -> list[dict[str, Any]] | None:
     return entries
 
 
-def soundness_section(entries: list[dict[str, Any]] | None, identity: str,
+def soundness_section(entries: list[dict[str, Any]] | None, current: list[dict[str, Any]],
                       summary: str) -> str:
-    """The gate's runs on the judge as built (``identity``) from its ledger; ``summary``:
-    the gate's own count of them (meta.soundness.gate.ledger_summary)."""
+    """The gate's runs on the code as built (``current``: those of the ledger's
+    ``entries`` whose code is unchanged, meta.soundness.gate.current_runs); ``summary``: the
+    gate's own count of them (meta.soundness.gate.ledger_summary)."""
     parts = ["## No false alarms: the soundness gate { #soundness }\n",
              "Backends that compute the model correctly but differently from the built-in one "
              "(the built-in one run in float64 with every result rounded once to the dtype, "
@@ -328,16 +329,16 @@ def soundness_section(entries: list[dict[str, Any]] | None, identity: str,
              "configuration) and at seeds drawn afresh: a failure would be a false alarm of "
              "the suite. `python -m meta.soundness.gate --record "
              f"{SOUNDNESS_LEDGER.as_posix()}` appends each run to the committed ledger. A run "
-             "counts for the judge it ran on only: a digest of the spec, the reference, the "
-             "suite, the built-in and the soundness backends and the versions of the "
-             "libraries that draw and compute the examples, so that any change to them "
-             "starts the count again.\n"]
+             "records the files of the project it loaded (the spec, the reference, the suite, "
+             "the backends judged) with a digest of them and of the versions of the "
+             "libraries that draw and compute the examples; it counts while that digest is "
+             "unchanged, so that any change to what it ran starts the count again.\n"]
     if entries is None:
         parts.append("No ledger was found when this site was built: run the gate with "
                      "`--record` and rebuild.\n")
         return "\n".join(parts)
     parts.append("\n".join(f"- {esc(line)}" for line in summary.splitlines()) + "\n")
-    mine = sorted((e for e in entries if e["judge"] == identity),
+    mine = sorted(current,
                   key=lambda e: (str(e.get("when", "")), e["backend"], e["dtype"]))
     if mine:
         rows = [[esc(str(e["seed"])), code(str(e["backend"])), esc(str(e["dtype"])),

@@ -21,8 +21,10 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gptspec.conformance.runner import SuiteResult, run_suite
 
@@ -67,6 +69,7 @@ class Row:
     profile: str
     suite: SuiteResult
     seconds: float
+    code: tuple[str, ...] = ()  # the project's files the run loaded (``loaded_code``)
 
     @property
     def worst(self) -> float:
@@ -82,22 +85,45 @@ class Row:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-# what a verdict of the gate depends on: the judge, the reference, the spec, the backends
-# judged (the soundness variants and the built-in one the compiled variant is)
-JUDGED_CODE = ("src/gptspec/spec", "src/gptspec/reference", "src/gptspec/conformance",
-               "src/gptspec/fast", "meta/soundness")
 FULL_DTYPES = ("float32", "bfloat16", "float16")
+# C++ sources the native module compiles: code a run uses without importing it
+NATIVE_SOURCES = ("src/gptspec/fast/kernels",)
 
 
-def judge_identity() -> str:
-    """A short digest of the code in JUDGED_CODE and of the libraries that draw and
-    compute the examples: equal identities give equal verdicts for a seed."""
+def loaded_code() -> tuple[str, ...]:
+    """What a verdict of the gate depends on, as the run itself loaded it: every module of
+    the project imported so far (the judge, the reference, the spec, the backends judged,
+    lazy imports included) and, where the native kernels were loaded, their C++ sources;
+    paths relative to the checkout."""
+    files: set[str] = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        try:
+            relative = Path(path).resolve().relative_to(ROOT)
+        except ValueError:  # a library's module
+            continue
+        if relative.parts[0] in ("src", "meta"):
+            files.add(relative.as_posix())
+    if "gptspec.fast.native" in sys.modules:
+        for folder in NATIVE_SOURCES:
+            files.update(p.relative_to(ROOT).as_posix()
+                         for p in (ROOT / folder).rglob("*") if p.is_file())
+    return tuple(sorted(files))
+
+
+def judge_identity(code: Sequence[str]) -> str:
+    """A short digest of the files ``code`` (as ``loaded_code`` names them; a missing one
+    counts as changed) and of the libraries that draw and compute the examples: equal
+    identities give equal verdicts for a seed."""
     digest = hashlib.sha256()
-    for folder in JUDGED_CODE:
-        for file in sorted((ROOT / folder).rglob("*")):
-            if file.suffix in (".py", ".cpp", ".h", ".toml") and "__pycache__" not in file.parts:
-                digest.update(file.relative_to(ROOT).as_posix().encode() + b"\0")
-                digest.update(file.read_bytes() + b"\0")
+    for name in sorted(code):
+        digest.update(name.encode() + b"\0")
+        try:
+            digest.update((ROOT / name).read_bytes() + b"\0")
+        except OSError:
+            digest.update(b"missing\0")
     import hypothesis
     import numpy
     import scipy
@@ -108,10 +134,11 @@ def judge_identity() -> str:
     return digest.hexdigest()[:16]
 
 
-def record(path: Path, row: Row, identity: str, area: str) -> None:
-    """Append one run to the ledger: one line, written with one append (runs in other
-    processes may append beside it)."""
-    entry = {"judge": identity, "area": area, "backend": row.backend, "dtype": row.dtype, "seed": row.seed,
+def record(path: Path, row: Row, area: str) -> None:
+    """Append one run to the ledger, with the code it loaded and that code's identity: one
+    line, written with one append (runs in other processes may append beside it)."""
+    entry = {"judge": judge_identity(row.code), "code": list(row.code),
+             "area": area, "backend": row.backend, "dtype": row.dtype, "seed": row.seed,
              "profile": row.profile, "passed": row.suite.ok, "counts": row.suite.counts,
              "worst": round(row.worst, 6), "worst_check": row.worst_check,
              "failures": [r.id for r in row.suite.results
@@ -125,11 +152,25 @@ def record(path: Path, row: Row, identity: str, area: str) -> None:
         os.close(fd)
 
 
-def ledger_summary(path: Path, identity: str) -> tuple[str, int, int]:
+def current_runs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs whose code is as it was: every file the run loaded is unchanged (and the
+    libraries too). A change elsewhere (the command line, the training loop) keeps them."""
+    identities: dict[tuple[str, ...], str] = {}
+
+    def now(code: tuple[str, ...]) -> str:
+        if code not in identities:
+            identities[code] = judge_identity(code)
+        return identities[code]
+
+    return [e for e in entries if isinstance(e.get("code"), list) and e["code"]
+            and now(tuple(e["code"])) == e["judge"]]
+
+
+def ledger_summary(path: Path) -> tuple[str, int, int]:
     """(text, seeds whose every backend × dtype passed at its full profile, failed runs)
-    for the judge ``identity``."""
+    over the runs whose code is unchanged (``current_runs``)."""
     entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    mine = [e for e in entries if e["judge"] == identity]
+    mine = current_runs(entries)
     full = {(b, d) for b in BACKENDS for d in FULL_DTYPES}
     by_seed: dict[int, set[tuple[str, str]]] = {}
     failed = [e for e in mine if not e["passed"]]
@@ -140,8 +181,8 @@ def ledger_summary(path: Path, identity: str) -> tuple[str, int, int]:
     complete = sorted(seed for seed, runs in by_seed.items() if runs >= full)
     partial = {seed: len(runs) for seed, runs in by_seed.items() if not runs >= full}
     worst = max(mine, key=lambda e: e["worst"], default=None)
-    lines = [f"judge {identity}: {len(mine)} runs recorded ({len(entries) - len(mine)} on "
-             "other versions of the judge, not counted)",
+    lines = [f"{len(mine)} runs on the code as it is now ({len(entries) - len(mine)} on "
+             "code changed since, not counted)",
              f"seeds that passed every backend × dtype ({len(full)} runs each): "
              f"{len(complete)}{': ' + ', '.join(map(str, complete)) if complete else ''}"]
     if partial:
@@ -169,7 +210,7 @@ def run_one(backend: str, dtype: str, seed: int, profile: str, area: str,
     suite = run_suite(BACKENDS[backend](dtype=dtype), profile=PROFILE_OF.get(backend, profile),
                       seed=seed, area=None if area == "all" else area, timeout=timeout or None)
     return Row(backend, dtype, seed, PROFILE_OF.get(backend, profile), suite,
-               time.perf_counter() - start)
+               time.perf_counter() - start, loaded_code())
 
 
 def table(rows: list[Row]) -> str:
@@ -227,13 +268,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="append each run to this ledger (JSON lines)")
     parser.add_argument("--ledger", type=Path, default=None,
                         help="run nothing: count the seeds this ledger shows passed on the "
-                             "judge as it is now; exits 1 if any run on it failed")
+                             "code as it is now; exits 1 if any such run failed")
     args = parser.parse_args(argv)
     if args.ledger is not None:
-        text, _, failed = ledger_summary(args.ledger, judge_identity())
+        text, _, failed = ledger_summary(args.ledger)
         print(text)
         return 1 if failed else 0
-    identity = judge_identity() if args.record is not None else ""
     backends = args.backend or (list(QUICK_BACKENDS) if args.quick else list(BACKENDS))
     dtypes = args.dtype or (["float32", "bfloat16"] if args.quick
                             else ["float32", "bfloat16", "float16"])
@@ -251,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     def report(row: Row) -> None:
         rows.append(row)
         if args.record is not None:
-            record(args.record, row, identity, args.area)
+            record(args.record, row, args.area)
         print(table([row]).splitlines()[1], flush=True)
         for r in row.suite.results:
             if r.status in ("fail", "error", "blocked"):
