@@ -9,7 +9,7 @@ import pytest
 from gptspec.conformance import report
 from gptspec.conformance.checks_probes import PROBES, localise
 from gptspec.conformance.registry import all_checks
-from gptspec.conformance.runner import run_suite
+from gptspec.conformance.runner import SuiteResult, run_suite
 from gptspec.reference.backend import ReferenceBackend
 from meta.keyhole import LogitsOnly
 from meta.mutants import BY_NAME
@@ -98,3 +98,38 @@ def test_a_probe_fits_its_model_to_what_a_narrow_engine_can_express():
     assert by_id["probe.causal_mask"] == by_id["probe.positions_absent"] == "pass"
     # a post-LN or Guide block has no equal in a pre-LN engine
     assert by_id["probe.layer_norm"] == by_id["probe.block_guide"] == "not-applicable"
+
+
+class RaisesUnlessDefaultEps:
+    """A correct engine that raises (a limitation, not a wrong result) for any ε but 1e-5."""
+
+    protocol_version, name, version, device, dtype = 2, "fixed-eps", "1", "cpu", "float64"
+
+    def forward(self, tokens, params, config):
+        if config.ln_eps != 1e-5:
+            raise RuntimeError("this engine's LayerNorm has a fixed epsilon")
+        return ReferenceBackend().forward(tokens, params, config)
+
+
+def test_probes_that_erred_point_at_nothing():
+    suite = run_suite(RaisesUnlessDefaultEps(), profile="quick",
+                      select=lambda c: c.id.startswith("probe."))
+    assert suite.counts["error"] > 0 and suite.counts["fail"] == 0, suite.counts
+    assert report.localisation(suite) is None
+    assert "point at" not in report.summary(suite)
+    assert "localisation" not in report.to_json([suite])["runs"][0]
+
+
+def test_only_failed_probes_are_evidence_not_erring_ones():
+    suite = run_suite(LogitsOnly(ReferenceBackend()), profile="quick",
+                      select=lambda c: c.id.startswith("probe."))
+    failed = "probe.unembed_untied"
+    erred = {"probe.layer_norm", "probe.token_embedding", "probe.causal_mask"}
+    for r in suite.results:
+        r.status = "fail" if r.id == failed else "error" if r.id in erred else r.status
+    found = report.localisation(suite)
+    assert found is not None and found["suspects"][0] == "unembed_untied", found
+    assert found["smallest_failing_probe"] == failed
+    without = SuiteResult(suite.backend, suite.settings,
+                          [r for r in suite.results if r.id not in erred])
+    assert report.localisation(without) == found

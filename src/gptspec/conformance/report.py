@@ -93,11 +93,13 @@ def summary(suite: SuiteResult) -> str:
 
 def localisation(suite: SuiteResult) -> dict[str, Any] | None:
     """Where the forward-alone probes point when some failed: the suspected entries
-    (checks_probes.localise) and the failing probe whose logits depend on fewest entries."""
+    (checks_probes.localise) and the failing probe whose logits depend on fewest entries.
+    Only probes that passed or failed are evidence: one that erred (raised, ran out of
+    time, crashed its worker) says nothing about which equation is wrong."""
     from gptspec.conformance.checks_probes import PROBES, localise
 
     outcomes = {r.id.removeprefix("probe."): r.status == "pass" for r in suite.results
-                if r.id.startswith("probe.") and r.status in ("pass", "fail", "error")}
+                if r.id.startswith("probe.") and r.status in ("pass", "fail")}
     failing = [e for e, passed in outcomes.items() if not passed and e in PROBES]
     if not failing:
         return None
