@@ -479,6 +479,15 @@ for isolation in ([], ["--no-isolate"]):
              CONF + ["--backend", f"hostile_backends:{name}", *isolation], needle)
 case("conformance-backend-builtins-exit",  # a name only: was "speaks protocol 1"
      CONF + ["--backend", "builtins:exit"], "lacks version, device, dtype, forward")
+# hostile round 11: a backend's device names are its own, but none of these is one (an
+# empty name ran, then every check erred "declares device cpu, not the  asked")
+for name, value, needle in [("empty", "", "--device: the device name is empty"),
+                            ("blank", " ", "--device: the device name is empty"),
+                            ("line-break", "cpu\n", "whitespace or a control character"),
+                            ("escape", "\x1b[2Jcpu", "whitespace or a control character")]:
+    case(f"conformance--device-{name}-with-a-backend",
+         _with(CONF + ["--backend", "hostile_backends:Honest"], "--device", value), needle)
+    case(f"conformance--device-{name}", _with(CONF, "--device", value), needle)
 
 # --- a second attacker's pass ------------------------------------------------------------------
 # a checkpoint or preset named by a path the file system refuses (the error was exit 1 and

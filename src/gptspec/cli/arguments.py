@@ -426,6 +426,17 @@ def seed(value: int | None, flag: str = "--seed") -> int | None:
     return value
 
 
+def device_name(name: str, flag: str = "--device") -> str:
+    """A device name a backend could declare and a reproduce line can repeat: not empty,
+    no whitespace, no control character (what a backend calls its devices is its own)."""
+    if not name.strip():
+        raise CLIError(f"{flag}: the device name is empty (cpu, cuda, cuda:1, …)")
+    if any(c.isspace() or not c.isprintable() for c in name):
+        raise CLIError(f"{flag}: the device name {name!r} holds whitespace or a control "
+                       "character")
+    return name
+
+
 def device(name: str, flag: str = "--device") -> str:
     """A torch device that exists here: cpu, or cuda[:i] with that GPU present."""
     import torch

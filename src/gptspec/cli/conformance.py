@@ -172,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"no checks in area {args.area!r}")
     if args.check and "" in args.check:  # it would match every check (a prefix of all)
         raise CLIError("--check: the pattern is empty (omit --check to run every check)")
+    for name in args.device or ():  # checked whoever names the device: none of these is one
+        arguments.device_name(name)
 
     def selected(check) -> bool:
         return not args.check or any(fnmatch.fnmatch(check.id, p) or check.id.startswith(p)
