@@ -31,6 +31,20 @@ class DeclaresOne(Unversioned):
 
 class FromTheFuture(Current):
     protocol_version = 7
+
+class Built(Current):
+    def __init__(self, device="cpu", dtype="float64"):
+        self.device, self.dtype = device, dtype
+
+def with_options(**options):  # its options by name, through **options
+    return Built(**options)
+
+class TakesOptions(Built):
+    def __init__(self, *args, **options):
+        super().__init__(**options)
+
+def positional_only(device="cpu", /, dtype="float64"):  # device= cannot be passed
+    return Built(device, dtype)
 '''
 
 
@@ -47,6 +61,18 @@ def test_the_suite_speaks_protocol_2():
 
 def test_a_backend_of_this_protocol_is_loaded(backends):
     assert load_backend("versioned_backends:Current").name == "current"
+
+
+@pytest.mark.parametrize("attr", ["with_options", "TakesOptions", "Built"])
+def test_a_factory_taking_options_is_given_the_device_and_dtype_asked(backends, attr):
+    built = load_backend(f"versioned_backends:{attr}", device="cuda:1", dtype="float32")
+    assert (built.device, built.dtype) == ("cuda:1", "float32")
+    assert load_backend(f"versioned_backends:{attr}").dtype == "float64"  # nothing asked
+
+
+def test_a_positional_only_parameter_is_not_passed_by_name(backends):
+    built = load_backend("versioned_backends:positional_only", device="cuda", dtype="float32")
+    assert (built.device, built.dtype) == ("cpu", "float32")
 
 
 @pytest.mark.parametrize("attr", ["Unversioned", "DeclaresOne"])

@@ -8,6 +8,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import numbers
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -119,12 +120,12 @@ def _what_raised(err: BaseException) -> str:
 
 def load_backend(target: str, device: str | None = None, dtype: str | None = None) -> Any:
     """Build the backend named by ``target``. A class or factory is called with the device
-    and dtype it accepts; an object is used as it is."""
+    and dtype it accepts (by name, or through ``**options``); an object is used as it is."""
     obj = _resolve(target)
     if callable(obj) and (inspect.isclass(obj) or inspect.isfunction(obj)):
         params = inspect.signature(obj).parameters
         kwargs = {k: v for k, v in (("device", device), ("dtype", dtype))
-                  if v is not None and k in params}
+                  if v is not None and _takes(params, k)}
         try:
             obj = obj(**kwargs)
         except NotApplicable as err:  # it declines the dtype or device asked, in one line
@@ -175,6 +176,14 @@ def load_backend(target: str, device: str | None = None, dtype: str | None = Non
     except ValueError as err:
         raise BackendError(f"backend {target!r}: {err}") from None
     return obj
+
+
+def _takes(params: Mapping[str, inspect.Parameter], name: str) -> bool:
+    """Whether a call may pass ``name=``: a parameter of that name, or ``**options``."""
+    own = params.get(name)
+    if own is not None and own.kind is not own.POSITIONAL_ONLY:
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def check_protocol_version(target: str, backend: Any) -> None:
