@@ -229,6 +229,29 @@ def test_bad_data_and_output(tmp_path, capsys, monkeypatch, corpus):
     assert not (tmp_path / "res" / ".runs").exists()  # refused before any run
 
 
+@pytest.mark.parametrize("text", ["", " \n", "a", "print(1)\n" * 30,
+                                  # long enough windows, too short for 768 merges
+                                  "".join(f"line {i:03d} of a short text\n" for i in range(28))],
+                         ids=["empty", "blank", "one-character", "short", "too-few-merges"])
+def test_the_plan_refuses_the_data_the_run_refuses_with_its_line(tmp_path, capsys,
+                                                                 monkeypatch, text):
+    """--plan printed a plan and exited 0 for data the run refuses (hostile round 11)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.txt").write_text(text)
+    argv = ["experiment", "vocab", "--quick", "--data", "data.txt", "--out", "res"]
+    planned = one_line_error(capsys, [*argv, "--plan"])
+    assert "no text" in planned or "too short" in planned, planned
+    assert capsys.readouterr().out == ""
+    assert one_line_error(capsys, argv) == planned
+    assert not (tmp_path / "res" / ".cache").exists()  # refused before a tokenizer was made
+
+
+def test_the_plan_takes_the_data_the_run_takes(tmp_path, capsys, corpus):
+    assert main(["experiment", "vocab", "--quick", "--plan", "--data", str(corpus),
+                 "--out", str(tmp_path / "res")]) == 0
+    assert "in all:" in capsys.readouterr().out
+
+
 def test_missing_matplotlib_is_one_line(tmp_path, capsys, monkeypatch, corpus):
     import importlib.util
 

@@ -157,6 +157,13 @@ def run(args: argparse.Namespace) -> int:
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else SEEDS)
     studies = _studies(args)
     if args.plan:
+        # the data the run would refuse, refused here with its line (as far as the bytes
+        # tell: experiments.corpus.corpus_problem); the plan trains no tokenizer
+        from gptspec.experiments.corpus import corpus_problem
+
+        problem = corpus_problem(studies, _corpus(args, studies[0].scale))
+        if problem is not None:
+            raise CLIError(problem)
         standard_stream("stdout", "--plan prints the plan there")
         with writing_stdout():
             _print_plan(studies, seeds)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from gptspec.atomic_files import replacing, write_text
-from gptspec.experiments.studies import BYTE_LEVEL
+from gptspec.experiments.studies import BYTE_LEVEL, Study
 from gptspec.spec.config import parse_json
 
 PREPARATION_VERSION = 1  # bump when the files below would be made differently
@@ -52,6 +52,27 @@ def split_text(text: str, source: str, val_fraction: float) -> Corpus:
     cut = newline + 1 if newline > 0 else point
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return Corpus(source, text[:cut], text[cut:], digest)
+
+
+def corpus_problem(studies: Sequence[Study], corpus: Corpus) -> str | None:
+    """Why the studies cannot run on ``corpus``, as far as its bytes alone tell (no
+    tokenizer trained): a token spells at least one byte, so a split of fewer bytes than a
+    study's windows need holds too few tokens whatever the vocabulary; and each BPE merge
+    takes at least one pair of the training split's bytes away. ``--plan`` refuses what
+    this refuses, with the same line; a tokenizer that stops early is found by training."""
+    for s in studies:
+        need = max(s.scale.n_ctx + 1, s.scale.curve_windows)
+        if min(corpus.train_bytes, corpus.val_bytes) < need:
+            return (f"the corpus is too short: its splits hold {corpus.train_bytes:,} and "
+                    f"{corpus.val_bytes:,} bytes, and the {s.name} study needs at least "
+                    f"{need:,} tokens in each (a token is at least one byte)")
+    merges = max(corpus.train_bytes - 1, 0)
+    for v in sorted({arm.vocab for s in studies for arm in s.arms} - {BYTE_LEVEL}):
+        if v - BYTE_LEVEL > merges:
+            return (f"the corpus is too short: its training split's {corpus.train_bytes:,} "
+                    f"bytes allow at most {merges:,} merges, and a BPE vocabulary of {v:,} "
+                    f"needs {v - BYTE_LEVEL:,}")
+    return None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from gptspec.atomic_files import write_bytes, write_text
-from gptspec.experiments.corpus import Corpus, Tokenized, file_sha256, tokenize
+from gptspec.experiments.corpus import (
+    Corpus,
+    Tokenized,
+    corpus_problem,
+    file_sha256,
+    tokenize,
+)
 from gptspec.experiments.plots import figure_names
 from gptspec.experiments.studies import Arm, Study, curve_steps, training_settings
 from gptspec.experiments.summary import summarize
@@ -276,6 +282,9 @@ def prepare(studies: Sequence[Study], corpus: Corpus, out: Path,
             log: Callable[[str], None]) -> dict[int, Tokenized]:
     """Every tokenizer the studies need, trained on the training split, and both splits
     encoded; refuses a corpus whose splits are too short for the models' context."""
+    problem = corpus_problem(studies, corpus)  # before a tokenizer is trained
+    if problem is not None:
+        raise ExperimentError(problem)
     vocabs = sorted({arm.vocab for s in studies for arm in s.arms})
     tokens = {}
     for v in vocabs:
