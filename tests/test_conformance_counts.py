@@ -95,6 +95,41 @@ def test_a_refused_dtype_is_recorded_with_its_reason(tmp_path, monkeypatch, caps
     assert "refused: computes in float64 only, not bfloat16" in capsys.readouterr().out
 
 
+def test_a_command_whose_every_run_was_refused_judged_nothing_and_says_so(
+        tmp_path, monkeypatch, capsys):
+    """Every dtype asked refused: nothing was judged, and the command exited 0 as if the
+    backend had passed (hostile round 11). Status 2 and one line; the report holds the
+    refused runs."""
+    import json
+
+    from gptspec.cli import main
+
+    (tmp_path / "refusing_backend.py").write_text(REFUSING, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "report.json"
+    code = main(["conformance", "--backend", "refusing_backend:Refusing", "--dtype",
+                 "bfloat16", "--dtype", "float16", "--check", "softmax.differential",
+                 "--profile", "quick", "--report", str(out), "--no-isolate"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip() == (
+        "gptspec conformance: error: nothing was judged: the backend refused every run asked "
+        "(bfloat16 on its default device: computes in float64 only, not bfloat16; and 1 more)")
+    runs = json.loads(out.read_text(encoding="utf-8"))["runs"]
+    assert [r["refused"] for r in runs] == ["computes in float64 only, not bfloat16",
+                                            "computes in float64 only, not float16"]
+
+
+def test_the_help_lists_the_exit_statuses(capsys):
+    from gptspec.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["conformance", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 when every check judged passed" in text
+    assert "nothing judged (the backend refused every run asked)" in text
+
+
 def test_the_list_of_checks_is_narrowed_by_check_patterns(capsys):
     from gptspec.cli import main
     from gptspec.conformance.registry import all_checks

@@ -25,6 +25,12 @@ from gptspec.cli.in_process import InProcessGuard
 
 MAX_TIMEOUT = 86400.0  # seconds per check: a day; more is a typo (and past what poll takes)
 MIN_TIMEOUT = 0.001
+EXIT_STATUSES = ("exit status: 0 when every check judged passed (a check not implemented or not "
+                 "applicable, or a run the backend refused, is no failure); 1 when a check "
+                 "failed, erred or was blocked, or on an unexpected error; 2 for a usage error, "
+                 "a backend that cannot be loaded or started, or nothing judged (the backend "
+                 "refused every run asked); 130, 143 or 129 when stopped by Ctrl-C, SIGTERM or "
+                 "SIGHUP")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-checks", action="store_true", help="list the checks and exit")
     parser.add_argument("--list-backends", action="store_true",
                         help="list the installed backends and exit")
+    parser.epilog = EXIT_STATUSES
 
 
 def _cuda_targets() -> list[tuple[str, str | None, str | None]]:
@@ -305,7 +312,10 @@ def _run_all(args: argparse.Namespace, area: str | None, selected, timeout: floa
     failed = [s for s in suites if not s.ok]
     if failed:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)
-    status = 1 if failed else 0
+    # every run refused by its backend: nothing was judged, which is no pass (status 2, as
+    # a device that is not here: what was asked cannot be judged); the reports say so too
+    nothing = all(s.refused for s in suites)
+    status = 2 if nothing else 1 if failed else 0
     if guard:  # what the backend's exit handlers print is relayed, as its checks' output
         from gptspec.conformance.runner import backend_output_relayed, end_routing, stop_relaying
 
@@ -322,7 +332,18 @@ def _run_all(args: argparse.Namespace, area: str | None, selected, timeout: floa
               f"({shown(stray[0].name)}{more}); the process ends without waiting for them",
               file=sys.stderr)
         cli.ABANDONED_THREADS.extend(stray)
+    if nothing:
+        raise CLIError(_nothing_judged(suites))
     return status
+
+
+def _nothing_judged(suites: list) -> str:
+    """The line of a command whose every run the backend refused (nothing was judged)."""
+    first = suites[0]
+    more = f"; and {len(suites) - 1} more" if len(suites) > 1 else ""
+    who = "the backend" if len({s.backend["name"] for s in suites}) == 1 else "the backends"
+    return (f"nothing was judged: {who} refused every run asked ({first.backend['dtype']} on "
+            f"{first.backend['device']}: {first.refused}{more})")
 
 
 def _run_one(args: argparse.Namespace, target: str, device: str | None, dtype: str | None,
