@@ -4,6 +4,8 @@ applicable are counted on the summary line, and a backend's name is not said twi
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -95,8 +97,9 @@ def test_a_refused_dtype_is_recorded_with_its_reason(tmp_path, monkeypatch, caps
     assert "refused: computes in float64 only, not bfloat16" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("isolation", ["--no-isolate", "--isolate"])
 def test_a_command_whose_every_run_was_refused_judged_nothing_and_says_so(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, isolation):
     """Every dtype asked refused: nothing was judged, and the command exited 0 as if the
     backend had passed (hostile round 11). Status 2 and one line; the report holds the
     refused runs."""
@@ -106,10 +109,11 @@ def test_a_command_whose_every_run_was_refused_judged_nothing_and_says_so(
 
     (tmp_path / "refusing_backend.py").write_text(REFUSING, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))  # worker
     out = tmp_path / "report.json"
     code = main(["conformance", "--backend", "refusing_backend:Refusing", "--dtype",
                  "bfloat16", "--dtype", "float16", "--check", "softmax.differential",
-                 "--profile", "quick", "--report", str(out), "--no-isolate"])
+                 "--profile", "quick", "--report", str(out), isolation])
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.strip() == (
