@@ -790,3 +790,244 @@ class OffByOnePercentInFloat32(Honest):
 
     def forward(self, tokens, params, config):
         return (gpt_forward(tokens, params, config) * 1.01).astype("float32")
+
+
+# --- round 11: what a backend hands back, and its process as a channel -----------------------
+
+
+class _RejectsWhenRead:
+    """Logits whose ``__array__`` rejects the example they are wrong on."""
+
+    def __init__(self, logits, wrong: bool) -> None:
+        self.logits, self.wrong = logits, wrong
+
+    def __array__(self, dtype=None, copy=None):
+        import hypothesis
+        import numpy as np
+
+        if self.wrong:
+            hypothesis.reject()
+        return np.asarray(self.logits, dtype)
+
+
+class RejectsThroughItsArray(Honest):
+    """Wrong past one position; what it returns rejects those examples when the judge
+    reads it as an array (the call itself raised nothing): they went uncounted, PASS."""
+
+    def forward(self, tokens, params, config):
+        import numpy as np
+
+        wrong = np.asarray(tokens).shape[-1] > 1
+        return _RejectsWhenRead(gpt_forward(tokens, params, config) * (1.01 if wrong else 1),
+                                wrong)
+
+
+class _AlwaysEqual(list):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = None
+
+
+class _TokenizerOf:
+    def __init__(self, merges, pattern, special, rejects: bool) -> None:
+        from gptspec.reference import tokenizer as ref
+
+        self.merges, self.pattern, self.special = list(merges), pattern, dict(special)
+        self.ref, self.rejects = ref, rejects
+
+    def encode(self, text, allowed_special=()):
+        allowed = set(self.special) if allowed_special == "all" else set(allowed_special)
+        ids = self.ref.encode(text, self.merges, self.pattern, self.special, allowed)
+        if self.rejects and len(text) > 3:  # drops the last token, and rejects the example
+            import hypothesis
+
+            hypothesis.reject()
+            return ids[:-1]
+        if self.rejects:
+            return ids
+        return _AlwaysEqual(i + 1 for i in ids)  # every id off by one, "equal" to anything
+
+    def decode(self, ids):
+        return self.ref.decode(list(ids), self.merges, self.special)
+
+
+class _Tokenizers:
+    def __init__(self, rejects: bool) -> None:
+        self.rejects = rejects
+
+    def train(self, text, vocab_size, pattern):
+        from gptspec.reference import tokenizer as ref
+
+        return ref.train(text, vocab_size, pattern)
+
+    def build(self, merges, pattern, special_tokens):
+        return _TokenizerOf(merges, pattern, special_tokens, self.rejects)
+
+
+class TokensThatEqualAnything(Honest):
+    """Its tokenizer's ids are all off by one, in a list whose ``==`` always holds."""
+
+    capabilities = ("tokenizer",)
+
+    def tokenizer(self):
+        return _Tokenizers(rejects=False)
+
+
+class TokenizerRejects(TokensThatEqualAnything):
+    """Its tokenizer rejects the examples (long texts) it would get wrong: the tokenizer
+    object's methods were reached past the judge's guard."""
+
+    def tokenizer(self):
+        return _Tokenizers(rejects=True)
+
+
+class _Yes(int):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __le__(self, other):
+        return True
+
+    def __ge__(self, other):
+        return True
+
+    def __lt__(self, other):
+        return False
+
+    def __gt__(self, other):
+        return False
+
+    def __sub__(self, other):
+        return self
+
+    __rsub__ = __mul__ = __rmul__ = __sub__
+    __hash__ = int.__hash__
+
+
+class CountsThatMatchAnything(Honest):
+    """Its cost counts are a wrong number in an int subclass that wins every comparison."""
+
+    def count_flops(self, config, batch, T, backward=False):
+        return _Yes(42)
+
+    def kv_cache_nbytes(self, config, batch):
+        return _Yes(42)
+
+    def saved_activation_bytes(self, config, batch, T):
+        return _Yes(42)
+
+
+class DtypeThatFlips(Honest):
+    """Declares bfloat16 to whatever reads its dtype while the budgets are chosen, float64
+    to the run's header: judged by one and shown as the other, its float64-wrong logits
+    passed with bfloat16's budgets."""
+
+    @property
+    def dtype(self):
+        import inspect
+
+        reading = {f.function for f in inspect.stack()[1:6]}
+        return "bfloat16" if "judged_precision" in reading else "float64"
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) * 1.001
+
+
+class PassesEveryComparison(Honest):
+    """Makes every comparison pass in its own process (the judge's Comparison rewritten):
+    its verdict comes back a pass at its true, far-over-budget fraction."""
+
+    def __init__(self) -> None:
+        from gptspec.conformance import budgets
+
+        budgets.Comparison.passed = property(lambda self: True)
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) * 1.01
+
+
+class StallsInTheChannel(Honest):
+    """Announces an answer of 1 GiB in the worker's channel, then sleeps: the judge waited
+    for the rest past every time limit."""
+
+    def forward(self, tokens, params, config):
+        import os
+        import stat
+        import struct
+
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                    os.write(int(name), struct.pack("!i", 1 << 30))
+            except OSError:
+                pass
+        time.sleep(3600)
+
+
+class PrintsAFlood(Honest):
+    """Correct, and prints 96 MB with no line break on its first call: the judge read it
+    all into memory (1.5 GB of it ran the judge out of memory, no report)."""
+
+    printed = False
+
+    def forward(self, tokens, params, config):
+        import os
+
+        if not PrintsAFlood.printed:
+            PrintsAFlood.printed = True
+            for _ in range(3):
+                os.write(1, b"x" * (32 << 20))
+        return gpt_forward(tokens, params, config)
+
+
+class ReplacesNumpyInTheBudgets(Honest):
+    """Hands the judge's budgets module a NumPy whose ``abs`` gives zeros: every difference
+    vanished and a wrong backend passed at 0 % (a module object is no function or table)."""
+
+    def __init__(self) -> None:
+        import types
+
+        import numpy as np
+
+        from gptspec.conformance import budgets
+
+        fake = types.ModuleType("numpy")
+        fake.__dict__.update(np.__dict__)
+        fake.abs = lambda x, *a, **k: np.zeros_like(np.asarray(x, dtype=float))
+        budgets.np = fake
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config) * 1.01
+
+
+class RewritesAClassMethod(ReplacesNumpyInTheBudgets):
+    """Replaces the budgets' ``Precision.of`` (a classmethod: not callable, so unseen)."""
+
+    def __init__(self) -> None:
+        from gptspec.conformance import budgets
+
+        of = budgets.Precision.of.__func__
+        budgets.Precision.of = classmethod(lambda cls, dtype: of(cls, "bfloat16"))
+
+
+class TracesTheJudge(ReplacesNumpyInTheBudgets):
+    """Sets a trace hook that could rewrite any local of the judge's (a verdict's status)."""
+
+    def __init__(self) -> None:
+        sys.settrace(lambda frame, event, arg: None)
+
+
+class RefillsAClosure(ReplacesNumpyInTheBudgets):
+    """Puts another function in the closure cell of one of the judge's decorated functions
+    (its identity and code unchanged)."""
+
+    def __init__(self) -> None:
+        from gptspec.conformance import runner
+
+        cell = runner._noting_stops.__closure__[0]
+        original = cell.cell_contents
+        cell.cell_contents = lambda *a, **k: original(*a, **k)

@@ -446,7 +446,11 @@ def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path, isola
     ("RewritesTheReferenceLater", "gptspec.reference.output"),
     ("RewritesTheVerdict", "json.dumps"),
     ("RewritesTheChannel", "the backend changed the worker's channel"),
-    ("WidensTheBudgets", "gptspec.conformance.budgets.")])
+    ("WidensTheBudgets", "gptspec.conformance.budgets."),
+    ("ReplacesNumpyInTheBudgets", "gptspec.conformance.budgets.np"),  # round 11
+    ("RewritesAClassMethod", "gptspec.conformance.budgets.Precision.of"),
+    ("TracesTheJudge", "sys.gettrace"),
+    ("RefillsAClosure", "gptspec.conformance.runner._noting_stops")])
 def test_a_backend_that_patches_the_reference_gets_no_pass(tmp_path, name, patched):
     # isolated, the reference runs in the backend's process: a patch there forged a pass
     proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{name}",
@@ -1045,3 +1049,70 @@ def test_saved_failures_never_replace_a_file_they_did_not_write(tmp_path):
     assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == [
         "bad_float64_softmax_differential_2.npz", "test_bad_float64_softmax_differential.py",
         "test_bad_float64_softmax_differential_2.py"]
+
+
+# --- round 11: what a backend returns is read as data; its process is not the verdict -------
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+@pytest.mark.parametrize("backend, checks", [
+    ("RejectsThroughItsArray", ["gpt_forward.differential"]),
+    ("TokenizerRejects", ["encode.matches_reference", "decode.round_trip"]),
+    ("TokensThatEqualAnything", ["encode.matches_reference",
+                                 "split_special.allowed_and_disallowed"]),
+    ("CountsThatMatchAnything", ["flops.matches_backend", "kv_cache_bytes.matches_backend",
+                                 "activation_memory_bytes.estimates_backend"]),
+])
+def test_what_a_backend_returns_cannot_steer_or_win_the_judges_comparisons(
+        tmp_path, backend, checks, isolation):
+    """An ``__array__`` that rejects the examples it is wrong on, a tokenizer object whose
+    methods reject them, a list or an int subclass that equals anything: each PASSED
+    (round 11). Their results are now copied into plain data inside the guarded call."""
+    selected = [arg for c in checks for arg in ("--check", c)]
+    proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{backend}", *selected,
+                        "--report", "report.json", *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (run,) = json.loads((tmp_path / "report.json").read_text())["runs"]
+    statuses = {c["id"]: c["status"] for c in run["checks"] if c["id"] in checks}
+    assert statuses and "pass" not in statuses.values(), proc.stdout
+
+
+def test_a_pass_past_its_budget_from_a_worker_is_an_error(tmp_path):
+    """A backend that rewrote the judge's Comparison in its worker sent back passes at
+    1e13 % of budget (round 11): no pass is past its budget, so the judge refuses it."""
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:PassesEveryComparison")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
+    assert "changed the judge's verdict in its process" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_the_dtype_shown_is_the_dtype_judged(tmp_path, isolation):
+    """A dtype property that answers bfloat16 only while the budgets are chosen was judged
+    with bfloat16's budgets under a float64 header, and passed (round 11)."""
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:DtypeThatFlips",
+                        "--report", "report.json", *isolation)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (run,) = json.loads((tmp_path / "report.json").read_text())["runs"]
+    assert run["backend"]["dtype"] == "float64"
+    assert run["checks"][0]["status"] == "fail", run["checks"][0]
+
+
+def test_a_worker_that_stalls_mid_answer_is_stopped_within_the_time_limit(tmp_path):
+    started = time.monotonic()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:StallsInTheChannel",
+                        "--timeout", "10")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
+    assert time.monotonic() - started < 60  # waited for ever before
+
+
+def test_a_flood_of_output_is_counted_not_read_whole(tmp_path):
+    """96 MB printed with no line break: the judge reads what it can show and counts the
+    rest (it read all of it into memory, and 1.5 GB ran it out of memory, no report)."""
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:PrintsAFlood",
+                        "--report", "report.json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "more bytes, not shown" in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr) < 4 << 20
+    assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["pass"] == 1

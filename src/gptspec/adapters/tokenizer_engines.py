@@ -3,9 +3,8 @@ judged on the tokenizer area alone (``capabilities = ("tokenizer",)``: no model,
 forward). Each builds the engine's own tokenizer from the spec's merges (tiktoken's byte
 ranks; HF's byte-level BPE model, vocabulary and merges written in GPT-2's byte alphabet)
 and lets it encode and decode; HF's also trains with its own BPE trainer. tiktoken cannot
-train: its ``train`` is not applicable, and the suite builds it from the reference's merges.
-tiktoken ranks a pair by the bytes it spells, so it holds only merges byte-ranked BPE
-would make (``merges_follow_byte_ranks``); it declares others not applicable.
+train (not applicable), and ranks a pair by the bytes it spells: it holds only merges that
+byte-ranked BPE makes (``merges_follow_byte_ranks``), others are not applicable.
 
 What the adapters add to the engines is protocol only: the merges' byte strings, an
 exception type where the engine raises another, and for HF (which always splits added

@@ -332,6 +332,104 @@ def steering_refused(name: str) -> Any:
             "cannot reject, skip or stop the judge's examples (its error)") from None
 
 
+class UnreadableOutput(Exception):
+    """What a backend returned cannot be read as data (nested past any sensible depth)."""
+
+
+_PLAIN_DEPTH = 64  # levels of lists, tuples and dicts in a backend's result
+_OBJECT_LIMIT = 1 << 22  # Python objects in an object array a backend returns
+
+
+def plain_output(value: Any, name: str, depth: int = 0) -> Any:
+    """What a backend's ``name`` returned, as data the judge owns: arrays as plain ndarrays
+    (a subclass, a memmap, a tensor through its ``__array__``), numbers, strings
+    and containers rebuilt as the exact built-in types, so that no method of the
+    backend's (an ``__eq__`` that always holds, an ``__array__`` that rejects the example)
+    runs inside the judge's own comparisons; any other object (a tokenizer) behind a
+    Guarded proxy. Called inside steering_refused."""
+    if depth > _PLAIN_DEPTH:
+        raise UnreadableOutput(f"{name} returned containers nested more than "
+                               f"{_PLAIN_DEPTH} levels deep")
+    if value is None or type(value) in (bool, int, float, complex, str, bytes):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "O":  # Python objects: each one read as data too
+            if value.size > _OBJECT_LIMIT:
+                raise UnreadableOutput(f"{name} returned an array of {value.size} Python "
+                                       "objects")
+            items = [plain_output(v, name, depth + 1) for v in value.ravel().tolist()]
+            return np.array(items + [None], dtype=object)[:-1].reshape(value.shape)
+        # a plain view, not a copy (a broadcast view may span terabytes); the base class's
+        # own method, not a subclass's
+        return np.ndarray.view(value, np.ndarray)
+    if isinstance(value, np.generic):
+        return np.array(value, subok=False)[()]
+    # subclasses of the built-in types, read through the base type's own slots
+    if isinstance(value, int):  # bool cannot be subclassed
+        return int.__add__(value, 0)
+    if isinstance(value, float):
+        return float.__mul__(value, 1.0)  # keeps −0.0 and NaN
+    if isinstance(value, complex):
+        return complex(float.__mul__(value.real, 1.0), float.__mul__(value.imag, 1.0))
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bytes):
+        return bytes.__getitem__(value, slice(None))
+    if isinstance(value, list):
+        return [plain_output(list.__getitem__(value, i), name, depth + 1)
+                for i in range(list.__len__(value))]
+    if isinstance(value, tuple):
+        return tuple(plain_output(tuple.__getitem__(value, i), name, depth + 1)
+                     for i in range(tuple.__len__(value)))
+    if isinstance(value, dict):
+        return {plain_output(k, name, depth + 1): plain_output(v, name, depth + 1)
+                for k, v in dict.items(value)}
+    if any(hasattr(type(value), a) for a in ("__array__", "__array_interface__",
+                                             "__array_struct__")):
+        try:
+            array = np.asarray(value)
+        except Exception as err:  # noqa: BLE001 — a tensor NumPy cannot hold (bfloat16):
+            if any((k.__module__ or "").split(".")[0] in _FRAMEWORKS for k in type(err).__mro__):
+                raise  # steering: steering_refused makes it the backend's error
+            return Guarded(value, name)  # the judge's own conversion will say so
+        if array.dtype.kind != "O":
+            return np.ndarray.view(array, np.ndarray)
+    return Guarded(value, name)
+
+
+class Guarded:
+    """An object a backend returned that is not data (a tokenizer, say): its methods and
+    attributes are reached as the backend's operations are, steering refused and results
+    read as data (plain_output)."""
+
+    def __init__(self, wrapped: Any, name: str) -> None:
+        self._wrapped = wrapped
+        self._name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        name = f"{self._name}.{attribute}"
+        with steering_refused(name):
+            value = getattr(self._wrapped, attribute)
+            if not callable(value):
+                return plain_output(value, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with keeping_cwd(), np.errstate(), warnings.catch_warnings(), \
+                    steering_refused(name):
+                return plain_output(value(*args, **kwargs), name)
+
+        call.__name__ = attribute
+        return call
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        with steering_refused(f"{self._name}.__array__"):
+            return np.ndarray.view(np.asarray(self._wrapped, dtype), np.ndarray)
+
+    def __repr__(self) -> str:
+        with steering_refused(f"{self._name}.__repr__"):
+            return shown(repr(self._wrapped), 200)
+
+
 class RecordingBackend:
     """The backend as a check sees it: every call to an operation or ``forward`` is
     recorded, in order, in ``calls`` (reset at each example by the context); logits not
@@ -365,7 +463,7 @@ class RecordingBackend:
                 # its np.seterr and warning filters stay in its own calls
                 with keeping_cwd(), np.errstate(), warnings.catch_warnings(), \
                         steering_refused(name):
-                    record.output = value(*args, **kwargs)
+                    record.output = plain_output(value(*args, **kwargs), name)
             except KeyboardInterrupt:
                 if len(STOPS_RECEIVED) > stops:
                     raise  # Ctrl-C or SIGTERM: the run stops

@@ -18,7 +18,9 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -42,6 +44,10 @@ from gptspec.conformance.runner import (
 from gptspec.parent_death import die_with_parent
 
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
+ANSWER_LIMIT = 64 << 20  # bytes of one answer of the worker's (a verdict and its example)
+# bytes of what a backend printed read per relay: what relay_backend_output can show (its
+# lines of at most OUTPUT_LINE_LIMIT characters), with room; the rest is counted, not read
+OUTPUT_READ_LIMIT = 1 << 20
 
 
 def _print_into(path: str) -> None:
@@ -77,7 +83,9 @@ def _let_go_of_the_judges_tracker() -> None:
 
 # the modules whose functions a verdict passes through, up to the bytes sent to the judge
 _JUDGE = ("gptspec.spec", "gptspec.reference", "gptspec.conformance", "numpy", "hypothesis",
-          "math", "builtins", "operator", "json", "dataclasses", "multiprocessing.connection")
+          "math", "builtins", "operator", "json", "dataclasses", "multiprocessing.connection",
+          "functools", "itertools", "collections", "contextlib", "copy", "re", "warnings",
+          "traceback")
 # the worker's answers are encoded by an encoder made before any backend code runs: a
 # backend that replaced json.dumps rewrote them (a failure sent as a pass)
 _ENCODE = json.JSONEncoder(default=str).encode
@@ -99,27 +107,63 @@ def _table_print(value: Any) -> str:
         return repr(value)
 
 
+def _parts(value: Any) -> tuple[Any, ...]:
+    """What a function computes with besides its identity, held (so that no id is reused):
+    its code, default values and the contents of its closure's cells; a property's or a
+    class- or static method's functions."""
+    if isinstance(value, property):
+        return tuple(_parts(f) for f in (value.fget, value.fset, value.fdel))
+    if isinstance(value, (classmethod, staticmethod)):
+        return (value.__func__, *_parts(value.__func__))
+    if not isinstance(value, types.FunctionType):  # a class, a builtin: itself only
+        return ()
+    cells = []
+    for cell in value.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # a cell not yet filled
+            cells.append(None)
+    return (value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
+
+
+def _descriptor(value: Any) -> bool:
+    return callable(value) or isinstance(value, (property, classmethod, staticmethod))
+
+
 def judge_fingerprint() -> dict[str, tuple[Any, Any]]:
-    """Every function and class of the judge's loaded modules (and of their classes), with
-    its code object: held, so that none is collected and its id reused; and what each
-    constant of the judge's own modules holds."""
-    prints: dict[str, tuple[Any, Any]] = {}
+    """Every function and class of the judge's loaded modules (and of their classes, with
+    their properties and class methods), with its code, defaults and closure: held, so that
+    none is collected and its id reused; the modules the judge's own modules name; what
+    each constant of those holds, or which object it is; and the interpreter's trace and
+    profile hooks."""
+    prints: dict[str, tuple[Any, Any]] = {
+        "sys.gettrace": (sys.gettrace(), ()), "sys.getprofile": (sys.getprofile(), ())}
     for name, module in list(sys.modules.items()):
         if module is None or not any(name == p or name.startswith(p + ".") for p in _JUDGE):
             continue
         own = any(name == p or name.startswith(p + ".") for p in _OWN)
         for attr, value in list(getattr(module, "__dict__", {}).items()):
             if not callable(value):
-                if own and isinstance(value, (*_TABLES, np.ndarray)) and not attr.startswith("__"):
+                if not own or attr.startswith("__"):
+                    continue
+                if isinstance(value, (*_TABLES, np.ndarray)):
                     prints[f"{name}.{attr}"] = (None, _table_print(value))
+                else:  # a module (budgets.np), an instance: replaced is tampered
+                    prints[f"{name}.{attr}"] = (value, ())
                 continue
-            prints[f"{name}.{attr}"] = (value, getattr(value, "__code__", None))
+            prints[f"{name}.{attr}"] = (value, _parts(value))
             if isinstance(value, type) and value.__module__ == name:
                 for key, method in list(vars(value).items()):
-                    if callable(method):
-                        prints[f"{name}.{attr}.{key}"] = (method,
-                                                          getattr(method, "__code__", None))
+                    if _descriptor(method):
+                        prints[f"{name}.{attr}.{key}"] = (method, _parts(method))
     return prints
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Identity, element by element through nested tuples."""
+    if type(a) is tuple and type(b) is tuple:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a is b
 
 
 def tampered(before: dict[str, tuple[Any, Any]]) -> str:
@@ -130,7 +174,7 @@ def tampered(before: dict[str, tuple[Any, Any]]) -> str:
     now = judge_fingerprint()
     for key, (value, code) in before.items():
         if key in now and (now[key][0] is not value or (
-                now[key][1] != code if value is None else now[key][1] is not code)):
+                now[key][1] != code if value is None else not _same(now[key][1], code))):
             return (f"the backend changed the judge's own code or tables ({key}): no check "
                     "of this run can be trusted")
     return ""
@@ -170,9 +214,9 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profi
     try:
         backend = load_backend(target, device=device, dtype=dtype)
         os.umask(umask)
-        precision, mismatch = judged_precision(backend, dtype)
+        described = describe_backend(backend)  # its dtype read once, for header and budgets
+        precision, mismatch = judged_precision(backend, dtype, described["dtype"])
         mismatch = tampered(judge) or mismatch or device_mismatch(backend, device)
-        described = describe_backend(backend)
     except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
         message = (str(err) if isinstance(err, BackendError) else
                    f"backend {target!r} failed to start: {type(err).__name__} {err}".rstrip())
@@ -250,6 +294,53 @@ def _send(conn: Any, data: bytes) -> None:
         _channel_lost(err)
 
 
+_TEXT_FIELDS = ("id", "kind", "status", "detail", "budget", "minimal_example", "reproduce",
+                "blocked_by")
+_COUNT_FIELDS = ("examples", "comparisons", "not_applicable")
+
+
+def well_formed(result: CheckResult) -> bool:
+    """Whether an answer's fields have the types and values a verdict has: the worker is
+    the backend's process, and a backend that wrote into its channel sent anything."""
+
+    def number(x: Any) -> bool:
+        return type(x) in (int, float)
+
+    adjudication = result.adjudication
+    return (result.status in STATUSES
+            and all(type(getattr(result, f)) is str for f in _TEXT_FIELDS)
+            and all(type(getattr(result, f)) is int for f in _COUNT_FIELDS)
+            and all(type(x) is list and all(type(e) is str for e in x)
+                    for x in (result.entries, result.saved))
+            and (result.worst_fraction is None or number(result.worst_fraction))
+            and number(result.seconds)
+            and (adjudication is None or type(adjudication) is dict and all(
+                type(k) is str and (v is None or type(v) in (str, int, float, bool))
+                for k, v in adjudication.items())))
+
+
+def _receive(conn: Any, seconds: float | None) -> bytes | None:
+    """One answer of the worker's, of at most ANSWER_LIMIT bytes, or None where it is not
+    whole within ``seconds`` (a worker that announced a long answer and stalled; the caller
+    stops it, which ends the wait). Raises what receiving raises (EOFError: it died)."""
+    got: list[Any] = []
+
+    def receive() -> None:
+        try:
+            got.append(conn.recv_bytes(ANSWER_LIMIT))
+        except BaseException as err:  # noqa: BLE001 — handed to the judge's thread
+            got.append(err)
+
+    reader = threading.Thread(target=receive, name="gptspec-answer", daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if not got:
+        return None
+    if isinstance(got[0], BaseException):
+        raise got[0]
+    return bytes(got[0])
+
+
 def _death(process: Any) -> str:
     process.join(5)
     code = process.exitcode
@@ -294,7 +385,15 @@ class _Worker:
             raise BackendError(f"backend {target!r} did not start within {start_timeout:g} s "
                                "(importing and building it)")
         try:
-            hello = json.loads(self.conn.recv_bytes())
+            greeting = _receive(self.conn, start_timeout)
+            if greeting is None:
+                self.stop()
+                raise BackendError(f"backend {target!r} did not start within "
+                                   f"{start_timeout:g} s (its greeting never ended)")
+            # the output file is open in the worker now: gone from the folder, so that a
+            # judge killed outright leaves none behind
+            os.unlink(self.output_path)
+            hello = json.loads(greeting)
             if "refused" in hello:
                 raise BackendRefused(target, shown(hello["refused"]))
             if "load_error" in hello:
@@ -327,12 +426,15 @@ class _Worker:
 
         try:
             self.conn.send_bytes(check.id.encode())
-            if not self.conn.poll(timeout):
+            answer = None
+            if self.conn.poll(timeout):
+                left = None if timeout is None else max(timeout - (time.monotonic() - begun), 0)
+                answer = _receive(self.conn, left)
+            if answer is None:
                 ended = time.monotonic()
                 self.stop()
                 self.remove_unfinished(check)
                 return error(f"timed out after {timeout:g} s (the worker was stopped)", ended)
-            answer = self.conn.recv_bytes()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             ended = time.monotonic()  # before waiting for the worker's exit status
             death = _death(self.process)
@@ -342,8 +444,14 @@ class _Worker:
             self.relay()
         try:
             result = CheckResult(**json.loads(answer))
-            if result.id != check.id or result.status not in STATUSES:
+            if result.id != check.id or not well_formed(result):
                 raise ValueError(result.id)
+            fraction = result.worst_fraction
+            if result.status == "pass" and fraction is not None and not fraction <= 1.0:
+                # no comparison past its budget passes: the verdict was rewritten
+                return error(f"the worker sent a pass at {100 * fraction:.3g}% of budget: "
+                             "the backend changed the judge's verdict in its process, and "
+                             "no check of this run can be trusted")
             return result
         except Exception:  # noqa: BLE001 — the worker runs the backend's code: not trusted
             self.stop()
@@ -360,9 +468,19 @@ class _Worker:
                     self.save_failures, reproduction.failure_stem(check.id, self.origin))
 
     def relay(self) -> None:
-        """What the backend printed since the last call (runner.relay_backend_output)."""
-        if not self.output.closed:
-            relay_backend_output(self.output.read())
+        """What the backend printed since the last call (runner.relay_backend_output): as
+        much as can be shown is read, the rest counted and dropped, so that a backend
+        printing gigabytes costs the judge neither memory nor disk."""
+        if self.output.closed:
+            return
+        data = self.output.read(OUTPUT_READ_LIMIT)
+        fd = self.output.fileno()
+        rest = os.fstat(fd).st_size - self.output.tell()
+        if rest > 0 or len(data) == OUTPUT_READ_LIMIT:
+            # the worker appends (O_APPEND): after the cut it writes from the start again
+            os.ftruncate(fd, 0)
+            self.output.seek(0)
+        relay_backend_output(data, unread=max(rest, 0))
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -386,7 +504,7 @@ class _Worker:
             self.output.close()
             try:
                 os.unlink(self.output_path)
-            except OSError:
+            except OSError:  # unlinked once the worker had opened it
                 pass
 
     def _kill_group(self) -> None:

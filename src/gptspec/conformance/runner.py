@@ -97,11 +97,14 @@ def describe_backend(backend: Any) -> dict[str, str]:
             for k in ("name", "version", "device", "dtype")}
 
 
-def judged_precision(backend: Any, asked: str | None) -> tuple[Precision, str]:
+def judged_precision(backend: Any, asked: str | None,
+                     declared: str | None = None) -> tuple[Precision, str]:
     """The precision a run judges (the dtype asked, else the backend's own) and, when the
     backend declares another dtype than the one asked (a factory that ignores ``dtype``),
-    the error every check of the run reports: its results say nothing about ``asked``."""
-    declared = _read(backend, "dtype", "float64").replace("torch.", "")
+    the error every check of the run reports: its results say nothing about ``asked``.
+    ``declared``: the dtype as the run's header read it (read once: a property that
+    answers differently each time must not be judged by one dtype and shown as another)."""
+    declared = (declared or _read(backend, "dtype", "float64")).replace("torch.", "")
     if asked is None or asked == declared:
         return Precision.of(declared), ""
     return Precision.of(asked), (f"the backend declares dtype {shown(declared, NAME_LIMIT)}, "
@@ -394,10 +397,10 @@ OUTPUT_LINE_LIMIT = 500  # characters of one line a backend prints, as relayed
 OUTPUT_LINES_SHOWN = 200  # lines relayed after one check; the rest are counted
 
 
-def relay_backend_output(data: bytes, file: Any = None) -> None:
+def relay_backend_output(data: bytes, file: Any = None, unread: int = 0) -> None:
     """What a backend printed, to the judge's standard error (``file``): each line escaped
     and marked as the backend's, so that it can neither drive the terminal nor pass for
-    one of the judge's verdict lines."""
+    one of the judge's verdict lines. ``unread``: bytes printed after ``data``, not read."""
     file = file or sys.stderr
     lines = data.splitlines()
     for raw in lines[:OUTPUT_LINES_SHOWN]:
@@ -406,6 +409,8 @@ def relay_backend_output(data: bytes, file: Any = None) -> None:
     if len(lines) > OUTPUT_LINES_SHOWN:
         print(f"  backend output: … {len(lines) - OUTPUT_LINES_SHOWN} more lines",
               file=file)
+    if unread:
+        print(f"  backend output: … and {unread} more bytes, not shown", file=file)
 
 
 _RELAYING: dict[str, Any] = {}  # while the backend's output goes aside (see _Routed)
@@ -626,7 +631,7 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
         evaluate, unimplemented = judge(backend, profile=profile, seed=seed,
                                         timeout=timeout, save_failures=save_failures,
                                         origin=origin, plain=plain, dtype=dtype,
-                                        device=device)
+                                        device=device, declared=described["dtype"])
     if relay_output:
         judged, looked_up = evaluate, unimplemented
 
@@ -654,11 +659,13 @@ def run_suite(backend: Any, *, profile: str = "default", seed: int = 0,
 
 def judge(backend: Any, *, profile: str, seed: int, timeout: float | None = None,
           save_failures: str | None = None, origin: dict[str, Any] | None = None,
-          plain: str | None = None, dtype: str | None = None, device: str | None = None
+          plain: str | None = None, dtype: str | None = None, device: str | None = None,
+          declared: str | None = None
           ) -> tuple[Callable[[Check], CheckResult], Callable[[Check], str]]:
     """The ``evaluate`` and ``unimplemented`` that :func:`walk` takes for ``backend`` (see
-    run_suite for the arguments): run_suite and the pytest plugin judge a check alike."""
-    precision, mismatch = judged_precision(backend, dtype)
+    run_suite for the arguments; ``declared``: its dtype as already read, judged_precision):
+    run_suite and the pytest plugin judge a check alike."""
+    precision, mismatch = judged_precision(backend, dtype, declared)
     mismatch = mismatch or device_mismatch(backend, device) or capability_mismatch(backend)
 
     def reading(check: Check) -> str | None:
