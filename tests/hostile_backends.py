@@ -938,13 +938,23 @@ class DtypeThatFlips(Honest):
 
 
 class PassesEveryComparison(Honest):
-    """Makes every comparison pass in its own process (the judge's Comparison rewritten):
-    its verdict comes back a pass at its true, far-over-budget fraction."""
+    """Finds the check's context among the objects of its process and gives it a ``record``
+    of its own that notes a comparison without failing it (an instance's attribute: no
+    function of the judge's changes): the verdict comes back a pass at its true,
+    far-over-budget fraction. (``supports``: asked before each example is computed.)"""
 
-    def __init__(self) -> None:
-        from gptspec.conformance import budgets
+    def supports(self, config):
+        import gc
 
-        budgets.Comparison.passed = property(lambda self: True)
+        from gptspec.conformance.context import CheckContext
+
+        for found in gc.get_objects():
+            if type(found) is CheckContext and "record" not in vars(found):
+                def record(what, comparison, ctx=found):
+                    ctx.comparisons += 1
+                    ctx.worst = max(ctx.worst, comparison.fraction)
+
+                found.record = record
 
     def forward(self, tokens, params, config):
         return gpt_forward(tokens, params, config) * 1.01

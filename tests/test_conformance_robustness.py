@@ -1077,10 +1077,12 @@ def test_what_a_backend_returns_cannot_steer_or_win_the_judges_comparisons(
     assert statuses and "pass" not in statuses.values(), proc.stdout
 
 
-def test_a_pass_past_its_budget_from_a_worker_is_an_error(tmp_path):
-    """A backend that rewrote the judge's Comparison in its worker sent back passes at
-    1e13 % of budget (round 11): no pass is past its budget, so the judge refuses it."""
-    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:PassesEveryComparison")
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+def test_a_pass_past_its_budget_is_an_error(tmp_path, isolation):
+    """A backend that swallowed the judge's failures in its process got passes at 1e13 % of
+    budget (round 11): no pass is past its budget, so the judge refuses it."""
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:PassesEveryComparison",
+                        *isolation)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
     assert "changed the judge's verdict in its process" in proc.stdout, proc.stdout

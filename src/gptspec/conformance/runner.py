@@ -333,6 +333,11 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
                       if isinstance(err, KeyboardInterrupt) else "")
             detail = f"raised {_one_line(err)}{unsent}{at}"
     worst: float | None = ctx.worst if ctx.comparisons else None
+    if status == "pass" and worst is not None and not worst <= 1.0:
+        # no comparison past its budget passes: something in this process swallowed it
+        status, detail = "error", (f"a pass at {100 * worst:.3g}% of budget: the backend "
+                                   "changed the judge's verdict in its process, and no "
+                                   "check of this run can be trusted")
     if status == "pass":
         detail = ctx.worst_detail
         if ctx.not_applicable:
