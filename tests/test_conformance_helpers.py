@@ -174,3 +174,40 @@ def test_scores_at_the_edge_are_drawn_for_float16_alone(dtype, dk):
     assert _scores_at_the_edge(None, ctx, 4, dk) is None
     # float16: drawn at every width, its scores representable and Q Kᵀ past 65504 (d_k ≥ 25)
     assert B.LARGEST["float16"] * max(math.sqrt(dk), 2.0) < B.LARGEST["float32"]
+
+
+def test_what_a_backend_returns_is_read_as_plain_data():
+    """plain_output: the built-in types rebuilt exactly (a subclass's __eq__ decides no
+    comparison), arrays as plain views (a broadcast view is not copied), anything else
+    behind a guard whose items are read as data too, and what it raises from a test
+    framework the backend's error."""
+    import hypothesis
+
+    from gptspec.conformance.context import BackendSteered, Guarded, plain_output
+
+    class Equal(list):
+        def __eq__(self, other):
+            return True
+
+    class Yes(int):
+        def __eq__(self, other):
+            return True
+
+    out = plain_output({"ids": Equal([1, 2]), "n": Yes(3), "x": (np.ones(2).view(np.matrix),)},
+                       "op")
+    assert type(out["ids"]) is list and out["ids"] != [9, 9]
+    assert type(out["n"]) is int and out["n"] != 4
+    assert type(out["x"][0]) is np.ndarray
+    huge = plain_output(np.broadcast_to(np.ones(1), (1 << 40,)), "op")
+    assert huge.shape == (1 << 40,) and huge.strides == (0,)
+
+    def tokens():
+        yield Equal([5])
+        hypothesis.reject()
+
+    guarded = plain_output(tokens(), "generate")
+    assert isinstance(guarded, Guarded)
+    items = iter(guarded)
+    assert type(next(items)) is list
+    with pytest.raises(BackendSteered, match="cannot reject, skip or stop"):
+        next(items)

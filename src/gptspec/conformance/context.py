@@ -429,6 +429,28 @@ class Guarded:
         with steering_refused(f"{self._name}.__repr__"):
             return shown(repr(self._wrapped), 200)
 
+    # a sequence or an iterator of results (a generator of tokens, say), read item by item
+    def __len__(self) -> int:
+        with steering_refused(f"len({self._name})"):
+            return int.__add__(len(self._wrapped), 0)
+
+    def __getitem__(self, key: Any) -> Any:
+        with steering_refused(f"{self._name}[…]"):
+            return plain_output(self._wrapped[key], self._name)
+
+    def __iter__(self) -> Any:
+        name = f"iter({self._name})"
+        with steering_refused(name):
+            items = iter(self._wrapped)
+        while True:
+            with steering_refused(name):
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+                value = plain_output(item, name)
+            yield value
+
 
 class RecordingBackend:
     """The backend as a check sees it: every call to an operation or ``forward`` is
