@@ -438,6 +438,8 @@ class _Worker:
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             ended = time.monotonic()  # before waiting for the worker's exit status
             death = _death(self.process)
+            if self.process.is_alive():  # its channel broken (an answer past the limit)
+                self.stop()
             self.remove_unfinished(check)
             return error(death, ended)
         finally:
