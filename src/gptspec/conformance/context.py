@@ -315,6 +315,12 @@ class BackendSteered(Exception):
 _FRAMEWORKS = ("hypothesis", "_pytest", "pytest", "unittest")
 
 
+def _from_a_framework(err: BaseException) -> bool:
+    """Whether ``err`` is (or derives from) an exception of a test framework's modules."""
+    return any((kind.__module__ or "").split(".")[0] in _FRAMEWORKS
+               for kind in type(err).__mro__)
+
+
 @contextlib.contextmanager
 def steering_refused(name: str) -> Any:
     """Run the backend's ``name``; what it raises from a test framework's own modules (a
@@ -324,8 +330,7 @@ def steering_refused(name: str) -> Any:
     except KeyboardInterrupt:
         raise
     except BaseException as err:
-        kinds = type(err).__mro__
-        if not any((kind.__module__ or "").split(".")[0] in _FRAMEWORKS for kind in kinds):
+        if not _from_a_framework(err):
             raise
         raise BackendSteered(
             f"{name} raised {type(err).__module__}.{type(err).__qualname__}: a backend "
@@ -389,7 +394,7 @@ def plain_output(value: Any, name: str, depth: int = 0) -> Any:
         try:
             array = np.asarray(value)
         except Exception as err:  # noqa: BLE001 — a tensor NumPy cannot hold (bfloat16):
-            if any((k.__module__ or "").split(".")[0] in _FRAMEWORKS for k in type(err).__mro__):
+            if _from_a_framework(err):
                 raise  # steering: steering_refused makes it the backend's error
             return Guarded(value, name)  # the judge's own conversion will say so
         if array.dtype.kind != "O":
