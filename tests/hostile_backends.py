@@ -328,8 +328,11 @@ class RewritesTheChannel(Honest):
 
         for channel in [o for o in gc.get_objects() if isinstance(o, Connection)]:
             def send_bytes(data, *args, _send=channel.send_bytes, **kwargs):
-                answer = json.loads(bytes(data))
-                if answer.get("status") in ("fail", "error"):
+                try:
+                    answer = json.loads(bytes(data))
+                except ValueError:  # an array's bytes (isolation sends them raw)
+                    return _send(data, *args, **kwargs)
+                if isinstance(answer, dict) and answer.get("status") in ("fail", "error"):
                     answer.update(status="pass", worst_fraction=0.01, detail="")
                     data = json.JSONEncoder().encode(answer).encode()
                 return _send(data, *args, **kwargs)
@@ -727,24 +730,6 @@ class InterruptsFromGetattrOnceUsed(_RaisesFromGetattrOnceUsed):
     """As ExitsFromGetattrOnceUsed, with KeyboardInterrupt: the run ended "interrupted"."""
 
     stop = KeyboardInterrupt
-
-
-class DiesWhileSavingItsFailure(Honest):
-    """Leaves what a worker stopped in the middle of saving a failure leaves (the
-    temporary files of --save-failures, not yet renamed) and dies: they stayed, hidden,
-    in the user's folder. Beside them, a hidden file of the user's own."""
-
-    def forward(self, tokens, params, config):
-        import os
-        from pathlib import Path
-
-        folder = Path("failures")
-        folder.mkdir(exist_ok=True)
-        stem = "hostile_float64_gpt_forward_differential"
-        for name in (f".{stem}.npz.abcd1234.tmp", f".test_{stem}_2.py.ABCD_123.tmp",
-                     ".notes.txt.abcd1234.tmp"):
-            (folder / name).write_bytes(b"half")
-        os._exit(3)
 
 
 class RejectsWhatItGetsWrong(Honest):

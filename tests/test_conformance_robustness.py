@@ -443,24 +443,19 @@ def test_what_a_backend_prints_reaches_stderr_escaped_and_marked(tmp_path, isola
     assert "  backend output: 97 passed, 0 failed" in proc.stderr
 
 
-@pytest.mark.parametrize(("name", "patched"), [
-    ("PatchesTheReference", "gptspec.reference.output"),
-    ("RewritesTheReferenceLater", "gptspec.reference.output"),
-    ("RewritesTheVerdict", "json.dumps"),
-    ("RewritesTheChannel", "the backend changed the worker's channel"),
-    ("WidensTheBudgets", "gptspec.conformance.budgets."),
-    ("ReplacesNumpyInTheBudgets", "gptspec.conformance.budgets.np"),  # round 11
-    ("RewritesAClassMethod", "gptspec.conformance.budgets.Precision.of"),
-    ("TracesTheJudge", "sys.gettrace"),
-    ("RefillsAClosure", "gptspec.conformance.runner._noting_stops")])
-def test_a_backend_that_patches_the_reference_gets_no_pass(tmp_path, name, patched):
-    # isolated, the reference runs in the backend's process: a patch there forged a pass
+@pytest.mark.parametrize("name", [
+    "PatchesTheReference", "RewritesTheReferenceLater", "RewritesTheVerdict",
+    "RewritesTheChannel", "WidensTheBudgets", "ReplacesNumpyInTheBudgets",  # round 11
+    "RewritesAClassMethod", "TracesTheJudge", "RefillsAClosure"])
+def test_a_backend_that_patches_the_judge_is_judged_as_what_it_computes(tmp_path, name):
+    # each computes wrong logits and rewrites, in its own process, what judged it there (the
+    # reference, the budgets, json, the channel, a closure, a trace hook): a forged PASS
+    # until round 11. The judge no longer runs there, and each fails on its logits
     proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends:{name}",
                         "--check", "gpt_forward.*")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "PASS" not in proc.stdout and "Traceback" not in proc.stderr
-    assert (f"the backend changed the judge's own code or tables ({patched}" in proc.stdout
-            or patched.startswith("the backend") and patched in proc.stdout)
+    assert "FAIL  gpt_forward.differential" in proc.stdout, proc.stdout
 
 
 def test_a_backend_that_changes_numpys_print_options_is_judged_as_any_other(tmp_path):
@@ -876,11 +871,10 @@ def test_no_isolate_writes_its_report_after_the_backend_lowered_a_file_limit(tmp
     assert runs[0]["counts"]["pass"] == 1
 
 
-@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
-def test_a_huge_output_is_not_saved_whole_with_the_failure(tmp_path, isolation):
+def test_a_huge_output_is_not_saved_whole_with_the_failure(tmp_path):
     started = time.monotonic()
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ReturnsAHugeBroadcastView",
-                        "--save-failures", "failures", "--timeout", "30", *isolation)
+                        "--save-failures", "failures", "--timeout", "30", "--no-isolate")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL  gpt_forward.differential" in proc.stdout, proc.stdout  # was: timed out
     assert time.monotonic() - started < 30
@@ -889,6 +883,18 @@ def test_a_huge_output_is_not_saved_whole_with_the_failure(tmp_path, isolation):
         manifest = json.loads(str(saved["manifest"]))
         assert "actual" not in saved.files
     assert "(1099511627776,)" in manifest["actual_unstored"]
+
+
+def test_a_huge_output_is_not_sent_from_the_worker(tmp_path):
+    # isolated, a terabyte broadcast view would be copied to cross to the judge: refused
+    started = time.monotonic()
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:ReturnsAHugeBroadcastView",
+                        "--timeout", "30")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
+    assert "returned more than 4 GiB of arrays" in proc.stdout, proc.stdout
+    assert "isolation.py" not in proc.stdout  # where the judge's worker read it: no help
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
@@ -915,15 +921,6 @@ def test_an_adjudicator_that_never_answers_leaves_the_failure_its_verdict(tmp_pa
     assert check["status"] == "fail" and check["worst_fraction"] > 1
     assert "hostile_backends:HangsOnStart did not answer within the check's time limit" in \
         check["adjudication"]["note"], check
-
-
-def test_a_worker_that_died_while_saving_leaves_no_temporary_file(tmp_path):
-    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:DiesWhileSavingItsFailure",
-                        "--save-failures", "failures")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "ended the worker process (exit code 3)" in proc.stdout, proc.stdout
-    left = sorted(p.name for p in (tmp_path / "failures").iterdir())
-    assert left == [".notes.txt.abcd1234.tmp"]  # the user's own is kept
 
 
 def test_a_temporary_name_cut_short_is_still_recognised(tmp_path):
@@ -1082,12 +1079,16 @@ def test_what_a_backend_returns_cannot_steer_or_win_the_judges_comparisons(
 @pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
 def test_a_pass_past_its_budget_is_an_error(tmp_path, isolation):
     """A backend that swallowed the judge's failures in its process got passes at 1e13 % of
-    budget (round 11): no pass is past its budget, so the judge refuses it."""
+    budget (round 11): no pass is past its budget, so the judge refuses it. Isolated, the
+    judge is not in the backend's process: the failure stands."""
     proc = _hostile_cli(tmp_path, "--backend", "hostile_backends:PassesEveryComparison",
                         *isolation)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
-    assert "changed the judge's verdict in its process" in proc.stdout, proc.stdout
+    if isolation:
+        assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
+        assert "changed the judge's verdict in its process" in proc.stdout, proc.stdout
+    else:
+        assert "FAIL  gpt_forward.differential" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])

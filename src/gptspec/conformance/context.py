@@ -357,6 +357,8 @@ def plain_output(value: Any, name: str, depth: int = 0) -> Any:
                                f"{_PLAIN_DEPTH} levels deep")
     if value is None or type(value) in (bool, int, float, complex, str, bytes):
         return value
+    if isinstance(value, Guarded):  # already the judge's (isolation.Remote)
+        return value
     if isinstance(value, np.ndarray):
         if value.dtype.kind == "O":  # Python objects: each one read as data too
             if value.size > _OBJECT_LIMIT:

@@ -1,40 +1,57 @@
-"""Running a backend's checks in a worker process, so that a backend that hangs or kills
-the interpreter (a segfault in a kernel, ``os._exit``) cannot take the run down.
+"""Running a backend in a worker process of its own, which serves its calls: a backend
+that hangs, kills the interpreter (a segfault in a kernel, ``os._exit``) or rewrites
+whatever it finds in its process cannot take the run down or touch a verdict.
 
-The parent walks the checks in dependency order and sends a 'spawn'ed worker, which
-builds the backend from its target once, one check id at a time, answered as JSON. A
-worker silent past the time limit is killed (an error "timed out after N s"); one that
-dies is an error naming the exit code or signal; a fresh worker takes the next check and
-the run ends with a report. The worker leads its own session, and every way out (done,
-timed out, crashed, Ctrl-C) kills that process group: nothing a backend forked outlives
-the run or keeps the caller's pipes open.
+The judge (Hypothesis, the reference, the budgets, the verdict, saving failures and
+adjudicating them) runs in this process, which never runs the backend's code. A 'spawn'ed
+worker builds the backend from its target and answers requests (get an attribute, call
+it, read an object it returned as an array, an item, an iteration): what the backend
+returns comes back as data, a JSON header and raw array buffers, never a pickle, and is
+read here into plain arrays and built-in types; any other object stays in the worker,
+reached through a ``Remote`` proxy. A backend writing into the worker's channel can only
+misstate its own results, which are judged like any others. A check that runs past its
+time limit, a worker that dies or one that sends what the worker does not write is an
+error for that check, and a fresh worker takes the next. The worker leads its own
+session, and every way out (done, timed out, crashed, Ctrl-C) kills that process group:
+nothing a backend forked outlives the run or keeps the caller's pipes open.
 """
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import tempfile
-import threading
-import time
-import types
+import traceback
+import warnings
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from gptspec.conformance import reproduction
+from gptspec.conformance.context import (
+    BackendInterrupt,
+    BackendSteered,
+    Guarded,
+    UnreadableOutput,
+    _from_a_framework,
+    keeping_cwd,
+    plain_output,
+)
 from gptspec.conformance.discovery import BackendError, BackendRefused
-from gptspec.conformance.protocol import shown
+from gptspec.conformance.protocol import NotApplicable, WorkerLost, shown
 from gptspec.conformance.registry import Check, all_checks
 from gptspec.conformance.runner import (
     NAME_LIMIT,
-    STATUSES,
     CheckResult,
     SuiteResult,
+    dtype_error,
+    judged_precision,
     not_implemented,
     relay_backend_output,
     run_check,
@@ -44,7 +61,6 @@ from gptspec.conformance.runner import (
 from gptspec.parent_death import die_with_parent
 
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
-ANSWER_LIMIT = 64 << 20  # bytes of one answer of the worker's (a verdict and its example)
 # bytes of what a backend printed read per relay: what relay_backend_output can show (its
 # lines of at most OUTPUT_LINE_LIMIT characters), with room; the rest is counted, not read
 OUTPUT_READ_LIMIT = 1 << 20
@@ -81,108 +97,254 @@ def _let_go_of_the_judges_tracker() -> None:
         tracker._pid = None
 
 
-# the modules whose functions a verdict passes through, up to the bytes sent to the judge
-_JUDGE = ("gptspec.spec", "gptspec.reference", "gptspec.conformance", "numpy", "hypothesis",
-          "math", "builtins", "operator", "json", "dataclasses", "multiprocessing.connection",
-          "functools", "itertools", "collections", "contextlib", "copy", "re", "warnings",
-          "traceback")
-# the worker's answers are encoded by an encoder made before any backend code runs: a
-# backend that replaced json.dumps rewrote them (a failure sent as a pass)
-_ENCODE = json.JSONEncoder(default=str).encode
-_OWN = ("gptspec.spec", "gptspec.reference", "gptspec.conformance")  # and their tables
-_TABLES = (int, float, str, bytes, tuple, frozenset, dict, list, set)
+# --- the wire. The judge sends pickles (the worker trusts its judge); the worker sends a
+# JSON header and the raw bytes of the arrays it names, read here as data and nothing else:
+# a backend that writes into the channel can only misstate its own results, which the judge
+# compares like any other.
+
+HEADER_LIMIT = 64 << 20  # bytes of one answer's JSON header
+ANSWER_LIMIT = 4 << 30  # bytes of the arrays of one answer, all together
+_ARRAY_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex numbers
+_ARRAYS_LIMIT = 1 << 20  # arrays in one answer
+_DEPTH = 70  # levels of containers in one answer (plain_output allows 64)
 
 
-_PRINT_DEFAULTS: dict[str, Any] = dict(
-    precision=8, threshold=1000, edgeitems=3, linewidth=75, suppress=False, nanstr="nan",
-    infstr="inf", sign="-", floatmode="maxprec", legacy=False)
+class _Encoder:
+    """What a backend's call returned (already plain_output's data), as a JSON-able tree
+    and array buffers; any object that is not data stays in the worker, sent as a handle."""
+
+    def __init__(self, keep: Callable[[Any], int]) -> None:
+        self.keep = keep
+        self.buffers: list[np.ndarray] = []
+        self.size = 0
+
+    def array(self, value: np.ndarray) -> list[Any]:
+        if value.dtype.kind not in _ARRAY_KINDS or value.dtype.fields is not None:
+            raise UnreadableOutput(f"returned an array of dtype {value.dtype}, which is "
+                                   "not numbers")
+        self.size += value.nbytes
+        if self.size > ANSWER_LIMIT or len(self.buffers) >= _ARRAYS_LIMIT:
+            raise UnreadableOutput(f"returned more than {ANSWER_LIMIT >> 30} GiB of arrays")
+        # (np.ascontiguousarray would make a 0-d array 1-d)
+        data = value if value.flags.c_contiguous else value.copy(order="C")
+        self.buffers.append(data.reshape(-1).view(np.uint8))
+        return ["array", len(self.buffers) - 1, data.dtype.str, list(data.shape)]
+
+    def tree(self, value: Any) -> Any:
+        if value is None or type(value) in (bool, int, str):
+            return value
+        if type(value) is float:
+            return value if np.isfinite(value) else ["float", repr(value)]
+        if type(value) is complex:
+            return ["complex", self.tree(value.real), self.tree(value.imag)]
+        if type(value) is bytes:
+            return ["bytes", value.hex()]
+        if type(value) in (list, tuple):
+            return [type(value).__name__, [self.tree(v) for v in value]]
+        if type(value) is dict:
+            return ["dict", [[self.tree(k), self.tree(v)] for k, v in value.items()]]
+        if isinstance(value, np.generic):
+            return ["scalar", self.array(np.asarray(value))]
+        if type(value) is np.ndarray:
+            if value.dtype.kind == "O":
+                return ["objects", list(value.shape),
+                        [self.tree(v) for v in value.ravel().tolist()]]
+            return self.array(value)
+        if isinstance(value, Guarded):
+            return ["handle", self.keep(value._wrapped)]
+        raise UnreadableOutput(f"returned a {type(value).__name__} the judge cannot read")
 
 
-def _table_print(value: Any) -> str:
-    """What a module-level constant holds now (the budgets' unit roundoffs, say), spelt
-    the same whatever print options a backend set (legacy="1.25" respells NumPy scalars)."""
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} {value.shape} {hash(value.tobytes())}"
-    with np.printoptions(**_PRINT_DEFAULTS):
-        return repr(value)
+class UnreadableAnswer(Exception):
+    """An answer of the worker's that is not what the worker writes (the backend wrote
+    into the channel)."""
 
 
-def _parts(value: Any) -> tuple[Any, ...]:
-    """What a function computes with besides its identity, held (so that no id is reused):
-    its code, default values and the contents of its closure's cells; a property's or a
-    class- or static method's functions."""
-    if isinstance(value, property):
-        return tuple(_parts(f) for f in (value.fget, value.fset, value.fdel))
-    if isinstance(value, (classmethod, staticmethod)):
-        return (value.__func__, *_parts(value.__func__))
-    if not isinstance(value, types.FunctionType):  # a class, a builtin: itself only
-        return ()
-    cells = []
-    for cell in value.__closure__ or ():
+def _decode(tree: Any, buffers: list[bytes], remote: Callable[[int], Any],
+            depth: int = 0) -> Any:
+    """The judge's reading of an answer: only the forms _Encoder writes."""
+    if depth > _DEPTH:
+        raise UnreadableAnswer("nested too deeply")
+    if tree is None or type(tree) in (bool, int, float, str):
+        return tree
+    if type(tree) is not list or not tree or type(tree[0]) is not str:
+        raise UnreadableAnswer(f"an unknown form {type(tree).__name__}")
+    kind, args = tree[0], tree[1:]
+
+    def inner(x: Any) -> Any:
+        return _decode(x, buffers, remote, depth + 1)
+
+    if kind == "float" and len(args) == 1 and args[0] in ("nan", "inf", "-inf"):
+        return float(args[0])
+    if kind == "complex" and len(args) == 2:
+        real, imag = inner(args[0]), inner(args[1])
+        if type(real) is not float or type(imag) is not float:
+            raise UnreadableAnswer("a complex number of no floats")
+        return complex(real, imag)
+    if kind == "bytes" and len(args) == 1 and type(args[0]) is str:
+        return bytes.fromhex(args[0])
+    if kind in ("list", "tuple") and len(args) == 1 and type(args[0]) is list:
+        items = [inner(v) for v in args[0]]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict" and len(args) == 1 and type(args[0]) is list:
+        pairs = args[0]
+        if not all(type(p) is list and len(p) == 2 for p in pairs):
+            raise UnreadableAnswer("a dict of no pairs")
+        return {inner(k): inner(v) for k, v in pairs}
+    if kind == "scalar" and len(args) == 1:
+        array = inner(args[0])
+        if type(array) is not np.ndarray or array.shape != ():
+            raise UnreadableAnswer("a scalar of no 0-d array")
+        return array[()]
+    if kind == "array" and len(args) == 3:
+        index, dtype, shape = args
+        if (type(index) is not int or not 0 <= index < len(buffers) or type(dtype) is not str
+                or type(shape) is not list
+                or not all(type(n) is int and n >= 0 for n in shape)):
+            raise UnreadableAnswer("a malformed array")
         try:
-            cells.append(cell.cell_contents)
-        except ValueError:  # a cell not yet filled
-            cells.append(None)
-    return (value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
+            kind_of = np.dtype(dtype)
+        except TypeError:
+            raise UnreadableAnswer(f"an array of unknown dtype {dtype!r}") from None
+        if kind_of.kind not in _ARRAY_KINDS or kind_of.fields is not None:
+            raise UnreadableAnswer(f"an array of dtype {dtype!r}")
+        data = buffers[index]
+        if len(data) != kind_of.itemsize * int(np.prod(shape, dtype=object)):
+            raise UnreadableAnswer("an array whose bytes do not fill its shape")
+        # writable, owned by the judge (a bytearray's buffer), as an array a call returns
+        return np.frombuffer(bytearray(data), dtype=kind_of).reshape(shape)
+    if kind == "objects" and len(args) == 2 and type(args[1]) is list:
+        shape = args[0]
+        if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+            raise UnreadableAnswer("a malformed object array")
+        items = [inner(v) for v in args[1]]
+        if len(items) != int(np.prod(shape, dtype=object)):
+            raise UnreadableAnswer("an object array whose items do not fill its shape")
+        return np.array(items + [None], dtype=object)[:-1].reshape(shape)
+    if kind == "handle" and len(args) == 1 and type(args[0]) is int:
+        return remote(args[0])
+    raise UnreadableAnswer(f"an unknown form {kind!r}")
 
 
-def _descriptor(value: Any) -> bool:
-    return callable(value) or isinstance(value, (property, classmethod, staticmethod))
+# --- the worker: builds the backend, then serves the judge's calls of it
 
 
-def judge_fingerprint() -> dict[str, tuple[Any, Any]]:
-    """Every function and class of the judge's loaded modules (and of their classes, with
-    their properties and class methods), with its code, defaults and closure: held, so that
-    none is collected and its id reused; the modules the judge's own modules name; what
-    each constant of those holds, or which object it is; and the interpreter's trace and
-    profile hooks."""
-    prints: dict[str, tuple[Any, Any]] = {
-        "sys.gettrace": (sys.gettrace(), ()), "sys.getprofile": (sys.getprofile(), ())}
-    for name, module in list(sys.modules.items()):
-        if module is None or not any(name == p or name.startswith(p + ".") for p in _JUDGE):
-            continue
-        own = any(name == p or name.startswith(p + ".") for p in _OWN)
-        for attr, value in list(getattr(module, "__dict__", {}).items()):
-            if not callable(value):
-                if not own or attr.startswith("__"):
-                    continue
-                if isinstance(value, (*_TABLES, np.ndarray)):
-                    prints[f"{name}.{attr}"] = (None, _table_print(value))
-                else:  # a module (budgets.np), an instance: replaced is tampered
-                    prints[f"{name}.{attr}"] = (value, ())
-                continue
-            prints[f"{name}.{attr}"] = (value, _parts(value))
-            if isinstance(value, type) and value.__module__ == name:
-                for key, method in list(vars(value).items()):
-                    if _descriptor(method):
-                        prints[f"{name}.{attr}.{key}"] = (method, _parts(method))
-    return prints
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, objects: dict[int, Any]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.objects = objects
+
+    def persistent_load(self, pid: Any) -> Any:  # a handle the judge passes back
+        return self.objects[pid]
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Identity, element by element through nested tuples."""
-    if type(a) is tuple and type(b) is tuple:
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a is b
+def _raised(err: BaseException) -> dict[str, Any]:
+    """What a backend's call raised, as the judge rebuilds it."""
+    kind = type(err)
+    where = traceback.extract_tb(err.__traceback__)
+    # the backend's frame; none for what the worker's own reading of its result raised
+    frame = where[-1] if where and not isinstance(err, UnreadableOutput) else None
+    return {"type": shown(kind.__qualname__, 200), "module": shown(kind.__module__, 200),
+            "message": shown(_message(err)),
+            "at": f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else "",
+            # the built-in exception it is a kind of (a tokenizer's error is a ValueError)
+            "base": next((k.__name__ for k in kind.__mro__ if k.__module__ == "builtins"
+                          and issubclass(k, Exception)), "Exception"),
+            "not_applicable": isinstance(err, NotApplicable),
+            "interrupt": isinstance(err, KeyboardInterrupt),
+            "framework": _from_a_framework(err)}
 
 
-def tampered(before: dict[str, tuple[Any, Any]]) -> str:
-    """Why the judge's code is no longer what ``before`` recorded (the first function a
-    backend replaced or rewrote), or "". Isolation keeps a backend from hanging or ending
-    the run; the reference still runs in the backend's process, so one that patched it
-    could forge a pass: this catches the patch, not a backend that hides it better."""
-    now = judge_fingerprint()
-    for key, (value, code) in before.items():
-        if key in now and (now[key][0] is not value or (
-                now[key][1] != code if value is None else not _same(now[key][1], code))):
-            return (f"the backend changed the judge's own code or tables ({key}): no check "
-                    "of this run can be trusted")
-    return ""
+def _message(err: BaseException) -> str:
+    try:
+        text = str(err)
+    except BaseException:  # noqa: BLE001 — an exception whose __str__ raises anything
+        return "(its message cannot be printed: its __str__ raised)"
+    return text if type(text) is str else "(unprintable)"
 
 
-def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profile: str,
-            seed: int, save_failures: str | None, plain: str | None, output: str,
-            within: float | None) -> None:
+def _serve(conn: Any, backend: Any) -> None:
+    """Answer the judge's requests until it sends an empty one or goes. A request is
+    (operation, handle, name, args, kwargs) on the object ``handle`` names (0: the
+    backend): "get" an attribute, "call" a method (or the object), "array" (np.asarray),
+    "repr", "len", "item", "iter", "next", or "forget" every handle but the backend's."""
+    objects: dict[int, Any] = {0: backend}
+    pid = os.getpid()
+
+    def keep(value: Any) -> int:
+        objects[len(objects)] = value
+        return len(objects) - 1
+
+    while True:
+        try:
+            request = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not request:
+            return
+        what, handle, name, args, kwargs = _Unpickler(request, objects).load()
+        label = name or f"handle {handle}"
+        try:
+            value = _answer(what, objects, handle, name, args, kwargs)
+            encoder = _Encoder(keep)
+            answer: dict[str, Any] = (
+                {"callable": True} if value is _CALLABLE else
+                {"value": encoder.tree(plain_output(value, label))})
+            buffers = encoder.buffers
+            answer["arrays"] = len(buffers)
+        except BaseException as err:  # noqa: BLE001 — whatever the backend raised
+            answer, buffers = {"raised": _raised(err)}, []
+        finally:
+            if os.getpid() != pid:  # a fork of the backend's returned here: it ends
+                os._exit(0)
+        try:
+            conn.send_bytes(json.dumps(answer).encode())
+            for data in buffers:
+                conn.send_bytes(data)
+        except OSError as err:
+            print(f"the worker lost its channel to the judge ({err.strerror or err}): the "
+                  "backend closed or reused its file descriptor", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+
+
+_CALLABLE = object()  # "get" of a callable attribute: the judge's proxy calls it by name
+
+
+def _answer(what: str, objects: dict[int, Any], handle: int, name: str | None,
+            args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    obj = objects[handle]
+    if what == "forget":
+        for key in [k for k in objects if k != 0]:
+            del objects[key]
+        return None
+    if what == "get":
+        value = getattr(obj, name or "")
+        return _CALLABLE if callable(value) else value
+    if what == "call":
+        fn = obj if name is None else getattr(obj, name)
+        with keeping_cwd(), np.errstate(), warnings.catch_warnings():
+            return fn(*args, **kwargs)
+    if what == "array":
+        return np.asarray(obj, *args)
+    if what == "repr":
+        return shown(repr(obj), 200)
+    if what == "len":
+        return int.__add__(len(obj), 0)
+    if what == "item":
+        return obj[args[0]]
+    if what == "iter":
+        return Guarded(iter(obj), "")
+    if what == "next":
+        try:
+            return ["next", next(obj)]
+        except StopIteration:
+            return ["stop"]
+    raise ValueError(f"unknown request {what!r}")
+
+
+def _worker(conn: Any, target: str, device: str | None, dtype: str | None,
+            output: str) -> None:
     # first, before any backend code runs: a session (and process group) of its own, which
     # the parent kills whole, with whatever the backend started in it
     if hasattr(os, "setsid"):
@@ -191,189 +353,152 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None, profi
     die_with_parent(parent.pid if parent is not None and parent.pid else os.getppid())
     _let_go_of_the_judges_tracker()
     _print_into(output)
-    from gptspec.conformance.context import cache_outside_the_working_directory
     from gptspec.conformance.discovery import load_backend
-    from gptspec.conformance.registry import CHECKS, all_checks
-    from gptspec.conformance.runner import (
-        describe_backend,
-        device_mismatch,
-        dtype_error,
-        judged_precision,
-        unmet,
-    )
+    from gptspec.conformance.runner import describe_backend, device_mismatch, unmet
 
-    cache_outside_the_working_directory()
     # Ctrl-C reaches every process of the terminal's group: the parent handles it (and
     # stops this one); here it would only print a traceback from inside the backend
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    all_checks()  # every check module loaded (CHECKS filled) before the backend's code runs
-    _keep_channel(conn)
-    judge = judge_fingerprint()
-    umask = os.umask(0o022)  # the judge's, for the failures it saves (keeping_cwd: each check)
-    os.umask(umask)
     try:
         backend = load_backend(target, device=device, dtype=dtype)
-        os.umask(umask)
         described = describe_backend(backend)  # its dtype read once, for header and budgets
-        precision, mismatch = judged_precision(backend, dtype, described["dtype"])
-        mismatch = tampered(judge) or mismatch or device_mismatch(backend, device)
+        mismatch = device_mismatch(backend, device)
+        # the checks it does not implement at all, so that a failure elsewhere does not
+        # count them as blocked (runner.walk)
+        unmet_by_id = {c.id: why for c in all_checks() if (why := unmet(backend, c))}
     except BaseException as err:  # noqa: BLE001 — whatever the backend raised, in one line
         message = (str(err) if isinstance(err, BackendError) else
                    f"backend {target!r} failed to start: {type(err).__name__} {err}".rstrip())
         refused = {"refused": err.reason} if isinstance(err, BackendRefused) else {}
-        _send(conn, _ENCODE({"load_error": message, **refused}).encode())
+        conn.send_bytes(json.dumps({"load_error": message, **refused}).encode())
         return
-    origin = {**described, "spec": target, "device": device or described["device"],
-              "dtype": dtype or described["dtype"]}
-    # the checks it does not implement at all, so that a failure elsewhere does not count
-    # them as blocked (runner.walk)
-    unmet_by_id = {} if mismatch else {c.id: why for c in all_checks()
-                                       if (why := unmet(backend, c))}
-    _send(conn, _ENCODE({"backend": described, "unmet": unmet_by_id,
-                         "origin": {k: origin[k] for k in ("name", "dtype")}}).encode())
-    while True:
-        try:
-            check_id = conn.recv_bytes().decode()
-        except EOFError:
-            return
-        except OSError as err:
-            _channel_lost(err)
-        if check_id == "":
-            return
-        check = CHECKS[check_id]
-        try:
-            why = "" if mismatch else unmet(backend, check)
-            result = (dtype_error(check, mismatch) if mismatch else
-                      not_implemented(check, [], why) if why else
-                      run_check(check, backend, precision, profile, seed, None, save_failures,
-                                origin, plain, dtype is not None, within))
-        except BaseException as err:  # noqa: BLE001 — run_check lets KeyboardInterrupt out
-            result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
-                                 f"the backend raised {type(err).__name__}: {err}".rstrip(": "),
-                                 0, 0, 0.0, check.budget)
-        if not mismatch:  # a verdict reached with the judge patched is no verdict
-            mismatch = tampered(judge)
-            if mismatch:
-                result = dtype_error(check, mismatch)
-        _send(conn, _ENCODE(result.to_dict()).encode())
+    conn.send_bytes(json.dumps({"backend": described, "unmet": unmet_by_id,
+                                "mismatch": mismatch}).encode())
+    _serve(conn, backend)
 
 
-def _channel_lost(err: OSError) -> NoReturn:
-    """The backend closed (or reused) the file descriptor of the worker's channel to the
-    judge: said in one line, not in a traceback of the judge's code, and the worker ends
-    (the judge reports its exit)."""
-    print(f"the worker lost its channel to the judge ({err.strerror or err}): the backend "
-          "closed or reused its file descriptor", file=sys.stderr, flush=True)
-    os._exit(1)
+# --- the judge's side
 
 
-_CHANNEL: dict[str, Any] = {}  # the worker's channel as it was before the backend loaded
-
-
-def _keep_channel(conn: Any) -> None:
-    _CHANNEL.update(send=type(conn).send_bytes, state=dict(vars(conn)))
-
-
-def _send(conn: Any, data: bytes) -> None:
-    """Send through the channel as it was made: a backend that set its own send_bytes on
-    the connection object rewrote the answers (a failure sent as a pass)."""
-    if _CHANNEL and vars(conn) != _CHANNEL["state"]:
-        vars(conn).clear()
-        vars(conn).update(_CHANNEL["state"])
-        _CHANNEL["changed"] = True  # no later answer can be trusted either
-    if _CHANNEL.get("changed"):
-        answer = json.loads(data)
-        if "status" in answer:
-            answer.update(status="error", worst_fraction=None,
-                          detail="the backend changed the worker's channel to the judge: no "
-                                 "check of this run can be trusted")
-            data = _ENCODE(answer).encode()
+def _rebuilt(raised: Any, name: str) -> BaseException:
+    """The exception a backend's call raised, as the judge raises it: NotApplicable and
+    the built-in exceptions as themselves (a check may expect a ValueError), a test
+    framework's as BackendSteered, any other under its own name."""
+    if type(raised) is not dict or not all(type(raised.get(k)) is str
+                                           for k in ("type", "module", "message", "at")):
+        raise UnreadableAnswer("a malformed exception")
+    kind, module, message = raised["type"], raised["module"], raised["message"]
+    if raised.get("not_applicable") is True:
+        return NotApplicable(message)
+    if raised.get("interrupt") is True:
+        return BackendInterrupt(f"{name} raised KeyboardInterrupt, with no Ctrl-C or "
+                                "SIGTERM received")
+    if raised.get("framework") is True:
+        return BackendSteered(f"{name} raised {module}.{kind}: a backend cannot reject, skip "
+                              "or stop the judge's examples (its error)")
+    base = getattr(builtins, str(raised.get("base")), Exception)
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        raise UnreadableAnswer("a malformed exception")
+    if module == "builtins" and kind == base.__name__:
+        kind_of = base
+    else:  # the backend's own class: one of that name, a kind of the same built-in one
+        kind_of = type(kind.rsplit(".", 1)[-1] or "Exception", (base,),
+                       {"__module__": "backend"})
     try:
-        (_CHANNEL.get("send") or type(conn).send_bytes)(conn, data)
-    except OSError as err:
-        _channel_lost(err)
+        err = kind_of(message)
+    except Exception:  # noqa: BLE001 — one that takes other arguments (UnicodeDecodeError)
+        err = type(kind.rsplit(".", 1)[-1], (Exception,), {"__module__": "backend"})(message)
+    setattr(err, "backend_frame", raised["at"])  # noqa: B010 — read by runner.run_check
+    return err
 
 
-_TEXT_FIELDS = ("id", "kind", "status", "detail", "budget", "minimal_example", "reproduce",
-                "blocked_by")
-_COUNT_FIELDS = ("examples", "comparisons", "not_applicable")
+class Remote(Guarded):
+    """An object in the worker's process (the backend itself, or something one of its calls
+    returned that is not data), reached only by requests: its attributes, calls, items and
+    iteration answer data, or another Remote."""
+
+    def __init__(self, worker: _Worker, handle: int, name: str) -> None:
+        self._worker = worker
+        self._handle = handle
+        self._name = name
+
+    def _ask(self, what: str, name: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        return self._worker.ask(what, self._handle, name, args, kwargs,
+                                f"{self._name}.{name}" if name else self._name)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        value = self._ask("get", attribute)
+        if not isinstance(value, _CallableAnswer):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._worker.ask("call", self._handle, attribute, args, kwargs,
+                                    f"{self._name}.{attribute}")
+
+        call.__name__ = attribute
+        return call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._worker.ask("call", self._handle, None, args, kwargs, self._name)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self._ask("array", None, *([] if dtype is None else [dtype]))
+        if type(value) is not np.ndarray:
+            raise TypeError(f"{self._name} cannot be read as an array")
+        return value
+
+    def __repr__(self) -> str:
+        value = self._ask("repr")
+        return value if type(value) is str else "(unprintable)"
+
+    def __len__(self) -> int:
+        value = self._ask("len")
+        if type(value) is not int:
+            raise TypeError(f"len({self._name}) is not an int")
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._ask("item", None, key)
+
+    def __iter__(self) -> Any:
+        items = self._ask("iter")
+        while True:
+            step = self._worker.ask("next", items._handle, None, (), {}, f"iter({self._name})")
+            if step == ["stop"]:
+                return
+            if type(step) is not list or len(step) != 2 or step[0] != "next":
+                raise UnreadableAnswer("a malformed iteration step")
+            yield step[1]
 
 
-def well_formed(result: CheckResult) -> bool:
-    """Whether an answer's fields have the types and values a verdict has: the worker is
-    the backend's process, and a backend that wrote into its channel sent anything."""
-
-    def number(x: Any) -> bool:
-        return type(x) in (int, float)
-
-    adjudication = result.adjudication
-    return (result.status in STATUSES
-            and all(type(getattr(result, f)) is str for f in _TEXT_FIELDS)
-            and all(type(getattr(result, f)) is int for f in _COUNT_FIELDS)
-            and all(type(x) is list and all(type(e) is str for e in x)
-                    for x in (result.entries, result.saved))
-            and (result.worst_fraction is None or number(result.worst_fraction))
-            and number(result.seconds)
-            and (adjudication is None or type(adjudication) is dict and all(
-                type(k) is str and (v is None or type(v) in (str, int, float, bool))
-                for k, v in adjudication.items())))
+class _CallableAnswer:
+    """What "get" answers for a callable attribute: the proxy calls it by name."""
 
 
-def _receive(conn: Any, seconds: float | None) -> bytes | None:
-    """One answer of the worker's, of at most ANSWER_LIMIT bytes, or None where it is not
-    whole within ``seconds`` (a worker that announced a long answer and stalled; the caller
-    stops it, which ends the wait). Raises what receiving raises (EOFError: it died)."""
-    got: list[Any] = []
-
-    def receive() -> None:
-        try:
-            got.append(conn.recv_bytes(ANSWER_LIMIT))
-        except BaseException as err:  # noqa: BLE001 — handed to the judge's thread
-            got.append(err)
-
-    reader = threading.Thread(target=receive, name="gptspec-answer", daemon=True)
-    reader.start()
-    reader.join(seconds)
-    if not got:
-        return None
-    if isinstance(got[0], BaseException):
-        raise got[0]
-    return bytes(got[0])
-
-
-def _death(process: Any) -> str:
-    process.join(5)
-    code = process.exitcode
-    if code is None:
-        return "the worker stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"the backend crashed the worker process ({name})"
-    return f"the backend ended the worker process (exit code {code})"
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:  # a Remote passed back: its handle
+        return obj._handle if isinstance(obj, Remote) else None
 
 
 class _Worker:
-    def __init__(self, target: str, device: str | None, dtype: str | None, profile: str,
-                 seed: int, save_failures: str | None,
-                 start_timeout: float | None = START_TIMEOUT, plain: str | None = None,
-                 timeout: float | None = None) -> None:
+    """The judge's end of one worker: starts it (the backend built there), asks it for
+    calls, relays what the backend printed, and stops it with its whole process group."""
+
+    def __init__(self, target: str, device: str | None, dtype: str | None,
+                 start_timeout: float | None = START_TIMEOUT) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         fd, self.output_path = tempfile.mkstemp(prefix="gptspec-backend-output-")
         self.output = os.fdopen(fd, "rb")
-        self.process = context.Process(
-            target=_worker,
-            args=(child, target, device, dtype, profile, seed, save_failures, plain,
-                  self.output_path, timeout),
-            daemon=True)
+        self.process = context.Process(target=_worker,
+                                       args=(child, target, device, dtype, self.output_path),
+                                       daemon=True)
         self.process.start()
         child.close()
-        self.backend: dict[str, str] = {}
-        self.save_failures = save_failures
-        self.origin: dict[str, Any] = {}
+        self.lost = ""  # why the worker can answer no more ("" while it can)
+        self.backend = Remote(self, 0, "backend")
         # a module that hangs on import is stopped by the run's time limit too
         try:
             started = self.conn.poll(start_timeout)
@@ -385,11 +510,7 @@ class _Worker:
             raise BackendError(f"backend {target!r} did not start within {start_timeout:g} s "
                                "(importing and building it)")
         try:
-            greeting = _receive(self.conn, start_timeout)
-            if greeting is None:
-                self.stop()
-                raise BackendError(f"backend {target!r} did not start within "
-                                   f"{start_timeout:g} s (its greeting never ended)")
+            greeting = self.conn.recv_bytes(HEADER_LIMIT)
             # the output file is open in the worker now: gone from the folder, so that a
             # judge killed outright leaves none behind
             os.unlink(self.output_path)
@@ -398,11 +519,11 @@ class _Worker:
                 raise BackendRefused(target, shown(hello["refused"]))
             if "load_error" in hello:
                 raise BackendError(shown(hello["load_error"]))
-            self.backend = {k: shown(hello["backend"][k], NAME_LIMIT)
-                            for k in ("name", "version", "device", "dtype")}
+            self.described = {k: shown(hello["backend"][k], NAME_LIMIT)
+                              for k in ("name", "version", "device", "dtype")}
             self.unmet: dict[str, str] = {str(k): shown(v) for k, v in
                                           dict(hello.get("unmet") or {}).items()}
-            self.origin = {k: str(v) for k, v in dict(hello.get("origin") or {}).items()}
+            self.mismatch = shown(hello.get("mismatch") or "")
         except EOFError:
             death = _death(self.process)
             self.stop()
@@ -415,59 +536,52 @@ class _Worker:
             raise BackendError(f"backend {target!r} failed to start: its worker sent an "
                                "unreadable greeting") from None
 
-    def run(self, check: Check, timeout: float | None) -> CheckResult:
-        begun = time.monotonic()
-
-        def error(detail: str, ended: float | None = None) -> CheckResult:
-            # the time the check took, not the limit it had
-            took = (ended or time.monotonic()) - begun
-            return CheckResult(check.id, list(check.entries), check.kind, "error", None,
-                               detail, 0, 0, took, check.budget)
-
+    def ask(self, what: str, handle: int, name: str | None, args: tuple[Any, ...],
+            kwargs: dict[str, Any], label: str) -> Any:
+        """One request, answered: the value (data, or a Remote), or what the call raised,
+        raised here. WorkerLost where the worker cannot answer; an interruption (the
+        check's time limit, Ctrl-C) leaves the worker lost too, its answer unread."""
+        if self.lost:
+            raise WorkerLost(self.lost)
+        done = False
         try:
-            self.conn.send_bytes(check.id.encode())
-            answer = None
-            if self.conn.poll(timeout):
-                left = None if timeout is None else max(timeout - (time.monotonic() - begun), 0)
-                answer = _receive(self.conn, left)
-            if answer is None:
-                ended = time.monotonic()
-                self.stop()
-                self.remove_unfinished(check)
-                return error(f"timed out after {timeout:g} s (the worker was stopped)", ended)
+            buffer = io.BytesIO()
+            _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(
+                (what, handle, name, args, kwargs))
+            self.conn.send_bytes(buffer.getbuffer())
+            answer = json.loads(self.conn.recv_bytes(HEADER_LIMIT))
+            if type(answer) is not dict:
+                raise UnreadableAnswer("not an object")
+            if answer.get("callable") is True:
+                done = True
+                return _CallableAnswer()
+            if "raised" in answer:
+                done = True
+                raise _rebuilt(answer["raised"], label)
+            count = answer.get("arrays", 0)
+            if type(count) is not int or not 0 <= count <= _ARRAYS_LIMIT:
+                raise UnreadableAnswer("a malformed count of arrays")
+            buffers = [self.conn.recv_bytes(ANSWER_LIMIT) for _ in range(count)]
+            value = _decode(answer.get("value"), buffers,
+                            lambda h: Remote(self, h, f"{label}()"))
+            done = True
+            return value
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            ended = time.monotonic()  # before waiting for the worker's exit status
-            death = _death(self.process)
-            if self.process.is_alive():  # its channel broken (an answer past the limit)
-                self.stop()
-            self.remove_unfinished(check)
-            return error(death, ended)
+            self.lost = _death(self.process)
+            raise WorkerLost(self.lost) from None
+        except (UnreadableAnswer, ValueError, UnicodeDecodeError) as err:
+            if done:
+                raise
+            self.lost = ("the worker sent an unreadable answer (the backend wrote into the "
+                         f"judge's channel: {err})")
+            raise WorkerLost(self.lost) from None
         finally:
-            self.relay()
-        try:
-            result = CheckResult(**json.loads(answer))
-            if result.id != check.id or not well_formed(result):
-                raise ValueError(result.id)
-            fraction = result.worst_fraction
-            if result.status == "pass" and fraction is not None and not fraction <= 1.0:
-                # no comparison past its budget passes: the verdict was rewritten
-                return error(f"the worker sent a pass at {100 * fraction:.3g}% of budget: "
-                             "the backend changed the judge's verdict in its process, and "
-                             "no check of this run can be trusted")
-            return result
-        except Exception:  # noqa: BLE001 — the worker runs the backend's code: not trusted
-            self.stop()
-            return error("the worker sent an unreadable answer (the backend wrote into "
-                         "the judge's channel)")
+            if not done and not self.lost:  # interrupted mid-request: the channel is out
+                self.lost = "the worker was stopped mid-call"  # of step, the worker spent
 
-    def remove_unfinished(self, check: Check) -> None:
-        """A worker that died while it saved ``check``'s failure left its temporary files:
-        removed, once it is dead, so that --save-failures holds finished files only."""
-        if self.save_failures is not None and self.origin:
-            self.process.join(5)
-            if not self.process.is_alive():
-                reproduction.remove_unfinished(
-                    self.save_failures, reproduction.failure_stem(check.id, self.origin))
+    def forget(self) -> None:
+        """Drop what the last check's calls left in the worker (tokenizers, iterators)."""
+        self.ask("forget", 0, None, (), {}, "forget")
 
     def relay(self) -> None:
         """What the backend printed since the last call (runner.relay_backend_output): as
@@ -485,13 +599,13 @@ class _Worker:
         relay_backend_output(data, unread=max(rest, 0))
 
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return not self.lost and self.process.is_alive()
 
     def stop(self) -> None:
         """End the worker and everything in its process group (what the backend forked):
         asked to stop first, then killed. Safe to call more than once."""
         try:
-            if self.process.is_alive():
+            if self.process.is_alive() and not self.lost:
                 try:
                     self.conn.send_bytes(b"")
                 except OSError:
@@ -501,6 +615,7 @@ class _Worker:
             self._kill_group()  # exit then waited for ever on a worker ignoring SIGTERM)
         self.process.join(5)
         self.conn.close()
+        self.lost = self.lost or "the worker was stopped"
         if not self.output.closed:
             self.relay()
             self.output.close()
@@ -520,6 +635,20 @@ class _Worker:
                 pass
         if self.process.is_alive():  # no process groups here, or it had not made its own
             self.process.kill()
+
+
+def _death(process: Any) -> str:
+    process.join(5)
+    code = process.exitcode
+    if code is None:
+        return "the worker stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the backend crashed the worker process ({name})"
+    return f"the backend ended the worker process (exit code {code})"
 
 
 def _children() -> set[int]:
@@ -581,36 +710,62 @@ def run_isolated(target: str, *, device: str | None = None, dtype: str | None = 
                  on_result: Callable[[CheckResult], None] | None = None,
                  header: Callable[[SuiteResult], None] | None = None,
                  plain: str | None = None) -> SuiteResult:
-    """``run_suite`` for the backend named by ``target``, each check in a worker process.
-    Raises BackendError only if the backend cannot be built at all."""
+    """``run_suite`` for the backend named by ``target``, built in a worker process that
+    serves its calls, the checks judged here. Raises BackendError only if the backend
+    cannot be built at all."""
     start_timeout = START_TIMEOUT if timeout is None else timeout
     adopted = _adopt_orphans()
     try:
-        worker: _Worker | None = _Worker(target, device, dtype, profile, seed, save_failures,
-                                         start_timeout, plain, timeout)
+        worker: _Worker | None = _Worker(target, device, dtype, start_timeout)
     except BaseException:
         _end_orphans(adopted)
         raise
     assert worker is not None
-    suite = SuiteResult(dict(worker.backend),
-                        suite_settings_dict(profile, seed, area, timeout, isolated=True))
-    unmet_by_id = dict(worker.unmet)
+    described = dict(worker.described)
+    try:
+        precision, mismatch = judged_precision(None, dtype, described["dtype"])
+    except (KeyError, ValueError) as err:
+        worker.stop()
+        _end_orphans(adopted)
+        raise BackendError(f"backend {target!r}: its dtype {described['dtype']!r} is not "
+                           f"one the suite judges ({err})") from None
+    mismatch = mismatch or worker.mismatch
+    origin = {**described, "spec": target, "device": device or described["device"],
+              "dtype": dtype or described["dtype"]}
+    suite = SuiteResult(described, suite_settings_dict(profile, seed, area, timeout,
+                                                       isolated=True))
+    unmet_by_id = {} if mismatch else dict(worker.unmet)
     if header:
         header(suite)
 
     def evaluate(check: Check) -> CheckResult:
         nonlocal worker
+        if mismatch:
+            return dtype_error(check, mismatch)
+        if unmet_by_id.get(check.id):
+            return not_implemented(check, [], unmet_by_id[check.id])
         if worker is None or not worker.alive():
+            if worker is not None:
+                worker.stop()
             try:
-                worker = _Worker(target, device, dtype, profile, seed, save_failures,
-                                 start_timeout, plain, timeout)
+                worker = _Worker(target, device, dtype, start_timeout)
             except BackendError as err:
                 worker = None
                 return CheckResult(check.id, list(check.entries), check.kind, "error", None,
                                    f"could not restart the backend: {err}", 0, 0, 0.0,
                                    check.budget)
-        result = worker.run(check, timeout)
-        if not worker.alive():
+        try:
+            worker.forget()
+            result = run_check(check, worker.backend, precision, profile, seed, timeout,
+                               save_failures, origin, plain, dtype is not None)
+        except WorkerLost as err:  # forgetting the last check's objects
+            result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
+                                 str(err), 0, 0, 0.0, check.budget)
+        finally:
+            worker.relay()
+        if worker.lost:  # timed out mid-call, died, or its channel is out of step
+            if result.status == "error" and "timed out" in result.detail:
+                result.detail += " (the worker was stopped)"
             worker.stop()
             worker = None
         return result

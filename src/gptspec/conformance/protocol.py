@@ -115,6 +115,13 @@ class CheckTimeout(BaseException):
     whatever a backend raises can let the judge's own timer through."""
 
 
+class WorkerLost(BaseException):
+    """The worker serving an isolated backend's calls can answer no more (it died, or its
+    channel carried what the worker does not write): the check is an error, and a fresh
+    worker takes the next one. A BaseException, like a time-out, so that Hypothesis does
+    not shrink on it."""
+
+
 class NotApplicable(Exception):
     """Raised by a backend for an input its engine cannot express (e.g. a post-LN block in
     an engine whose model is pre-LN); the message says why, in one line."""

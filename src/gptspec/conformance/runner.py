@@ -41,6 +41,7 @@ from gptspec.conformance.protocol import (
     SHOWN_LIMIT,
     CheckTimeout,
     NotApplicable,
+    WorkerLost,
     capability_problem,
     shown,
 )
@@ -311,8 +312,10 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         # backend returned (an __array__ or __float__, an exception's __str__): the
         # backend's error, not the user's Ctrl-C (it ended the run as "interrupted")
         err = stop if stop is not None else _first(raised)
-        if isinstance(err, CheckTimeout) or isinstance(raised, CheckTimeout):
-            status, detail = "error", str(err)
+        if isinstance(err, (CheckTimeout, WorkerLost)) \
+                or isinstance(raised, (CheckTimeout, WorkerLost)):
+            status, detail = "error", str(err if isinstance(err, (CheckTimeout, WorkerLost))
+                                          else raised)
         elif isinstance(err, WrongDtype) or isinstance(raised, WrongDtype):
             status, detail = "error", str(err if isinstance(err, WrongDtype) else raised)
         elif isinstance(err, NotImplementedOp):
@@ -326,9 +329,14 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
             status, detail = "fail", str(err)
         else:
             status = "error"
-            where = traceback.extract_tb(err.__traceback__)
-            frame = where[-1] if where else None
-            at = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
+            # where it was raised: in the backend's worker (isolated), or in this process
+            at = getattr(err, "backend_frame", None) if type(err).__module__ in (
+                "backend", "builtins") else None
+            if at is None:
+                where = traceback.extract_tb(err.__traceback__)
+                frame = where[-1] if where else None
+                at = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else ""
+            at = f" (at {at})" if at else ""
             unsent = (" with no Ctrl-C, SIGTERM or SIGHUP received"
                       if isinstance(err, KeyboardInterrupt) else "")
             detail = f"raised {_one_line(err)}{unsent}{at}"
