@@ -124,6 +124,41 @@ def test_a_command_whose_every_run_was_refused_judged_nothing_and_says_so(
                                             "computes in float64 only, not float16"]
 
 
+MODEL_ONLY = '''
+from gptspec.reference.output import gpt_forward
+
+
+class ModelOnly:
+    protocol_version, name, version, device, dtype = 2, "model-only", "1", "cpu", "float64"
+    capabilities = ("model",)
+
+    def forward(self, tokens, params, config):
+        return gpt_forward(tokens, params, config)
+'''
+
+
+@pytest.mark.parametrize("isolation", ["--no-isolate", "--isolate"])
+def test_a_command_that_judged_no_check_says_so(tmp_path, monkeypatch, capsys, isolation):
+    """A run whose every check was not implemented (a model-only backend asked for the
+    tokenizer area) exited 0, as a backend that passed."""
+    from gptspec.cli import main
+
+    (tmp_path / "model_only.py").write_text(MODEL_ONLY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))  # worker
+    code = main(["conformance", "--backend", "model_only:ModelOnly", "--dtype",
+                 "float64", "--area", "tokenizer", "--profile", "quick", isolation])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "gptspec conformance: error: nothing was judged: the backend implements none of " \
+           "the 9 checks asked, or cannot express them (e.g. " in err, err
+    # one check judged is a verdict: status 0 for a pass
+    code = main(["conformance", "--backend", "model_only:ModelOnly", "--dtype",
+                 "float64", "--check", "gpt_forward.differential", "--check", "encode.*",
+                 "--profile", "quick", isolation])
+    assert code == 0, capsys.readouterr().err
+
+
 def test_the_help_lists_the_exit_statuses(capsys):
     from gptspec.cli import main
 

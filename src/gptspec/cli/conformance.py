@@ -29,7 +29,8 @@ EXIT_STATUSES = ("exit status: 0 when every check judged passed (a check not imp
                  "applicable, or a run the backend refused, is no failure); 1 when a check "
                  "failed, erred or was blocked, or on an unexpected error; 2 for a usage error, "
                  "a backend that cannot be loaded or started, or nothing judged (the backend "
-                 "refused every run asked); 130, 143 or 129 when stopped by Ctrl-C, SIGTERM or "
+                 "refused every run asked, or every check was not implemented or not "
+                 "applicable); 130, 143 or 129 when stopped by Ctrl-C, SIGTERM or "
                  "SIGHUP")
 
 
@@ -312,9 +313,10 @@ def _run_all(args: argparse.Namespace, area: str | None, selected, timeout: floa
     failed = [s for s in suites if not s.ok]
     if failed:
         print(f"\nconformance: {len(failed)} of {len(suites)} runs failed", file=sys.stderr)
-    # every run refused by its backend: nothing was judged, which is no pass (status 2, as
-    # a device that is not here: what was asked cannot be judged); the reports say so too
-    nothing = all(s.refused for s in suites)
+    # every run refused by its backend, or every check not implemented or not applicable:
+    # nothing was judged, which is no pass (status 2, as a device that is not here: what
+    # was asked cannot be judged); the reports say so too
+    nothing = not any(s.judged for s in suites)
     status = 2 if nothing else 1 if failed else 0
     if guard:  # what the backend's exit handlers print is relayed, as its checks' output
         from gptspec.conformance.runner import backend_output_relayed, end_routing, stop_relaying
@@ -338,12 +340,20 @@ def _run_all(args: argparse.Namespace, area: str | None, selected, timeout: floa
 
 
 def _nothing_judged(suites: list) -> str:
-    """The line of a command whose every run the backend refused (nothing was judged)."""
-    first = suites[0]
-    more = f"; and {len(suites) - 1} more" if len(suites) > 1 else ""
+    """The line of a command none of whose runs reached a verdict: every run refused, or
+    every check asked not implemented or not applicable."""
     who = "the backend" if len({s.backend["name"] for s in suites}) == 1 else "the backends"
-    return (f"nothing was judged: {who} refused every run asked ({first.backend['dtype']} on "
-            f"{first.backend['device']}: {first.refused}{more})")
+    if all(s.refused for s in suites):
+        first = suites[0]
+        more = f"; and {len(suites) - 1} more" if len(suites) > 1 else ""
+        return (f"nothing was judged: {who} refused every run asked ({first.backend['dtype']} "
+                f"on {first.backend['device']}: {first.refused}{more})")
+    results = [r for s in suites for r in s.results]
+    if not results:
+        return "nothing was judged: no check was selected"
+    first = results[0]
+    return (f"nothing was judged: {who} implements none of the {len(results)} checks asked, "
+            f"or cannot express them (e.g. {first.id}: {first.detail})")
 
 
 def _run_one(args: argparse.Namespace, target: str, device: str | None, dtype: str | None,

@@ -337,6 +337,15 @@ def steering_refused(name: str) -> Any:
             "cannot reject, skip or stop the judge's examples (its error)") from None
 
 
+@contextlib.contextmanager
+def backend_call(name: str) -> Any:
+    """Around every call of a backend's code in the judge's process: the working directory,
+    NumPy's error state and the warning filters as the call found them (its np.seterr stays
+    in its own calls), and steering refused."""
+    with keeping_cwd(), np.errstate(), warnings.catch_warnings(), steering_refused(name):
+        yield
+
+
 class UnreadableOutput(Exception):
     """What a backend returned cannot be read as data (nested past any sensible depth)."""
 
@@ -421,8 +430,7 @@ class Guarded:
                 return plain_output(value, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            with keeping_cwd(), np.errstate(), warnings.catch_warnings(), \
-                    steering_refused(name):
+            with backend_call(name):
                 return plain_output(value(*args, **kwargs), name)
 
         call.__name__ = attribute
@@ -489,9 +497,7 @@ class RecordingBackend:
             del self.calls[:-_KEEP_CALLS]
             stops = len(STOPS_RECEIVED)
             try:
-                # its np.seterr and warning filters stay in its own calls
-                with keeping_cwd(), np.errstate(), warnings.catch_warnings(), \
-                        steering_refused(name):
+                with backend_call(name):
                     record.output = plain_output(value(*args, **kwargs), name)
             except KeyboardInterrupt:
                 if len(STOPS_RECEIVED) > stops:

@@ -28,7 +28,6 @@ import signal
 import sys
 import tempfile
 import traceback
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +39,6 @@ from gptspec.conformance.context import (
     Guarded,
     UnreadableOutput,
     _from_a_framework,
-    keeping_cwd,
     plain_output,
 )
 from gptspec.conformance.discovery import BackendError, BackendRefused
@@ -323,8 +321,7 @@ def _answer(what: str, objects: dict[int, Any], handle: int, name: str | None,
         return _CALLABLE if callable(value) else value
     if what == "call":
         fn = obj if name is None else getattr(obj, name)
-        with keeping_cwd(), np.errstate(), warnings.catch_warnings():
-            return fn(*args, **kwargs)
+        return fn(*args, **kwargs)  # (its working directory, np.seterr: its process's own)
     if what == "array":
         return np.asarray(obj, *args)
     if what == "repr":

@@ -88,6 +88,13 @@ class SuiteResult:
     def ok(self) -> bool:
         return not any(r.status in ("fail", "error", "blocked") for r in self.results)
 
+    @property
+    def judged(self) -> bool:
+        """Whether any check reached a verdict (not all refused, not implemented or not
+        applicable)."""
+        return not self.refused and any(r.status not in ("not-implemented", "not-applicable")
+                                        for r in self.results)
+
 
 NAME_LIMIT = 200  # characters of a backend's name, version, device or dtype shown
 
