@@ -1,7 +1,8 @@
 """The conformance checks as pytest items (gptspec.pytest_plugin): pytest is run as a
 backend author runs it, in a fresh process, on a few cheap checks of a reference backend
 with planted faults; its verdicts, its JUnit XML, and the same verdicts under
-pytest-xdist's -n 2 as in one process. The plugin is inert without --gptspec-backend."""
+pytest-xdist's -n 2 as in one process, isolated (the default) or not. The plugin is inert
+without --gptspec-backend."""
 
 from __future__ import annotations
 
@@ -115,6 +116,11 @@ def test_two_workers_give_the_verdicts_of_one_process(one_process, tmp_path):
     assert _verdicts(outcomes) == _verdicts(one_process[1]), proc.stdout
 
 
+def test_in_pytests_process_the_verdicts_are_the_same(one_process, tmp_path):
+    proc, outcomes = _suite(tmp_path, "in-process", "--gptspec-no-isolate", "-k", CHECKS)
+    assert outcomes == one_process[1], proc.stdout
+
+
 def test_a_check_selected_without_its_dependency_runs_it_first(tmp_path):
     # -k leaves softmax.differential out; attention_weights runs it in its own process
     proc, outcomes = _suite(tmp_path, "alone", "-k", "attention_weights")
@@ -187,8 +193,9 @@ def test_the_plugins_profiles_are_the_suites():
     assert pytest_plugin.PROFILES == tuple(PROFILES)
 
 
+@pytest.mark.parametrize("isolation", [[], ["--gptspec-no-isolate"]])
 @pytest.mark.parametrize("where", ["check", "import"])
-def test_a_backends_os_exit_is_an_error_not_pytests_exit_status(tmp_path, where):
+def test_a_backends_os_exit_is_an_error_not_pytests_exit_status(tmp_path, where, isolation):
     """os._exit(0) in a check (or at the backend module's import) ended pytest with status
     0 and no output: a CI job went green for a backend never judged (hostile round 7)."""
     (tmp_path / "exits.py").write_text(
@@ -202,9 +209,16 @@ def test_a_backends_os_exit_is_an_error_not_pytests_exit_status(tmp_path, where)
         "    def forward(self, tokens, params, config):\n"
         "        return np.zeros((*np.shape(tokens), config.vocab_size))\n")
     proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance", "--gptspec-backend=exits:Backend",
-                   "--gptspec-profile=quick", "-k", "softmax.differential or gpt_forward.differential")
+                   "--gptspec-profile=quick", "-k", "softmax.differential or gpt_forward.differential",
+                   *isolation)
     assert proc.returncode == 1, proc.stdout
-    assert "os._exit(0) was called in the judge's process (the pytest plugin)" in proc.stdout
+    if isolation:
+        assert "os._exit(0) was called in the judge's process (the pytest plugin)" in proc.stdout
+    elif where == "check":  # its worker ended, the check an error; a fresh worker goes on
+        assert "the backend ended the worker process (exit code 0)" in proc.stdout, proc.stdout
+    else:
+        assert "failed to start: the backend ended the worker process (exit code 0)" in \
+            proc.stdout, proc.stdout
     assert "2 failed" in proc.stdout
 
 

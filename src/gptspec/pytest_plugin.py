@@ -2,8 +2,9 @@
 --gptspec-backend=MODULE:ATTR`` collects one item per check id (dependencies first). Without
 ``--gptspec-backend`` this plugin (an entry point of every pytest run) imports nothing else.
 
-Each item judges its check in the pytest process with :func:`runner.judge` and
-:func:`runner.walk`, as ``gptspec conformance --no-isolate`` does. Results are kept per
+Each item judges its check in the pytest process, the backend built in a worker process
+that serves its calls (:class:`isolation.IsolatedJudge`, as ``gptspec conformance`` does;
+``--gptspec-no-isolate`` builds it in pytest's process instead). Results are kept per
 process, and a check whose dependencies have no result there yet runs them first: ``-k``
 and pytest-xdist's ``-n`` give each check the verdict a whole run gives it. pass → passed;
 fail, error → failed, with the console's message and fraction of budget; not implemented,
@@ -43,6 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="time limit per check, as gptspec conformance's --timeout (default "
                          "300; 0 for none): it interrupts Python code, not a hung native call "
                          "(pytest-timeout's --timeout-method=thread ends those)")
+    group.addoption("--gptspec-no-isolate", action="store_true",
+                    help="build the backend in pytest's process, as gptspec conformance "
+                         "--no-isolate (default: in a worker process that serves its calls, "
+                         "so that it cannot reach the judge, hang or crash the session)")
     group.addoption("--gptspec-adjudicate-with", default="torch", metavar="MODULE:ATTR",
                     help="the plain backend a low-precision failure is compared with "
                          "(default torch; none: no adjudication)")
@@ -76,6 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     judge = config.stash.get(_JUDGE, None)
+    if judge is not None and judge.isolated is not None:
+        judge.isolated.close()
     if judge is not None and judge.guard is not None:
         judge.guard.__exit__(None, None, None)
 
@@ -151,6 +158,8 @@ class _Judge:
         self.known: dict[str, CheckResult] = {}
         self.started = False
         self.unusable = ""  # why no check can run: the backend failed to start
+        self.isolate = not option("gptspec_no_isolate")
+        self.isolated: Any = None  # isolation.IsolatedJudge, from the first item to the end
         self.guard: Any = None  # the in-process guard, from the first item to the session's end
         self.refused = ""  # the backend declined the dtype or device asked
         self.described = (f"backend {self.target}, dtype {self.dtype or 'its own'}, device "
@@ -161,6 +170,20 @@ class _Judge:
         from gptspec.conformance.runner import judge, start_backend
 
         self.started = True
+        if self.isolate:
+            from gptspec.conformance.isolation import IsolatedJudge
+
+            try:
+                self.isolated = IsolatedJudge(
+                    self.target, device=self.device, dtype=self.dtype, profile=self.profile,
+                    seed=self.seed, timeout=self.timeout, plain=self.plain)
+            except BackendRefused as err:
+                self.refused = err.reason
+            except BackendError as err:
+                self.unusable = str(err)
+            else:
+                self.evaluate, self.unimplemented = self.isolated.evaluate, self.isolated.unmet
+            return
         try:
             backend, origin = start_backend(self.target, device=self.device, dtype=self.dtype,
                                             timeout=self.timeout, flag="--gptspec-timeout")
@@ -176,8 +199,11 @@ class _Judge:
 
     def result(self, check: Check) -> CheckResult:
         """``check``'s result, its dependencies judged first where this process has not.
-        The backend runs as under ``gptspec conformance --no-isolate``: its os._exit is an
-        error of the check that called it, not pytest's end with the backend's status."""
+        With --gptspec-no-isolate the backend runs as under ``gptspec conformance
+        --no-isolate``: its os._exit is an error of the check that called it, not pytest's
+        end with the backend's status."""
+        if self.isolate:
+            return self._result(check)
         if self.guard is None:  # for the whole session: processes the backend starts
             self.guard = _guarded()  # (a compiler's worker pool) live until its end
             self.guard.__enter__()

@@ -699,6 +699,87 @@ def _end_orphans(before: set[int] | None) -> None:
                 pass
 
 
+class IsolatedJudge:
+    """The judge of one backend built in worker processes: ``evaluate(check)`` judges a
+    check here, the backend's calls served by the worker (a fresh one after a time-out,
+    a death or a channel out of step). ``close()`` stops the worker and ends whatever the
+    backend left running. Raises BackendError (BackendRefused) where the backend cannot
+    be built at all (declines the dtype or device asked)."""
+
+    def __init__(self, target: str, *, device: str | None, dtype: str | None,
+                 profile: str, seed: int, timeout: float | None,
+                 save_failures: str | None = None, plain: str | None = None) -> None:
+        self.target, self.device, self.dtype = target, device, dtype
+        self.profile, self.seed, self.timeout = profile, seed, timeout
+        self.save_failures, self.plain = save_failures, plain
+        self.start_timeout = START_TIMEOUT if timeout is None else timeout
+        self.adopted = _adopt_orphans()
+        self.worker: _Worker | None = None
+        try:
+            self.worker = _Worker(target, device, dtype, self.start_timeout)
+            self.described = dict(self.worker.described)
+            try:
+                self.precision, mismatch = judged_precision(None, dtype,
+                                                            self.described["dtype"])
+            except (KeyError, ValueError) as err:
+                raise BackendError(f"backend {target!r}: its dtype "
+                                   f"{self.described['dtype']!r} is not one the suite "
+                                   f"judges ({err})") from None
+        except BaseException:
+            self.close()
+            raise
+        self.mismatch = mismatch or self.worker.mismatch
+        self.origin = {**self.described, "spec": target,
+                       "device": device or self.described["device"],
+                       "dtype": dtype or self.described["dtype"]}
+        self.unmet_by_id = {} if self.mismatch else dict(self.worker.unmet)
+
+    def unmet(self, check: Check) -> str:
+        return self.unmet_by_id.get(check.id, "")
+
+    def evaluate(self, check: Check) -> CheckResult:
+        if self.mismatch:
+            return dtype_error(check, self.mismatch)
+        if self.unmet(check):
+            return not_implemented(check, [], self.unmet(check))
+        if self.worker is None or not self.worker.alive():
+            if self.worker is not None:
+                self.worker.stop()
+            try:
+                self.worker = _Worker(self.target, self.device, self.dtype, self.start_timeout)
+            except BackendError as err:
+                self.worker = None
+                return CheckResult(check.id, list(check.entries), check.kind, "error", None,
+                                   f"could not restart the backend: {err}", 0, 0, 0.0,
+                                   check.budget)
+        worker = self.worker
+        try:
+            worker.forget()
+            result = run_check(check, worker.backend, self.precision, self.profile, self.seed,
+                               self.timeout, self.save_failures, self.origin, self.plain,
+                               self.dtype is not None)
+        except WorkerLost as err:  # forgetting the last check's objects
+            result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
+                                 str(err), 0, 0, 0.0, check.budget)
+        finally:
+            worker.relay()
+        if worker.lost:  # timed out mid-call, died, or its channel is out of step
+            if result.status == "error" and "timed out" in result.detail:
+                result.detail += " (the worker was stopped)"
+            worker.stop()
+            self.worker = None
+        return result
+
+    def close(self) -> None:
+        try:
+            if self.worker is not None:
+                self.worker.stop()
+                self.worker = None
+        finally:
+            _end_orphans(self.adopted)
+            self.adopted = None
+
+
 def run_isolated(target: str, *, device: str | None = None, dtype: str | None = None,
                  profile: str = "default", seed: int = 0,
                  select: Callable[[Check], bool] | None = None, area: str | None = "forward",
@@ -710,71 +791,18 @@ def run_isolated(target: str, *, device: str | None = None, dtype: str | None = 
     """``run_suite`` for the backend named by ``target``, built in a worker process that
     serves its calls, the checks judged here. Raises BackendError only if the backend
     cannot be built at all."""
-    start_timeout = START_TIMEOUT if timeout is None else timeout
-    adopted = _adopt_orphans()
+    judge = IsolatedJudge(target, device=device, dtype=dtype, profile=profile, seed=seed,
+                          timeout=timeout, save_failures=save_failures, plain=plain)
     try:
-        worker: _Worker | None = _Worker(target, device, dtype, start_timeout)
-    except BaseException:
-        _end_orphans(adopted)
-        raise
-    assert worker is not None
-    described = dict(worker.described)
-    try:
-        precision, mismatch = judged_precision(None, dtype, described["dtype"])
-    except (KeyError, ValueError) as err:
-        worker.stop()
-        _end_orphans(adopted)
-        raise BackendError(f"backend {target!r}: its dtype {described['dtype']!r} is not "
-                           f"one the suite judges ({err})") from None
-    mismatch = mismatch or worker.mismatch
-    origin = {**described, "spec": target, "device": device or described["device"],
-              "dtype": dtype or described["dtype"]}
-    suite = SuiteResult(described, suite_settings_dict(profile, seed, area, timeout,
-                                                       isolated=True))
-    unmet_by_id = {} if mismatch else dict(worker.unmet)
-    if header:
-        header(suite)
-
-    def evaluate(check: Check) -> CheckResult:
-        nonlocal worker
-        if mismatch:
-            return dtype_error(check, mismatch)
-        if unmet_by_id.get(check.id):
-            return not_implemented(check, [], unmet_by_id[check.id])
-        if worker is None or not worker.alive():
-            if worker is not None:
-                worker.stop()
-            try:
-                worker = _Worker(target, device, dtype, start_timeout)
-            except BackendError as err:
-                worker = None
-                return CheckResult(check.id, list(check.entries), check.kind, "error", None,
-                                   f"could not restart the backend: {err}", 0, 0, 0.0,
-                                   check.budget)
-        try:
-            worker.forget()
-            result = run_check(check, worker.backend, precision, profile, seed, timeout,
-                               save_failures, origin, plain, dtype is not None)
-        except WorkerLost as err:  # forgetting the last check's objects
-            result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
-                                 str(err), 0, 0, 0.0, check.budget)
-        finally:
-            worker.relay()
-        if worker.lost:  # timed out mid-call, died, or its channel is out of step
-            if result.status == "error" and "timed out" in result.detail:
-                result.detail += " (the worker was stopped)"
-            worker.stop()
-            worker = None
-        return result
-
-    try:
-        for result in walk(all_checks(area), select, evaluate, reproduce, seed,
-                           lambda check: unmet_by_id.get(check.id, "")):
+        suite = SuiteResult(judge.described, suite_settings_dict(profile, seed, area, timeout,
+                                                                 isolated=True))
+        if header:
+            header(suite)
+        for result in walk(all_checks(area), select, judge.evaluate, reproduce, seed,
+                           judge.unmet):
             suite.results.append(result)
             if on_result:
                 on_result(result)
     finally:
-        if worker is not None:
-            worker.stop()
-        _end_orphans(adopted)
+        judge.close()
     return suite
