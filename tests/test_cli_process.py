@@ -374,7 +374,9 @@ def test_two_ctrl_cs_end_a_run_whose_worker_ignores_sigterm(tmp_path):
         time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 130, err
+        # 130, or ended by the second SIGINT itself where it came once the command was done
+        # (Python's exit then runs under the default handler: a shell says 130 for both)
+        assert proc.returncode in (130, -signal.SIGINT), err
     finally:
         if proc.poll() is None:
             proc.kill()

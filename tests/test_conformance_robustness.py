@@ -1121,3 +1121,72 @@ def test_a_flood_of_output_is_counted_not_read_whole(tmp_path):
     assert "more bytes, not shown" in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr) < 4 << 20
     assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["counts"]["pass"] == 1
+
+
+# --- hostile round 12: the judge in the caller's process, the backend in a worker
+
+
+def _round12(tmp_path, *args, **env):
+    return _hostile_cli(tmp_path, "--timeout", "20", *args,
+                        **{k: str(v) for k, v in env.items()})
+
+
+@pytest.mark.parametrize("name", [
+    "WidensTheJudgesBudgetsThroughProcMem",  # /proc/<judge>/mem: budgets rewritten, PASS
+    "WritesToTheJudgesTerminal",  # /proc/<judge>/fd/1: a verdict of its own on the terminal
+    "RaisesFromForget",  # an answer of its own when its objects are dropped: run lost
+    "AnnouncesManyBuffers",  # arrays past the answer's limit, announced in the channel
+    "Float64ClaimingBfloat16",  # float64 values behind an object whose dtype says bfloat16
+])
+def test_a_backend_cannot_reach_the_judge_from_its_worker(tmp_path, name):
+    proc = _round12(tmp_path, "--backend", f"hostile_backends_12:{name}", "--report", "r.json",
+                    H12_BUFFERS=3)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "PASS  gpt_forward.differential" not in proc.stdout, proc.stdout
+    assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
+    (run,) = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert run["counts"]["error"] == 1, run
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("SleepsWhenForgotten", "the backend did not let go of the objects its calls returned "
+                            "within the check's limit"),
+    ("NameHangsWhenSaving", "saved: "),  # its name is not asked again while saving
+])
+def test_what_the_judge_asks_between_calls_has_a_time_limit(tmp_path, name, said):
+    started = time.monotonic()
+    proc = _round12(tmp_path, "--backend", f"hostile_backends_12:{name}",
+                    "--save-failures", "failures")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert said in proc.stdout, proc.stdout
+    assert time.monotonic() - started < 60
+
+
+def test_a_greeting_begun_and_never_ended_is_a_backend_that_did_not_start(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends_12:HalfAGreeting",
+                        "--timeout", "5")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "did not start within 5 s (its greeting never ended)" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolate"]])
+@pytest.mark.parametrize("name", ["TokenizerRaisingUnicodeDecodeError",  # a ValueError
+                                  "TokenizerReturningNumpyStr"])  # a str
+def test_a_correct_tokenizer_passes_however_it_returns_and_raises(tmp_path, name, isolation):
+    proc = _hostile_cli(tmp_path, "--backend", f"hostile_backends_12:{name}",
+                        "--check", "decode.*", *isolation)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 failed" in proc.stdout, proc.stdout
+
+
+def test_a_chain_of_processes_does_not_outlive_the_run(tmp_path):
+    # 30 processes, each in a session of its own and each the parent of the next: the last
+    # rewrote the report as all passed once the judge had gone (round 12)
+    report, marker = tmp_path / "r.json", tmp_path / "survivor.txt"
+    proc = _round12(tmp_path, "--backend", "hostile_backends_12:LongChainWrong", "--report",
+                    str(report), H12_REPORT=report, H12_OUT=marker)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    time.sleep(3)  # the survivor looks every half second for the judge to have gone
+    assert not marker.exists(), marker.read_text()
+    (run,) = json.loads(report.read_text())["runs"]
+    assert run["counts"]["fail"] == 1, run

@@ -64,10 +64,15 @@ def wrong_dtype(output: Any, dtype: str, asked: bool = True) -> str:
         return f"forward returned complex values ({x.dtype}): logits are real numbers"
     if dtype == "float64":
         return ""
+    # the dtype an array holds (bfloat16: ml_dtypes'); any other object's dtype attribute
+    # says nothing (one that reads as float64 values claimed bfloat16 and passed): its
+    # values are checked
     declared = getattr(output, "dtype", None)
     returned = str(declared).replace("torch.", "")
-    if declared is not None and returned == dtype:
+    if isinstance(output, np.ndarray) and returned == dtype:
         return ""
+    if not isinstance(output, np.ndarray):
+        returned = str(x.dtype)  # what its values read as
     if x.dtype.kind != "f":
         return ""  # not floating-point numbers: the check itself says what is wrong
     x = x.astype(np.float64)
@@ -368,6 +373,10 @@ def plain_output(value: Any, name: str, depth: int = 0) -> Any:
         return value
     if isinstance(value, Guarded):  # already the judge's (isolation.Remote)
         return value
+    if isinstance(value, np.str_):  # a NumPy string is a str (decode's result, say)
+        return str.__str__(value)
+    if isinstance(value, np.bytes_):
+        return bytes.__getitem__(value, slice(None))
     if isinstance(value, np.ndarray):
         if value.dtype.kind == "O":  # Python objects: each one read as data too
             if value.size > _OBJECT_LIMIT:

@@ -1,19 +1,13 @@
-"""Running a backend in a worker process of its own, which serves its calls: a backend
-that hangs, kills the interpreter (a segfault in a kernel, ``os._exit``) or rewrites
-whatever it finds in its process cannot take the run down or touch a verdict.
+"""A backend in a worker process that only serves its calls, judged from this process.
 
-The judge (Hypothesis, the reference, the budgets, the verdict, saving failures and
-adjudicating them) runs in this process, which never runs the backend's code. A 'spawn'ed
-worker builds the backend from its target and answers requests (get an attribute, call
-it, read an object it returned as an array, an item, an iteration): what the backend
-returns comes back as data, a JSON header and raw array buffers, never a pickle, and is
-read here into plain arrays and built-in types; any other object stays in the worker,
-reached through a ``Remote`` proxy. A backend writing into the worker's channel can only
-misstate its own results, which are judged like any others. A check that runs past its
-time limit, a worker that dies or one that sends what the worker does not write is an
-error for that check, and a fresh worker takes the next. The worker leads its own
-session, and every way out (done, timed out, crashed, Ctrl-C) kills that process group:
-nothing a backend forked outlives the run or keeps the caller's pipes open.
+The judge (Hypothesis, the reference, the budgets, the verdict, saving and adjudicating
+failures) runs here and never runs the backend's code. A 'spawn'ed worker builds the
+backend and answers requests (an attribute, a call, an array, an item, an iteration):
+results come back as a JSON header and raw array buffers, never a pickle, read here as
+plain data; other objects stay there behind a ``Remote``. A backend writing into the
+channel can only misstate its own results. A check past its time limit, a worker that
+dies or sends what it does not write, is that check's error and a fresh worker takes the
+next. The worker's process group, and every process the backend left, end with the run.
 """
 
 from __future__ import annotations
@@ -27,6 +21,8 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +50,7 @@ from gptspec.conformance.runner import (
     relay_backend_output,
     run_check,
     suite_settings_dict,
+    time_limit,
     walk,
 )
 from gptspec.parent_death import die_with_parent
@@ -100,7 +97,7 @@ def _let_go_of_the_judges_tracker() -> None:
 # a backend that writes into the channel can only misstate its own results, which the judge
 # compares like any other.
 
-HEADER_LIMIT = 64 << 20  # bytes of one answer's JSON header
+HEADER_LIMIT = 16 << 20  # bytes of one answer's JSON header
 ANSWER_LIMIT = 4 << 30  # bytes of the arrays of one answer, all together
 _ARRAY_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex numbers
 _ARRAYS_LIMIT = 1 << 20  # arrays in one answer
@@ -117,6 +114,11 @@ class _Encoder:
         self.size = 0
 
     def array(self, value: np.ndarray) -> list[Any]:
+        if value.dtype.kind == "V" and value.dtype.fields is None and value.dtype.itemsize <= 2:
+            try:  # ml_dtypes' bfloat16 and float8 (JAX's): float32 holds each value exactly
+                value = value.astype(np.float32)
+            except (TypeError, ValueError):
+                pass
         if value.dtype.kind not in _ARRAY_KINDS or value.dtype.fields is not None:
             raise UnreadableOutput(f"returned an array of dtype {value.dtype}, which is "
                                    "not numbers")
@@ -158,7 +160,10 @@ class UnreadableAnswer(Exception):
     into the channel)."""
 
 
-def _decode(tree: Any, buffers: list[bytes], remote: Callable[[int], Any],
+_USED = bytearray()  # a buffer an array of the answer has taken
+
+
+def _decode(tree: Any, buffers: list[bytearray], remote: Callable[[int], Any],
             depth: int = 0) -> Any:
     """The judge's reading of an answer: only the forms _Encoder writes."""
     if depth > _DEPTH:
@@ -207,10 +212,13 @@ def _decode(tree: Any, buffers: list[bytes], remote: Callable[[int], Any],
         if kind_of.kind not in _ARRAY_KINDS or kind_of.fields is not None:
             raise UnreadableAnswer(f"an array of dtype {dtype!r}")
         data = buffers[index]
+        if data is _USED:
+            raise UnreadableAnswer("one buffer for two arrays")
         if len(data) != kind_of.itemsize * int(np.prod(shape, dtype=object)):
             raise UnreadableAnswer("an array whose bytes do not fill its shape")
-        # writable, owned by the judge (a bytearray's buffer), as an array a call returns
-        return np.frombuffer(bytearray(data), dtype=kind_of).reshape(shape)
+        buffers[index] = _USED
+        # writable, owned by the judge (a bytearray), as an array a call returns
+        return np.frombuffer(data, dtype=kind_of).reshape(shape)
     if kind == "objects" and len(args) == 2 and type(args[1]) is list:
         shape = args[0]
         if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
@@ -245,9 +253,10 @@ def _raised(err: BaseException) -> dict[str, Any]:
     return {"type": shown(kind.__qualname__, 200), "module": shown(kind.__module__, 200),
             "message": shown(_message(err)),
             "at": f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else "",
-            # the built-in exception it is a kind of (a tokenizer's error is a ValueError)
-            "base": next((k.__name__ for k in kind.__mro__ if k.__module__ == "builtins"
-                          and issubclass(k, Exception)), "Exception"),
+            # the built-in exceptions it is a kind of, nearest first (a tokenizer's error is
+            # a ValueError; a UnicodeDecodeError, which takes five arguments, a ValueError)
+            "bases": [k.__name__ for k in kind.__mro__ if k.__module__ == "builtins"
+                      and issubclass(k, Exception)][:16],
             "not_applicable": isinstance(err, NotApplicable),
             "interrupt": isinstance(err, KeyboardInterrupt),
             "framework": _from_a_framework(err)}
@@ -289,7 +298,7 @@ def _serve(conn: Any, backend: Any) -> None:
                 {"callable": True} if value is _CALLABLE else
                 {"value": encoder.tree(plain_output(value, label))})
             buffers = encoder.buffers
-            answer["arrays"] = len(buffers)
+            answer["sizes"] = [b.nbytes for b in buffers]
         except BaseException as err:  # noqa: BLE001 — whatever the backend raised
             answer, buffers = {"raised": _raised(err)}, []
         finally:
@@ -349,6 +358,7 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None,
     parent = multiprocessing.parent_process()  # the judge: killed with it, even by SIGKILL
     die_with_parent(parent.pid if parent is not None and parent.pid else os.getppid())
     _let_go_of_the_judges_tracker()
+    _without_ptrace()
     _print_into(output)
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.runner import describe_backend, device_mismatch, unmet
@@ -393,18 +403,23 @@ def _rebuilt(raised: Any, name: str) -> BaseException:
     if raised.get("framework") is True:
         return BackendSteered(f"{name} raised {module}.{kind}: a backend cannot reject, skip "
                               "or stop the judge's examples (its error)")
-    base = getattr(builtins, str(raised.get("base")), Exception)
-    if not (isinstance(base, type) and issubclass(base, Exception)):
+    bases = raised.get("bases")
+    if type(bases) is not list:
         raise UnreadableAnswer("a malformed exception")
-    if module == "builtins" and kind == base.__name__:
-        kind_of = base
-    else:  # the backend's own class: one of that name, a kind of the same built-in one
-        kind_of = type(kind.rsplit(".", 1)[-1] or "Exception", (base,),
-                       {"__module__": "backend"})
-    try:
-        err = kind_of(message)
-    except Exception:  # noqa: BLE001 — one that takes other arguments (UnicodeDecodeError)
-        err = type(kind.rsplit(".", 1)[-1], (Exception,), {"__module__": "backend"})(message)
+    name_of = kind.rsplit(".", 1)[-1] or "Exception"
+    err: BaseException | None = None
+    for base_name in [*bases, "Exception"]:  # the nearest built-in kind it can be made as
+        base = getattr(builtins, str(base_name), None)
+        if not (isinstance(base, type) and issubclass(base, Exception)):
+            continue
+        kind_of = base if module == "builtins" and kind == base.__name__ else type(
+            name_of, (base,), {"__module__": "backend"})  # its own name, that kind
+        try:
+            err = kind_of(message)
+            break
+        except Exception:  # noqa: BLE001, S112 — one that takes other arguments
+            continue
+    assert err is not None  # Exception(message) always builds
     setattr(err, "backend_frame", raised["at"])  # noqa: B010 — read by runner.run_check
     return err
 
@@ -507,7 +522,11 @@ class _Worker:
             raise BackendError(f"backend {target!r} did not start within {start_timeout:g} s "
                                "(importing and building it)")
         try:
-            greeting = self.conn.recv_bytes(HEADER_LIMIT)
+            greeting = _receive(self.conn, start_timeout)
+            if greeting is None:  # a frame begun and never ended
+                self.stop()
+                raise BackendError(f"backend {target!r} did not start within "
+                                   f"{start_timeout:g} s (its greeting never ended)")
             # the output file is open in the worker now: gone from the folder, so that a
             # judge killed outright leaves none behind
             os.unlink(self.output_path)
@@ -549,36 +568,63 @@ class _Worker:
             answer = json.loads(self.conn.recv_bytes(HEADER_LIMIT))
             if type(answer) is not dict:
                 raise UnreadableAnswer("not an object")
-            if answer.get("callable") is True:
-                done = True
-                return _CallableAnswer()
-            if "raised" in answer:
-                done = True
-                raise _rebuilt(answer["raised"], label)
-            count = answer.get("arrays", 0)
-            if type(count) is not int or not 0 <= count <= _ARRAYS_LIMIT:
-                raise UnreadableAnswer("a malformed count of arrays")
-            buffers = [self.conn.recv_bytes(ANSWER_LIMIT) for _ in range(count)]
-            value = _decode(answer.get("value"), buffers,
-                            lambda h: Remote(self, h, f"{label}()"))
+            buffers: list[bytearray] = []
+            if "value" in answer:
+                sizes = answer.get("sizes", [])
+                if (type(sizes) is not list or len(sizes) > _ARRAYS_LIMIT
+                        or not all(type(n) is int and n >= 0 for n in sizes)
+                        or sum(sizes) > ANSWER_LIMIT):
+                    raise UnreadableAnswer("malformed array sizes")
+                for size in sizes:  # each read once, into memory the judge owns
+                    buffers.append(bytearray(size))
+                    if self.conn.recv_bytes_into(buffers[-1]) != size:
+                        raise UnreadableAnswer("an array shorter than announced")
+            if self.conn.poll(0):  # more than the worker writes: the backend wrote it
+                raise UnreadableAnswer("a frame after the answer")
             done = True
-            return value
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            self.lost = _death(self.process)
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as err:
+            if isinstance(err, EOFError) or not self.process.is_alive():
+                self.lost = _death(self.process)
+            else:  # a frame past the limit (bad message length), a descriptor reused
+                self.lost = _unreadable(err)
             raise WorkerLost(self.lost) from None
         except (UnreadableAnswer, ValueError, UnicodeDecodeError) as err:
-            if done:
-                raise
-            self.lost = ("the worker sent an unreadable answer (the backend wrote into the "
-                         f"judge's channel: {err})")
+            self.lost = _unreadable(err)
             raise WorkerLost(self.lost) from None
         finally:
             if not done and not self.lost:  # interrupted mid-request: the channel is out
                 self.lost = "the worker was stopped mid-call"  # of step, the worker spent
+        try:  # (outside the channel's handlers: what the backend raised is raised as is)
+            if answer.get("callable") is True:
+                return _CallableAnswer()
+            if "raised" in answer:
+                raised = _rebuilt(answer["raised"], label)
+            else:
+                return _decode(answer.get("value"), buffers,
+                               lambda h: Remote(self, h, f"{label}()"))
+        except (UnreadableAnswer, ValueError, UnicodeDecodeError) as err:
+            self.lost = _unreadable(err)  # what the worker never writes
+            raise WorkerLost(self.lost) from None
+        raise raised
 
-    def forget(self) -> None:
-        """Drop what the last check's calls left in the worker (tokenizers, iterators)."""
-        self.ask("forget", 0, None, (), {}, "forget")
+    def forget(self, seconds: float | None) -> None:
+        """Drop what the last check's calls left in the worker (tokenizers, iterators), within
+        ``seconds`` (a finalizer of the backend's runs there). Anything but the worker's
+        plain answer, or none in time, and the worker is lost."""
+        try:
+            with time_limit(seconds):
+                answer = self.ask("forget", 0, None, (), {}, "forget")
+        except WorkerLost:
+            raise
+        except BaseException as err:
+            if isinstance(err, KeyboardInterrupt):
+                raise
+            self.lost = ("the backend did not let go of the objects its calls returned "
+                         f"within the check's limit ({shown(err, 200) or type(err).__name__})")
+            raise WorkerLost(self.lost) from None
+        if answer is not None:
+            self.lost = "the worker sent an unreadable answer (the backend wrote into its channel)"
+            raise WorkerLost(self.lost)
 
     def relay(self) -> None:
         """What the backend printed since the last call (runner.relay_backend_output): as
@@ -634,6 +680,33 @@ class _Worker:
             self.process.kill()
 
 
+def _unreadable(err: BaseException) -> str:
+    return ("the worker sent an unreadable answer (the backend wrote into the judge's "
+            f"channel: {shown(err, 200)})")
+
+
+def _receive(conn: Any, seconds: float | None) -> bytes | None:
+    """One frame of at most HEADER_LIMIT bytes, or None where it is not whole within
+    ``seconds`` (a frame announced and stalled: the caller stops the worker, which ends
+    the wait). Raises what receiving raises (EOFError: the worker died)."""
+    got: list[Any] = []
+
+    def receive() -> None:
+        try:
+            got.append(conn.recv_bytes(HEADER_LIMIT))
+        except BaseException as err:  # noqa: BLE001 — handed to the judge's thread
+            got.append(err)
+
+    reader = threading.Thread(target=receive, name="gptspec-greeting", daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if not got:
+        return None
+    if isinstance(got[0], BaseException):
+        raise got[0]
+    return bytes(got[0])
+
+
 def _death(process: Any) -> str:
     process.join(5)
     code = process.exitcode
@@ -648,21 +721,30 @@ def _death(process: Any) -> str:
     return f"the backend ended the worker process (exit code {code})"
 
 
-def _children() -> set[int]:
-    """Linux: the pids of this process's children (none where /proc cannot be read)."""
-    me, kids = os.getpid(), set[int]()
+def _processes() -> dict[int, tuple[int, str]]:
+    """Linux: every process /proc shows, pid → (parent's pid, state); {} where it cannot
+    be read."""
+    table: dict[int, tuple[int, str]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return kids
+        return table
     for name in names:
+        if not name.isdigit():
+            continue
         try:
             with open(f"/proc/{name}/stat") as stat:
-                if int(stat.read().rsplit(")", 1)[1].split()[1]) == me:
-                    kids.add(int(name))
+                state, parent = stat.read().rsplit(")", 1)[1].split()[:2]
+            table[int(name)] = (int(parent), state)
         except (OSError, ValueError, IndexError):
             continue
-    return kids
+    return table
+
+
+def _children() -> set[int]:
+    """Linux: the pids of this process's children (none where /proc cannot be read)."""
+    me = os.getpid()
+    return {pid for pid, (parent, _) in _processes().items() if parent == me}
 
 
 def _adopt_orphans() -> set[int] | None:
@@ -679,24 +761,90 @@ def _adopt_orphans() -> set[int] | None:
     return _children()
 
 
+ORPHANS_SECONDS = 10.0  # the most _end_orphans spends on what a backend left running
+
+
 def _end_orphans(before: set[int] | None) -> None:
-    """Kill (and reap) the children the judge adopted during the run: what a backend
-    started and left, which would otherwise outlive the run (and, say, rewrite its report)."""
+    """Kill (and reap) every descendant the judge has gained during the run: what a backend
+    started and left, which would otherwise outlive the run (and, say, rewrite its report).
+    The whole tree at once, stopped before it is killed, so that a chain of processes each
+    forking the next cannot stay a step ahead; those the judge had before are left alone."""
     if before is None:
         return
     from multiprocessing import resource_tracker
 
+    me = os.getpid()
     keep = before | {getattr(resource_tracker._resource_tracker, "_pid", None) or -1}
-    for _ in range(20):  # one that forks while being killed leaves a new orphan
-        stray = _children() - keep
+    deadline = time.monotonic() + ORPHANS_SECONDS
+    while time.monotonic() < deadline:
+        table = _processes()
+        below: dict[int, list[int]] = {}
+        for pid, (parent, _) in table.items():
+            below.setdefault(parent, []).append(pid)
+        stray, todo = set(), [p for p in below.get(me, []) if p not in keep]
+        while todo:
+            pid = todo.pop()
+            if pid not in stray:
+                stray.add(pid)
+                todo.extend(below.get(pid, []))
         if not stray:
             return
-        for pid in stray:
+        for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped, none forks any more
+            for pid in stray:
+                if table[pid][1] != "Z":
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+        for pid in stray:  # the dead become the judge's (its subreaper): reaped
             try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+                os.waitpid(pid, os.WNOHANG)
             except OSError:
                 pass
+        time.sleep(0.01)
+
+
+def _undumpable() -> int | None:
+    """Linux: make this process (the judge) undumpable, so that processes of the same
+    user cannot open its memory or descriptors through /proc or attach to it (with the
+    worker's CAP_SYS_PTRACE gone, root's either); the setting before (None: not here)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        if before < 0 or libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+            return None
+        return int(before)
+    except (OSError, AttributeError):
+        return None
+
+
+def _dumpable_again(before: int | None) -> None:
+    if before:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, before, 0, 0, 0)
+
+
+def _without_ptrace() -> None:
+    """Linux: this process (the backend's worker) gives up CAP_SYS_PTRACE for good, in its
+    effective, permitted and inheritable sets and, where it may, its bounding set: run as
+    root, it could otherwise still read and write the undumpable judge's memory."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(24, 19, 0, 0, 0)  # PR_CAPBSET_DROP CAP_SYS_PTRACE (needs CAP_SETPCAP)
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
+        data = (ctypes.c_uint32 * 6)()  # {effective, permitted, inheritable} × 2 words
+        if libc.capget(header, data) != 0:
+            return
+        for word in range(3):  # CAP_SYS_PTRACE is bit 19 of the first word
+            data[word] &= ~(1 << 19) & 0xFFFFFFFF
+        libc.capset(header, data)
+    except (OSError, AttributeError):
+        pass
 
 
 class IsolatedJudge:
@@ -714,6 +862,7 @@ class IsolatedJudge:
         self.save_failures, self.plain = save_failures, plain
         self.start_timeout = START_TIMEOUT if timeout is None else timeout
         self.adopted = _adopt_orphans()
+        self.dumpable = _undumpable()
         self.worker: _Worker | None = None
         try:
             self.worker = _Worker(target, device, dtype, self.start_timeout)
@@ -728,6 +877,7 @@ class IsolatedJudge:
         except BaseException:
             self.close()
             raise
+        self.greeting = _greeting(self.worker)
         self.mismatch = mismatch or self.worker.mismatch
         self.origin = {**self.described, "spec": target,
                        "device": device or self.described["device"],
@@ -752,15 +902,27 @@ class IsolatedJudge:
                 return CheckResult(check.id, list(check.entries), check.kind, "error", None,
                                    f"could not restart the backend: {err}", 0, 0, 0.0,
                                    check.budget)
+            restarted = self.worker
+            if _greeting(restarted) != self.greeting:
+                # judged by the first one's dtype and operations, shown under its name
+                restarted.stop()
+                self.worker = None
+                return CheckResult(check.id, list(check.entries), check.kind, "error", None,
+                                   "the backend, restarted, described itself otherwise "
+                                   "(name, version, device, dtype or operations)", 0, 0, 0.0,
+                                   check.budget)
         worker = self.worker
         try:
-            worker.forget()
             result = run_check(check, worker.backend, self.precision, self.profile, self.seed,
                                self.timeout, self.save_failures, self.origin, self.plain,
                                self.dtype is not None)
-        except WorkerLost as err:  # forgetting the last check's objects
-            result = CheckResult(check.id, list(check.entries), check.kind, "error", None,
-                                 str(err), 0, 0, 0.0, check.budget)
+            if not worker.lost:  # what its calls returned, dropped (a finalizer may run)
+                try:
+                    worker.forget(self.timeout)
+                except WorkerLost as err:
+                    if result.status in ("pass", "not-applicable"):
+                        result.status, result.worst_fraction = "error", None
+                        result.detail = str(err)
         finally:
             worker.relay()
         if worker.lost:  # timed out mid-call, died, or its channel is out of step
@@ -778,6 +940,12 @@ class IsolatedJudge:
         finally:
             _end_orphans(self.adopted)
             self.adopted = None
+            _dumpable_again(self.dumpable)
+            self.dumpable = None
+
+
+def _greeting(worker: _Worker) -> tuple[Any, ...]:
+    return worker.described, worker.mismatch, worker.unmet
 
 
 def run_isolated(target: str, *, device: str | None = None, dtype: str | None = None,

@@ -224,7 +224,7 @@ def _one_line(err: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float | None) -> Any:
+def time_limit(seconds: float | None) -> Any:
     usable = (seconds is not None and seconds > 0 and hasattr(signal, "setitimer")
               and threading.current_thread() is threading.main_thread())
     if not usable:
@@ -306,7 +306,7 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
     status, detail = "pass", ""
     stops = len(STOPS_RECEIVED)
     try:  # the judge's arithmetic under NumPy's default error state, whatever the backend set
-        with keeping_cwd(), _noting_stops(), _time_limit(timeout), \
+        with keeping_cwd(), _noting_stops(), time_limit(timeout), \
                 np.errstate(divide="warn", over="warn", under="ignore", invalid="warn"):
             check.fn(recording, ctx)
     except BaseException as raised:  # noqa: BLE001 — a backend may raise anything
@@ -394,7 +394,7 @@ def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precisi
                 result.adjudication = {"note": "not adjudicated: the check used its time "
                                                "limit"}
         else:  # a plain implementation that hangs cost the failure its verdict
-            with _time_limit(left):
+            with time_limit(left):
                 result.adjudication = reproduction.adjudicate(ctx.failure, backend,
                                                               precision.dtype, plain)
     except CheckTimeout:
@@ -405,7 +405,8 @@ def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precisi
         result.adjudication = {"note": f"adjudication failed: {_one_line(err)}"}
     if save_failures:
         where = dict(origin or describe_backend(backend))
-        where.setdefault("name", _read(backend, "name", "backend"))
+        if "name" not in where:  # (no call of the backend's while saving: it may hang)
+            where["name"] = _read(backend, "name", "backend")
         try:
             result.saved = reproduction.save_failure(save_failures, result.id, result.entries,
                                                      ctx.failure, where)
@@ -729,7 +730,7 @@ def start_backend(target: str, *, device: str | None, dtype: str | None,
 
     stops = len(STOPS_RECEIVED)
     try:
-        with keeping_cwd(), _noting_stops(), _time_limit(timeout):
+        with keeping_cwd(), _noting_stops(), time_limit(timeout):
             backend = load_backend(target, device=device, dtype=dtype)
             origin = {"spec": target, "device": device or str(backend.device),
                       "dtype": dtype or str(backend.dtype),
