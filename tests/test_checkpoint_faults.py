@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from stop_signals import stop_signals_by_default
 
 from gptspec.fast import checkpoint
 from gptspec.fast.checkpoint import (
@@ -252,7 +253,7 @@ def test_a_signalled_training_run_saves_and_resumes(tmp_path, signum):
             "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=stop_signals_by_default)
     deadline = time.monotonic() + 120
     while not (out / "checkpoint" / "state.json").exists():
         assert proc.poll() is None, proc.communicate()

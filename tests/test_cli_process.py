@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from stop_signals import stop_signals_by_default
 
 from gptspec.fast.checkpoint import save_model
 from gptspec.fast.tokenizer import Tokenizer
@@ -47,14 +48,6 @@ def _to_a_reader_gone(args: list[str], **kwargs) -> subprocess.CompletedProcess:
                               text=True, timeout=300, **kwargs)
     finally:
         os.close(write)
-
-
-def _ctrl_c_default() -> None:
-    """In the child: SIGINT's default disposition. A shell that starts the test run in the
-    background hands SIGINT on ignored, and Python then leaves it ignored (as it should:
-    such a process is meant to be immune to Ctrl-C). SIGHUP's too (nohup ignores it)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _wait_until_loaded(pid: int, library: str, timeout: float = 120.0) -> None:
@@ -157,7 +150,7 @@ def test_a_signal_while_the_modules_are_imported_is_one_line(signum, status, wor
     # (Before the command starts, a Ctrl-C is Python's own: a loaded machine once took
     # longer than a fixed 0.8 s to get there.)
     proc = subprocess.Popen([*GPTSPEC, "conformance", "--profile", "quick"],
-                            preexec_fn=_ctrl_c_default, stdout=subprocess.PIPE,
+                            preexec_fn=stop_signals_by_default, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     _wait_until_loaded(proc.pid, "numpy")
     proc.send_signal(signum)
@@ -364,7 +357,7 @@ def test_two_ctrl_cs_end_a_run_whose_worker_ignores_sigterm(tmp_path):
          "--backend", "hostile_backends:HangsIgnoringSigterm"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent),
-             "GPTSPEC_TEST_PID_FILE": str(pid_file)}, preexec_fn=_ctrl_c_default)
+             "GPTSPEC_TEST_PID_FILE": str(pid_file)}, preexec_fn=stop_signals_by_default)
     try:
         deadline = time.monotonic() + 60
         while not pid_file.exists() or not pid_file.read_text():
@@ -454,7 +447,7 @@ def test_a_hangup_saves_the_run_as_ctrl_c_does(tmp_path):
     proc = subprocess.Popen([*GPTSPEC, *TRAIN, "--data", str(corpus), "--out", str(out),
                              "--steps", "100000", "--checkpoint-interval", "1000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_ctrl_c_default)  # under nohup, SIGHUP came ignored
+                            preexec_fn=stop_signals_by_default)  # under nohup, SIGHUP came ignored
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("step 2:"):  # no checkpoint yet: the first save is at step 1000

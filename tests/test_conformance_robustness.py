@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from stop_signals import ctrl_c_raises, stop_signals_by_default
 
 from gptspec.cli.in_process import GRACE_S
 from gptspec.conformance import reproduction
@@ -256,7 +257,7 @@ def test_a_stop_that_surfaces_as_another_error_still_stops_the_run():
 
     check = Check("stop.inside_the_library", ("softmax",), (), (), "property",
                   stopped_inside_the_library, "forward", "")
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
         run_check(check, ReferenceBackend(), Precision.of("float32"), "quick", 0)
 
 
@@ -809,7 +810,8 @@ def test_ctrl_c_stops_a_run_whose_backend_ignored_it_when_built(tmp_path):
          "--profile", "quick", "--adjudicate-with", "none", "--no-isolate", "--timeout", "100",
          "--backend", "hostile_backends:IgnoresStopSignals"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": TESTS, "GPTSPEC_TEST_PID_FILE": str(pid_file)})
+        env={**os.environ, "PYTHONPATH": TESTS, "GPTSPEC_TEST_PID_FILE": str(pid_file)},
+        preexec_fn=stop_signals_by_default)
     try:
         deadline = time.monotonic() + 60
         while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:

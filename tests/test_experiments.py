@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from stop_signals import stop_signals_by_default
 
 from gptspec.cli import main
 from gptspec.experiments import metrics, worker
@@ -298,10 +299,8 @@ def test_an_interrupted_study_continues_where_it_stopped(tmp_path, capsys, corpu
             "--jobs", "1"]
     runs = out / ".runs" / "tying"
     # 1. interrupted (SIGINT, as Ctrl-C) once the first run has finished
-    # (Ctrl-C's default restored in the child: a shell that starts CI in the background
-    # hands it on ignored, and Python then leaves SIGINT ignored)
     process = subprocess.Popen([sys.executable, "-m", "gptspec", *argv],
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                               preexec_fn=stop_signals_by_default,
                                stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
@@ -757,12 +756,7 @@ def test_json_nested_too_deeply_is_named_or_made_again(tmp_path, corpus):
 
 def _running_study(argv: list[str], runs: Path) -> subprocess.Popen:
     """``gptspec`` with ``argv`` in a process of its own, once its first run has started
-    (its spec written). The defaults of Ctrl-C and SIGHUP are restored in the child (a
-    shell's background job and nohup hand them on ignored), as in the test above."""
-    def stop_signals_by_default() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
+    (its spec written), its stop signals' defaults restored (stop_signals)."""
     process = subprocess.Popen([sys.executable, "-m", "gptspec", *argv],
                                preexec_fn=stop_signals_by_default,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from stop_signals import stop_signals_by_default
 
 from gptspec.cli import main
 from gptspec.fast import checkpoint
@@ -63,7 +64,7 @@ def test_a_second_writer_is_refused_naming_the_first_and_the_first_is_unharmed(
         [sys.executable, "-m", "gptspec", "train", *TINY, "--data", str(corpus), "--out",
          str(out), "--steps", "100000", "--eval-interval", "1", "--checkpoint-interval", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=stop_signals_by_default)
     try:
         deadline = time.monotonic() + 60
         while not (out / "checkpoint" / "state.json").exists():
