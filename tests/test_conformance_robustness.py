@@ -355,6 +355,37 @@ def test_a_backend_that_forks_leaves_no_process_behind_nor_holds_the_pipes(tmp_p
             os.kill(int(pid_file.read_text()), 9)
 
 
+@pytest.mark.parametrize("subreaper_before", [0, 1])
+def test_an_isolated_run_leaves_its_caller_as_it_found_it(tmp_path, monkeypatch,
+                                                          subreaper_before):
+    """A library or pytest caller judges in its own process: the run makes it the subreaper
+    of what the backend starts, and undumpable, for the run only (it stayed a subreaper:
+    its own orphans were its to reap for the rest of its life)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def caller():
+        flag = ctypes.c_int(-1)
+        assert libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0  # PR_GET_CHILD_SUBREAPER
+        return flag.value, libc.prctl(3, 0, 0, 0, 0), signal.getsignal(signal.SIGINT)
+
+    assert libc.prctl(36, subreaper_before, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    try:
+        before = caller()
+        pid_file = tmp_path / "child.pid"
+        monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        monkeypatch.setenv("GPTSPEC_TEST_PID_FILE", str(pid_file))
+        suite = run_isolated("hostile_backends:Forks", profile="quick", timeout=60,
+                             select=_only("gpt_forward.differential"))
+        assert [r.status for r in suite.results] == ["pass"], suite.results
+        assert caller() == before
+        assert before[:2] == (subreaper_before, 1)
+        assert not _alive(_wait_for_pid(pid_file, 10))  # the backend's child ended all the same
+    finally:
+        libc.prctl(36, 0, 0, 0, 0)
+
+
 def _wait_for_pid(pid_file, seconds: float = 60) -> int:
     deadline = time.monotonic() + seconds
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
@@ -895,7 +926,7 @@ def test_a_huge_output_is_not_sent_from_the_worker(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ERR   gpt_forward.differential" in proc.stdout, proc.stdout
     assert "returned more than 4 GiB of arrays" in proc.stdout, proc.stdout
-    assert "isolation.py" not in proc.stdout  # where the judge's worker read it: no help
+    assert "isolation.py" not in proc.stdout and "wire.py" not in proc.stdout  # the judge's
     assert time.monotonic() - started < 30
 
 

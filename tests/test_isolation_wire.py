@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from gptspec.conformance.context import Guarded, plain_output
-from gptspec.conformance.isolation import UnreadableAnswer, _decode, _Encoder
+from gptspec.conformance.wire import Encoder, UnreadableAnswer, decode
 
 
 def _round_trip(value):
     kept = []
-    encoder = _Encoder(lambda obj: kept.append(obj) or len(kept))
+    encoder = Encoder(lambda obj: kept.append(obj) or len(kept))
     tree = json.loads(json.dumps(encoder.tree(plain_output(value, "call"))))
     buffers = [bytearray(b) for b in encoder.buffers]
-    return _decode(tree, buffers, lambda handle: ("remote", handle)), kept
+    return decode(tree, buffers, lambda handle: ("remote", handle)), kept
 
 
 def _same(a, b):
@@ -76,14 +76,14 @@ def test_an_object_that_is_not_data_stays_in_the_worker_as_a_handle():
 ])
 def test_a_header_that_the_worker_does_not_write_is_refused(tree, buffers):
     with pytest.raises(UnreadableAnswer):
-        _decode(tree, [bytearray(b) for b in buffers], lambda handle: handle)
+        decode(tree, [bytearray(b) for b in buffers], lambda handle: handle)
 
 
 def test_one_buffer_is_one_array():
     # two arrays over one buffer would alias: a check writing into one changed the other
     one = ["array", 0, "<f8", [1]]
     with pytest.raises(UnreadableAnswer, match="one buffer for two arrays"):
-        _decode(["list", [one, one]], [bytearray(8)], lambda handle: handle)
+        decode(["list", [one, one]], [bytearray(8)], lambda handle: handle)
 
 
 def test_nesting_past_the_limit_is_refused():
@@ -91,4 +91,4 @@ def test_nesting_past_the_limit_is_refused():
     for _ in range(200):
         tree = ["list", [tree]]
     with pytest.raises(UnreadableAnswer, match="nested too deeply"):
-        _decode(tree, [], lambda handle: handle)
+        decode(tree, [], lambda handle: handle)

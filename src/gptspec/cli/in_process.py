@@ -18,7 +18,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gptspec.conformance.processes import Adoption
 
 # past the time limit, what the timer needs to stop a check and the runner to report it
 GRACE_S = 5.0
@@ -37,7 +40,7 @@ class InProcessGuard:
         self.judge = os.getpid()
         self.real_exit = os._exit
         self.threads_before: set[threading.Thread] = set()
-        self.children_before: set[int] | None = None
+        self.adoption: Adoption | None = None
         self.exit_called: object = None  # os._exit's code, until the check's result takes it
         self.unraisable_before = sys.unraisablehook
         self.exit_handlers_before = 0
@@ -56,13 +59,13 @@ class InProcessGuard:
         raise SystemExit(f"os._exit({code!r}) was called in the judge's process ({self.mode})")
 
     def __enter__(self) -> InProcessGuard:
-        from gptspec.conformance.isolation import _adopt_orphans
+        from gptspec.conformance.processes import adopt_orphans
 
         self.threads_before = set(threading.enumerate())
         self.exit_handlers_before = atexit._ncallbacks()
         # the processes the backend forks (and those they leave in sessions of their own)
         # are the judge's to end: one asleep with our stdout open kept `… | cat` waiting
-        self.children_before = _adopt_orphans()
+        self.adoption = adopt_orphans()
         sys.unraisablehook = self._unraisable
         os._exit = posix._exit = self._exit  # type: ignore[assignment]
         self.progress()
@@ -98,9 +101,9 @@ class InProcessGuard:
         return code
 
     def end_children(self) -> None:
-        from gptspec.conformance.isolation import _end_orphans
+        from gptspec.conformance.processes import end_orphans
 
-        _end_orphans(self.children_before)
+        end_orphans(self.adoption)
 
     def _watch(self) -> None:
         from gptspec.conformance.runner import judge_thread

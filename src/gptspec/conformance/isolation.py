@@ -8,11 +8,11 @@ plain data; other objects stay there behind a ``Remote``. A backend writing into
 channel can only misstate its own results. A check past its time limit, a worker that
 dies or sends what it does not write, is that check's error and a fresh worker takes the
 next. The worker's process group, and every process the backend left, end with the run.
+(The answers' format: :mod:`wire`; what is done about processes: :mod:`processes`.)
 """
 
 from __future__ import annotations
 
-import builtins
 import io
 import json
 import multiprocessing
@@ -22,23 +22,23 @@ import signal
 import sys
 import tempfile
 import threading
-import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from gptspec.conformance.context import (
-    BackendInterrupt,
-    BackendSteered,
-    Guarded,
-    UnreadableOutput,
-    _from_a_framework,
-    plain_output,
-)
+from gptspec.conformance.context import Guarded, plain_output
 from gptspec.conformance.discovery import BackendError, BackendRefused
-from gptspec.conformance.protocol import NotApplicable, WorkerLost, shown
+from gptspec.conformance.processes import (
+    adopt_orphans,
+    dumpable_again,
+    end_orphans,
+    let_go_of_the_judges_tracker,
+    print_into,
+    undumpable,
+    without_ptrace,
+)
+from gptspec.conformance.protocol import WorkerLost, shown
 from gptspec.conformance.registry import Check, all_checks
 from gptspec.conformance.runner import (
     NAME_LIMIT,
@@ -53,183 +53,22 @@ from gptspec.conformance.runner import (
     time_limit,
     walk,
 )
+from gptspec.conformance.wire import (
+    ANSWER_LIMIT,
+    ARRAYS_LIMIT,
+    HEADER_LIMIT,
+    Encoder,
+    UnreadableAnswer,
+    decode,
+    decode_raised,
+    encode_raised,
+)
 from gptspec.parent_death import die_with_parent
 
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
 # bytes of what a backend printed read per relay: what relay_backend_output can show (its
 # lines of at most OUTPUT_LINE_LIMIT characters), with room; the rest is counted, not read
 OUTPUT_READ_LIMIT = 1 << 20
-
-
-def _print_into(path: str) -> None:
-    """Point this process's standard output and error (Python's and C code's alike, and
-    those of any child forked later) at the file ``path``, which the judge relays. Nothing
-    the backend starts then holds the judge's own pipes."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None and hasattr(stream, "reconfigure"):
-            stream.reconfigure(line_buffering=True)
-
-
-def _let_go_of_the_judges_tracker() -> None:
-    """Close this worker's end of the judge's multiprocessing resource tracker: the tracker
-    (a process of the judge's, writing to the judge's output) lives until every end is
-    closed, so an end that a backend's escaped grandchild inherits would keep it, and the
-    caller's pipes, open. A backend that needs a tracker gets its own."""
-    from multiprocessing import resource_tracker
-
-    tracker = getattr(resource_tracker, "_resource_tracker", None)
-    fd = getattr(tracker, "_fd", None)
-    if tracker is not None and fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-        tracker._fd = None
-        tracker._pid = None
-
-
-# --- the wire. The judge sends pickles (the worker trusts its judge); the worker sends a
-# JSON header and the raw bytes of the arrays it names, read here as data and nothing else:
-# a backend that writes into the channel can only misstate its own results, which the judge
-# compares like any other.
-
-HEADER_LIMIT = 16 << 20  # bytes of one answer's JSON header
-ANSWER_LIMIT = 4 << 30  # bytes of the arrays of one answer, all together
-_ARRAY_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex numbers
-_ARRAYS_LIMIT = 1 << 20  # arrays in one answer
-_DEPTH = 70  # levels of containers in one answer (plain_output allows 64)
-
-
-class _Encoder:
-    """What a backend's call returned (already plain_output's data), as a JSON-able tree
-    and array buffers; any object that is not data stays in the worker, sent as a handle."""
-
-    def __init__(self, keep: Callable[[Any], int]) -> None:
-        self.keep = keep
-        self.buffers: list[np.ndarray] = []
-        self.size = 0
-
-    def array(self, value: np.ndarray) -> list[Any]:
-        if value.dtype.kind == "V" and value.dtype.fields is None and value.dtype.itemsize <= 2:
-            try:  # ml_dtypes' bfloat16 and float8 (JAX's): float32 holds each value exactly
-                value = value.astype(np.float32)
-            except (TypeError, ValueError):
-                pass
-        if value.dtype.kind not in _ARRAY_KINDS or value.dtype.fields is not None:
-            raise UnreadableOutput(f"returned an array of dtype {value.dtype}, which is "
-                                   "not numbers")
-        self.size += value.nbytes
-        if self.size > ANSWER_LIMIT or len(self.buffers) >= _ARRAYS_LIMIT:
-            raise UnreadableOutput(f"returned more than {ANSWER_LIMIT >> 30} GiB of arrays")
-        # (np.ascontiguousarray would make a 0-d array 1-d)
-        data = value if value.flags.c_contiguous else value.copy(order="C")
-        self.buffers.append(data.reshape(-1).view(np.uint8))
-        return ["array", len(self.buffers) - 1, data.dtype.str, list(data.shape)]
-
-    def tree(self, value: Any) -> Any:
-        if value is None or type(value) in (bool, int, str):
-            return value
-        if type(value) is float:
-            return value if np.isfinite(value) else ["float", repr(value)]
-        if type(value) is complex:
-            return ["complex", self.tree(value.real), self.tree(value.imag)]
-        if type(value) is bytes:
-            return ["bytes", value.hex()]
-        if type(value) in (list, tuple):
-            return [type(value).__name__, [self.tree(v) for v in value]]
-        if type(value) is dict:
-            return ["dict", [[self.tree(k), self.tree(v)] for k, v in value.items()]]
-        if isinstance(value, np.generic):
-            return ["scalar", self.array(np.asarray(value))]
-        if type(value) is np.ndarray:
-            if value.dtype.kind == "O":
-                return ["objects", list(value.shape),
-                        [self.tree(v) for v in value.ravel().tolist()]]
-            return self.array(value)
-        if isinstance(value, Guarded):
-            return ["handle", self.keep(value._wrapped)]
-        raise UnreadableOutput(f"returned a {type(value).__name__} the judge cannot read")
-
-
-class UnreadableAnswer(Exception):
-    """An answer of the worker's that is not what the worker writes (the backend wrote
-    into the channel)."""
-
-
-_USED = bytearray()  # a buffer an array of the answer has taken
-
-
-def _decode(tree: Any, buffers: list[bytearray], remote: Callable[[int], Any],
-            depth: int = 0) -> Any:
-    """The judge's reading of an answer: only the forms _Encoder writes."""
-    if depth > _DEPTH:
-        raise UnreadableAnswer("nested too deeply")
-    if tree is None or type(tree) in (bool, int, float, str):
-        return tree
-    if type(tree) is not list or not tree or type(tree[0]) is not str:
-        raise UnreadableAnswer(f"an unknown form {type(tree).__name__}")
-    kind, args = tree[0], tree[1:]
-
-    def inner(x: Any) -> Any:
-        return _decode(x, buffers, remote, depth + 1)
-
-    if kind == "float" and len(args) == 1 and args[0] in ("nan", "inf", "-inf"):
-        return float(args[0])
-    if kind == "complex" and len(args) == 2:
-        real, imag = inner(args[0]), inner(args[1])
-        if type(real) is not float or type(imag) is not float:
-            raise UnreadableAnswer("a complex number of no floats")
-        return complex(real, imag)
-    if kind == "bytes" and len(args) == 1 and type(args[0]) is str:
-        return bytes.fromhex(args[0])
-    if kind in ("list", "tuple") and len(args) == 1 and type(args[0]) is list:
-        items = [inner(v) for v in args[0]]
-        return items if kind == "list" else tuple(items)
-    if kind == "dict" and len(args) == 1 and type(args[0]) is list:
-        pairs = args[0]
-        if not all(type(p) is list and len(p) == 2 for p in pairs):
-            raise UnreadableAnswer("a dict of no pairs")
-        return {inner(k): inner(v) for k, v in pairs}
-    if kind == "scalar" and len(args) == 1:
-        array = inner(args[0])
-        if type(array) is not np.ndarray or array.shape != ():
-            raise UnreadableAnswer("a scalar of no 0-d array")
-        return array[()]
-    if kind == "array" and len(args) == 3:
-        index, dtype, shape = args
-        if (type(index) is not int or not 0 <= index < len(buffers) or type(dtype) is not str
-                or type(shape) is not list
-                or not all(type(n) is int and n >= 0 for n in shape)):
-            raise UnreadableAnswer("a malformed array")
-        try:
-            kind_of = np.dtype(dtype)
-        except TypeError:
-            raise UnreadableAnswer(f"an array of unknown dtype {dtype!r}") from None
-        if kind_of.kind not in _ARRAY_KINDS or kind_of.fields is not None:
-            raise UnreadableAnswer(f"an array of dtype {dtype!r}")
-        data = buffers[index]
-        if data is _USED:
-            raise UnreadableAnswer("one buffer for two arrays")
-        if len(data) != kind_of.itemsize * int(np.prod(shape, dtype=object)):
-            raise UnreadableAnswer("an array whose bytes do not fill its shape")
-        buffers[index] = _USED
-        # writable, owned by the judge (a bytearray), as an array a call returns
-        return np.frombuffer(data, dtype=kind_of).reshape(shape)
-    if kind == "objects" and len(args) == 2 and type(args[1]) is list:
-        shape = args[0]
-        if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
-            raise UnreadableAnswer("a malformed object array")
-        items = [inner(v) for v in args[1]]
-        if len(items) != int(np.prod(shape, dtype=object)):
-            raise UnreadableAnswer("an object array whose items do not fill its shape")
-        return np.array(items + [None], dtype=object)[:-1].reshape(shape)
-    if kind == "handle" and len(args) == 1 and type(args[0]) is int:
-        return remote(args[0])
-    raise UnreadableAnswer(f"an unknown form {kind!r}")
 
 
 # --- the worker: builds the backend, then serves the judge's calls of it
@@ -242,32 +81,6 @@ class _Unpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:  # a handle the judge passes back
         return self.objects[pid]
-
-
-def _raised(err: BaseException) -> dict[str, Any]:
-    """What a backend's call raised, as the judge rebuilds it."""
-    kind = type(err)
-    where = traceback.extract_tb(err.__traceback__)
-    # the backend's frame; none for what the worker's own reading of its result raised
-    frame = where[-1] if where and not isinstance(err, UnreadableOutput) else None
-    return {"type": shown(kind.__qualname__, 200), "module": shown(kind.__module__, 200),
-            "message": shown(_message(err)),
-            "at": f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else "",
-            # the built-in exceptions it is a kind of, nearest first (a tokenizer's error is
-            # a ValueError; a UnicodeDecodeError, which takes five arguments, a ValueError)
-            "bases": [k.__name__ for k in kind.__mro__ if k.__module__ == "builtins"
-                      and issubclass(k, Exception)][:16],
-            "not_applicable": isinstance(err, NotApplicable),
-            "interrupt": isinstance(err, KeyboardInterrupt),
-            "framework": _from_a_framework(err)}
-
-
-def _message(err: BaseException) -> str:
-    try:
-        text = str(err)
-    except BaseException:  # noqa: BLE001 — an exception whose __str__ raises anything
-        return "(its message cannot be printed: its __str__ raised)"
-    return text if type(text) is str else "(unprintable)"
 
 
 def _serve(conn: Any, backend: Any) -> None:
@@ -293,14 +106,14 @@ def _serve(conn: Any, backend: Any) -> None:
         label = name or f"handle {handle}"
         try:
             value = _answer(what, objects, handle, name, args, kwargs)
-            encoder = _Encoder(keep)
+            encoder = Encoder(keep)
             answer: dict[str, Any] = (
                 {"callable": True} if value is _CALLABLE else
                 {"value": encoder.tree(plain_output(value, label))})
             buffers = encoder.buffers
             answer["sizes"] = [b.nbytes for b in buffers]
         except BaseException as err:  # noqa: BLE001 — whatever the backend raised
-            answer, buffers = {"raised": _raised(err)}, []
+            answer, buffers = {"raised": encode_raised(err)}, []
         finally:
             if os.getpid() != pid:  # a fork of the backend's returned here: it ends
                 os._exit(0)
@@ -357,9 +170,9 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None,
         os.setsid()
     parent = multiprocessing.parent_process()  # the judge: killed with it, even by SIGKILL
     die_with_parent(parent.pid if parent is not None and parent.pid else os.getppid())
-    _let_go_of_the_judges_tracker()
-    _without_ptrace()
-    _print_into(output)
+    let_go_of_the_judges_tracker()
+    without_ptrace()
+    print_into(output)
     from gptspec.conformance.discovery import load_backend
     from gptspec.conformance.runner import describe_backend, device_mismatch, unmet
 
@@ -385,43 +198,6 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None,
 
 
 # --- the judge's side
-
-
-def _rebuilt(raised: Any, name: str) -> BaseException:
-    """The exception a backend's call raised, as the judge raises it: NotApplicable and
-    the built-in exceptions as themselves (a check may expect a ValueError), a test
-    framework's as BackendSteered, any other under its own name."""
-    if type(raised) is not dict or not all(type(raised.get(k)) is str
-                                           for k in ("type", "module", "message", "at")):
-        raise UnreadableAnswer("a malformed exception")
-    kind, module, message = raised["type"], raised["module"], raised["message"]
-    if raised.get("not_applicable") is True:
-        return NotApplicable(message)
-    if raised.get("interrupt") is True:
-        return BackendInterrupt(f"{name} raised KeyboardInterrupt, with no Ctrl-C or "
-                                "SIGTERM received")
-    if raised.get("framework") is True:
-        return BackendSteered(f"{name} raised {module}.{kind}: a backend cannot reject, skip "
-                              "or stop the judge's examples (its error)")
-    bases = raised.get("bases")
-    if type(bases) is not list:
-        raise UnreadableAnswer("a malformed exception")
-    name_of = kind.rsplit(".", 1)[-1] or "Exception"
-    err: BaseException | None = None
-    for base_name in [*bases, "Exception"]:  # the nearest built-in kind it can be made as
-        base = getattr(builtins, str(base_name), None)
-        if not (isinstance(base, type) and issubclass(base, Exception)):
-            continue
-        kind_of = base if module == "builtins" and kind == base.__name__ else type(
-            name_of, (base,), {"__module__": "backend"})  # its own name, that kind
-        try:
-            err = kind_of(message)
-            break
-        except Exception:  # noqa: BLE001, S112 — one that takes other arguments
-            continue
-    assert err is not None  # Exception(message) always builds
-    setattr(err, "backend_frame", raised["at"])  # noqa: B010 — read by runner.run_check
-    return err
 
 
 class Remote(Guarded):
@@ -571,7 +347,7 @@ class _Worker:
             buffers: list[bytearray] = []
             if "value" in answer:
                 sizes = answer.get("sizes", [])
-                if (type(sizes) is not list or len(sizes) > _ARRAYS_LIMIT
+                if (type(sizes) is not list or len(sizes) > ARRAYS_LIMIT
                         or not all(type(n) is int and n >= 0 for n in sizes)
                         or sum(sizes) > ANSWER_LIMIT):
                     raise UnreadableAnswer("malformed array sizes")
@@ -598,9 +374,9 @@ class _Worker:
             if answer.get("callable") is True:
                 return _CallableAnswer()
             if "raised" in answer:
-                raised = _rebuilt(answer["raised"], label)
+                raised = decode_raised(answer["raised"], label)
             else:
-                return _decode(answer.get("value"), buffers,
+                return decode(answer.get("value"), buffers,
                                lambda h: Remote(self, h, f"{label}()"))
         except (UnreadableAnswer, ValueError, UnicodeDecodeError) as err:
             self.lost = _unreadable(err)  # what the worker never writes
@@ -721,132 +497,6 @@ def _death(process: Any) -> str:
     return f"the backend ended the worker process (exit code {code})"
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """Linux: every process /proc shows, pid → (parent's pid, state); {} where it cannot
-    be read."""
-    table: dict[int, tuple[int, str]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as stat:
-                state, parent = stat.read().rsplit(")", 1)[1].split()[:2]
-            table[int(name)] = (int(parent), state)
-        except (OSError, ValueError, IndexError):
-            continue
-    return table
-
-
-def _children() -> set[int]:
-    """Linux: the pids of this process's children (none where /proc cannot be read)."""
-    me = os.getpid()
-    return {pid for pid, (parent, _) in _processes().items() if parent == me}
-
-
-def _adopt_orphans() -> set[int] | None:
-    """Linux: make the judge the subreaper of its descendants, so that a process a backend
-    left behind in a session of its own becomes the judge's child (not init's) and can be
-    ended with the run; the children the judge has already (None: not possible here)."""
-    try:
-        import ctypes
-
-        if ctypes.CDLL(None, use_errno=True).prctl(36, 1) != 0:  # PR_SET_CHILD_SUBREAPER
-            return None
-    except (OSError, AttributeError):
-        return None
-    return _children()
-
-
-ORPHANS_SECONDS = 10.0  # the most _end_orphans spends on what a backend left running
-
-
-def _end_orphans(before: set[int] | None) -> None:
-    """Kill (and reap) every descendant the judge has gained during the run: what a backend
-    started and left, which would otherwise outlive the run (and, say, rewrite its report).
-    The whole tree at once, stopped before it is killed, so that a chain of processes each
-    forking the next cannot stay a step ahead; those the judge had before are left alone."""
-    if before is None:
-        return
-    from multiprocessing import resource_tracker
-
-    me = os.getpid()
-    keep = before | {getattr(resource_tracker._resource_tracker, "_pid", None) or -1}
-    deadline = time.monotonic() + ORPHANS_SECONDS
-    while time.monotonic() < deadline:
-        table = _processes()
-        below: dict[int, list[int]] = {}
-        for pid, (parent, _) in table.items():
-            below.setdefault(parent, []).append(pid)
-        stray, todo = set(), [p for p in below.get(me, []) if p not in keep]
-        while todo:
-            pid = todo.pop()
-            if pid not in stray:
-                stray.add(pid)
-                todo.extend(below.get(pid, []))
-        if not stray:
-            return
-        for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped, none forks any more
-            for pid in stray:
-                if table[pid][1] != "Z":
-                    try:
-                        os.kill(pid, sig)
-                    except OSError:
-                        pass
-        for pid in stray:  # the dead become the judge's (its subreaper): reaped
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except OSError:
-                pass
-        time.sleep(0.01)
-
-
-def _undumpable() -> int | None:
-    """Linux: make this process (the judge) undumpable, so that processes of the same
-    user cannot open its memory or descriptors through /proc or attach to it (with the
-    worker's CAP_SYS_PTRACE gone, root's either); the setting before (None: not here)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
-        if before < 0 or libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
-            return None
-        return int(before)
-    except (OSError, AttributeError):
-        return None
-
-
-def _dumpable_again(before: int | None) -> None:
-    if before:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, before, 0, 0, 0)
-
-
-def _without_ptrace() -> None:
-    """Linux: this process (the backend's worker) gives up CAP_SYS_PTRACE for good, in its
-    effective, permitted and inheritable sets and, where it may, its bounding set: run as
-    root, it could otherwise still read and write the undumpable judge's memory."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(24, 19, 0, 0, 0)  # PR_CAPBSET_DROP CAP_SYS_PTRACE (needs CAP_SETPCAP)
-        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
-        data = (ctypes.c_uint32 * 6)()  # {effective, permitted, inheritable} × 2 words
-        if libc.capget(header, data) != 0:
-            return
-        for word in range(3):  # CAP_SYS_PTRACE is bit 19 of the first word
-            data[word] &= ~(1 << 19) & 0xFFFFFFFF
-        libc.capset(header, data)
-    except (OSError, AttributeError):
-        pass
-
-
 class IsolatedJudge:
     """The judge of one backend built in worker processes: ``evaluate(check)`` judges a
     check here, the backend's calls served by the worker (a fresh one after a time-out,
@@ -861,8 +511,8 @@ class IsolatedJudge:
         self.profile, self.seed, self.timeout = profile, seed, timeout
         self.save_failures, self.plain = save_failures, plain
         self.start_timeout = START_TIMEOUT if timeout is None else timeout
-        self.adopted = _adopt_orphans()
-        self.dumpable = _undumpable()
+        self.adopted = adopt_orphans()
+        self.dumpable = undumpable()
         self.worker: _Worker | None = None
         try:
             self.worker = _Worker(target, device, dtype, self.start_timeout)
@@ -938,9 +588,9 @@ class IsolatedJudge:
                 self.worker.stop()
                 self.worker = None
         finally:
-            _end_orphans(self.adopted)
+            end_orphans(self.adopted)
             self.adopted = None
-            _dumpable_again(self.dumpable)
+            dumpable_again(self.dumpable)
             self.dumpable = None
 
 
