@@ -42,6 +42,10 @@ def _same(a, b):
     np.array(2.0), np.zeros((0, 4), np.int64), np.array([True, False]),
     np.arange(4, dtype=">f8"), np.array([1 + 2j], np.complex64),
     np.broadcast_to(np.arange(3.0), (2, 3)),
+    # sequences of one kind of number, which cross packed as one array each
+    [0.5, -0.0, float("nan"), float("-inf")], (1, -2, 1 << 62), [1, 1 << 70], [1, 1.0],
+    [True, False], [np.float32(1.5), np.float32(-0.0)], (np.int8(3),),
+    [np.float32(1), np.float64(1)], [[0.1] * 3] * 2,
 ])
 def test_a_result_crosses_as_the_same_plain_data(value):
     got, kept = _round_trip(value)
@@ -73,6 +77,12 @@ def test_an_object_that_is_not_data_stays_in_the_worker_as_a_handle():
     (["float", "1e400"], []),
     (["eval", "__import__('os')"], []),
     (["list"] + [[]] * 2, []),
+    (["numbers", "list", "float", ["array", 0, "<f4", [1]]], [b"\x00" * 4]),  # not float64
+    (["numbers", "list", "int", ["array", 0, "<f8", [1]]], [b"\x00" * 8]),
+    (["numbers", "set", "float", ["array", 0, "<f8", [1]]], [b"\x00" * 8]),
+    (["numbers", "list", "float", ["array", 0, "<f8", [0]]], [b""]),  # none
+    (["numbers", "list", "float", ["array", 0, "<f8", [1, 1]]], [b"\x00" * 8]),
+    (["numbers", "list", "float", 1.0], []),
 ])
 def test_a_header_that_the_worker_does_not_write_is_refused(tree, buffers):
     with pytest.raises(UnreadableAnswer):
@@ -92,3 +102,33 @@ def test_nesting_past_the_limit_is_refused():
         tree = ["list", [tree]]
     with pytest.raises(UnreadableAnswer, match="nested too deeply"):
         decode(tree, [], lambda handle: handle)
+
+
+def test_logits_as_nested_lists_cross_as_arrays_not_text():
+    # a correct backend returning .tolist() logits past a vocabulary of 2**16 was accused
+    # of writing into the channel: its JSON header passed the header limit
+    logits = np.random.default_rng(0).standard_normal((2, 4, 70_000)).tolist()
+    encoder = Encoder(lambda obj: 0)
+    header = json.dumps(encoder.tree(logits))
+    assert len(header) < 1000 and len(encoder.buffers) == 8
+    got, _ = _round_trip(logits)
+    assert got == logits and type(got[0][0][0]) is float
+
+
+def test_numpy_scalars_of_one_dtype_cross_as_one_array():
+    # each was an array of its own: a million of them passed the arrays' limit (and the
+    # message said 4 GiB), and took 38 s
+    encoder = Encoder(lambda obj: 0)
+    encoder.tree([np.float64(0.5)] * 1_100_000)
+    assert len(encoder.buffers) == 1
+
+
+@pytest.mark.parametrize("value, message", [
+    ([10 ** 400], "returned an integer of more than 1024 bits"),
+    ([np.float64(0.5), np.float32(0.5)] * 600_000, "returned more than 1048576 arrays"),
+])
+def test_what_cannot_cross_is_refused_in_the_worker_saying_why(value, message):
+    from gptspec.conformance.context import UnreadableOutput
+
+    with pytest.raises(UnreadableOutput, match=message):
+        Encoder(lambda obj: 0).tree(value)

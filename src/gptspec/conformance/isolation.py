@@ -13,6 +13,7 @@ next. The worker's process group, and every process the backend left, end with t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing
@@ -22,12 +23,13 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from gptspec.conformance.context import Guarded, plain_output
+from gptspec.conformance.context import Guarded, UnreadableOutput, plain_output
 from gptspec.conformance.discovery import BackendError, BackendRefused
 from gptspec.conformance.processes import (
     adopt_orphans,
@@ -66,6 +68,7 @@ from gptspec.conformance.wire import (
 from gptspec.parent_death import die_with_parent
 
 START_TIMEOUT = 300.0  # seconds to import and build the backend, unless --timeout says
+FORGET_SECONDS = 1.0  # the least a check's 'forget' gets, its limit spent or not
 # bytes of what a backend printed read per relay: what relay_backend_output can show (its
 # lines of at most OUTPUT_LINE_LIMIT characters), with room; the rest is counted, not read
 OUTPUT_READ_LIMIT = 1 << 20
@@ -112,13 +115,15 @@ def _serve(conn: Any, backend: Any) -> None:
                 {"value": encoder.tree(plain_output(value, label))})
             buffers = encoder.buffers
             answer["sizes"] = [b.nbytes for b in buffers]
+            header = _header(answer)
         except BaseException as err:  # noqa: BLE001 — whatever the backend raised
-            answer, buffers = {"raised": encode_raised(err)}, []
+            buffers = []
+            header = _header({"raised": encode_raised(err)})
         finally:
             if os.getpid() != pid:  # a fork of the backend's returned here: it ends
                 os._exit(0)
         try:
-            conn.send_bytes(json.dumps(answer).encode())
+            conn.send_bytes(header)
             for data in buffers:
                 conn.send_bytes(data)
         except OSError as err:
@@ -126,6 +131,20 @@ def _serve(conn: Any, backend: Any) -> None:
                   "backend closed or reused its file descriptor", file=sys.stderr,
                   flush=True)
             os._exit(1)
+
+
+def _header(answer: dict[str, Any]) -> bytes:
+    """The answer's JSON header, refused here (the check's error, the worker serving on)
+    where the judge would not read it."""
+    try:
+        header = json.dumps(answer).encode()
+    except (ValueError, TypeError, RecursionError) as err:
+        raise UnreadableOutput(f"returned what cannot be sent to the judge ({shown(err, 200)})") \
+            from None
+    if len(header) > HEADER_LIMIT:
+        raise UnreadableOutput(f"returned {len(header) >> 20} MiB of Python data besides its "
+                               f"arrays (at most {HEADER_LIMIT >> 20} MiB): return arrays")
+    return header
 
 
 _CALLABLE = object()  # "get" of a callable attribute: the judge's proxy calls it by name
@@ -192,8 +211,10 @@ def _worker(conn: Any, target: str, device: str | None, dtype: str | None,
         refused = {"refused": err.reason} if isinstance(err, BackendRefused) else {}
         conn.send_bytes(json.dumps({"load_error": message, **refused}).encode())
         return
+    kind = type(backend)
     conn.send_bytes(json.dumps({"backend": described, "unmet": unmet_by_id,
-                                "mismatch": mismatch}).encode())
+                                "mismatch": mismatch,
+                                "class": f"{kind.__module__}.{kind.__qualname__}"}).encode())
     _serve(conn, backend)
 
 
@@ -209,6 +230,7 @@ class Remote(Guarded):
         self._worker = worker
         self._handle = handle
         self._name = name
+        self._class = ""  # the backend's: the class the worker built (reproduction.adjudicate)
 
     def _ask(self, what: str, name: str | None = None, *args: Any, **kwargs: Any) -> Any:
         return self._worker.ask(what, self._handle, name, args, kwargs,
@@ -316,6 +338,7 @@ class _Worker:
             self.unmet: dict[str, str] = {str(k): shown(v) for k, v in
                                           dict(hello.get("unmet") or {}).items()}
             self.mismatch = shown(hello.get("mismatch") or "")
+            self.backend._class = shown(str(hello.get("class", "")), NAME_LIMIT)
         except EOFError:
             death = _death(self.process)
             self.stop()
@@ -562,17 +585,23 @@ class IsolatedJudge:
                                    "(name, version, device, dtype or operations)", 0, 0, 0.0,
                                    check.budget)
         worker = self.worker
+        started = time.monotonic()
         try:
             result = run_check(check, worker.backend, self.precision, self.profile, self.seed,
                                self.timeout, self.save_failures, self.origin, self.plain,
-                               self.dtype is not None)
+                               self.dtype is not None, build_plain=self._plain_in_a_worker)
             if not worker.lost:  # what its calls returned, dropped (a finalizer may run)
                 try:
-                    worker.forget(self.timeout)
+                    # within what is left of the check's limit (FORGET_SECONDS at least,
+                    # for the request itself): with a limit of its own, a check whose
+                    # objects' finalizers slept passed in twice its limit
+                    worker.forget(None if self.timeout is None else max(
+                        self.timeout - (time.monotonic() - started), FORGET_SECONDS))
                 except WorkerLost as err:
                     if result.status in ("pass", "not-applicable"):
                         result.status, result.worst_fraction = "error", None
                         result.detail = str(err)
+                result.seconds = time.monotonic() - started
         finally:
             worker.relay()
         if worker.lost:  # timed out mid-call, died, or its channel is out of step
@@ -581,6 +610,17 @@ class IsolatedJudge:
             worker.stop()
             self.worker = None
         return result
+
+    @contextlib.contextmanager
+    def _plain_in_a_worker(self, target: str, dtype: str) -> Iterator[Any]:
+        """The plain implementation an adjudication compares with, built in a worker of its
+        own as the backend is: in the judge's process it ran unguarded, and its os._exit
+        ended a failing run with status 0."""
+        worker = _Worker(target, "cpu", dtype, self.start_timeout)
+        try:
+            yield worker.backend
+        finally:
+            worker.stop()  # (what it printed relayed, its processes ended)
 
     def close(self) -> None:
         try:

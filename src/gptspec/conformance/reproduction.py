@@ -12,11 +12,13 @@ two calls (causality) the ``.npz`` holds the example's calls and no pytest file 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import zipfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -286,13 +288,32 @@ def adjudicable(capture: FailureCapture, dtype: str, plain_spec: str | None) -> 
             and not capture.comparison.problem)
 
 
+def _end_if_forked(pid: int) -> None:
+    if os.getpid() != pid:
+        os._exit(0)
+
+
+def _implementation(backend: Any) -> str:
+    """A backend's class, by name: for an object in a worker (isolation.Remote), the class
+    of the one it stands for there."""
+    own = vars(backend) if hasattr(backend, "__dict__") else {}
+    if own.get("_class"):
+        return str(own["_class"])
+    kind = type(own.get("_wrapped", backend))
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 def adjudicate(capture: FailureCapture, backend: Any, dtype: str,
-               plain_spec: str | None) -> dict[str, Any] | None:
+               plain_spec: str | None,
+               build: Callable[[str, str], AbstractContextManager[Any]] | None = None,
+               ) -> dict[str, Any] | None:
     """When a low-precision backend exceeds its budget, the same call on a plain
     same-dtype implementation, measured against the same float64 reference and budget:
     which of the two is closer? ``plain_spec`` names that implementation as discovery does
-    (the command line passes the built-in ``torch``), built on the CPU in ``dtype``; the
-    judge itself knows no backend. None: no adjudication (see ``adjudicable``)."""
+    (the command line passes the built-in ``torch``), built on the CPU in ``dtype`` by
+    ``build`` (default: loaded in this process; an isolated judge builds it in a worker of
+    its own, as it builds the backend); the judge itself knows no backend. None: no
+    adjudication (see ``adjudicable``)."""
     if not adjudicable(capture, dtype, plain_spec):
         return None
     assert plain_spec is not None and capture.comparison is not None  # adjudicable says so
@@ -304,26 +325,31 @@ def adjudicate(capture: FailureCapture, backend: Any, dtype: str,
 
     # whatever the plain one raises is its own: a SystemExit(0) from it ended a --no-isolate
     # run with status 0 and no verdict, a BaseException of its own in a traceback
-    try:
-        plain = load_backend(plain_spec, device="cpu", dtype=dtype)
-    except (KeyboardInterrupt, CheckTimeout):
-        raise
-    except BaseException as err:  # noqa: BLE001 — e.g. its engine is not installed here
-        return {"plain": f"{plain_spec} cpu {dtype}",
-                "note": "could not build it: "
-                        f"{err if isinstance(err, BackendError) else _what_raised(err)}"}
-    plain_name = f"{plain.name} cpu {dtype}"
-    if type(backend) is type(plain) and backend.device == "cpu":
-        return {"plain": plain_name, "note": "the backend is the plain implementation itself"}
-    try:
-        out = getattr(plain, call.name)(*call.args, **call.kwargs)
-        if index is not None:
-            out = out[index]
-        theirs = budgets.compare(out, capture.expected, capture.bound)
-    except (KeyboardInterrupt, CheckTimeout):
-        raise
-    except BaseException as err:  # noqa: BLE001 — the plain one may lack or refuse the call
-        return {"plain": plain_name, "note": f"could not run it: {_what_raised(err)}"}
+    with contextlib.ExitStack() as ending:
+        # a fork of the plain one's (in this process: --no-isolate) returns no further
+        ending.callback(_end_if_forked, os.getpid())
+        try:
+            plain = (ending.enter_context(build(plain_spec, dtype)) if build is not None
+                     else load_backend(plain_spec, device="cpu", dtype=dtype))
+            plain_name = f"{plain.name} cpu {dtype}"
+        except (KeyboardInterrupt, CheckTimeout):
+            raise
+        except BaseException as err:  # noqa: BLE001 — e.g. its engine is not installed here
+            return {"plain": f"{plain_spec} cpu {dtype}",
+                    "note": "could not build it: "
+                            f"{err if isinstance(err, BackendError) else _what_raised(err)}"}
+        if _implementation(backend) == _implementation(plain) and backend.device == "cpu":
+            return {"plain": plain_name,
+                    "note": "the backend is the plain implementation itself"}
+        try:
+            out = getattr(plain, call.name)(*call.args, **call.kwargs)
+            if index is not None:
+                out = out[index]
+            theirs = budgets.compare(out, capture.expected, capture.bound)
+        except (KeyboardInterrupt, CheckTimeout):
+            raise
+        except BaseException as err:  # noqa: BLE001 — the plain one may lack or refuse it
+            return {"plain": plain_name, "note": f"could not run it: {_what_raised(err)}"}
     ours = capture.comparison.fraction
     closer = "backend" if ours < theirs.fraction else "plain"
     return {"plain": plain_name, "backend_fraction": ours, "plain_fraction": theirs.fraction,

@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -286,14 +287,20 @@ def _noting_stops() -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+# how an adjudication builds the plain implementation (its target, the dtype) and ends it
+PlainBuilder = Callable[[str, str], AbstractContextManager[Any]]
+
+
 def run_check(check: Check, backend: Any, precision: Precision, profile: str,
               seed: int, timeout: float | None = None, save_failures: str | None = None,
               origin: dict[str, Any] | None = None, plain: str | None = None,
-              dtype_asked: bool = True, within: float | None = None) -> CheckResult:
+              dtype_asked: bool = True, within: float | None = None,
+              build_plain: PlainBuilder | None = None) -> CheckResult:
     """Run one check; never raises (except KeyboardInterrupt). On a failed comparison the
     example's exact inputs are saved under ``save_failures`` (see reproduction), and a
     low-precision failure is adjudicated against ``plain``, the target (module:attr or an
-    installed name) of a plain same-dtype implementation (None: not adjudicated);
+    installed name) of a plain same-dtype implementation (None: not adjudicated), built
+    by ``build_plain`` (default: in this process; isolation builds it in a worker);
     ``dtype_asked``: whether the run was asked for
     ``precision``'s dtype (else it judges the one the backend declared). ``within``: the
     seconds the whole check has, its adjudication included (default ``timeout``; a worker
@@ -372,7 +379,7 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
         try:
             with keeping_cwd(), _noting_stops():  # adjudication calls the backend again
                 _after_failure(result, ctx, backend, precision, save_failures, origin, plain,
-                               left)
+                               left, build_plain)
         except KeyboardInterrupt:
             if _stop_arrived(stops):
                 raise
@@ -384,7 +391,8 @@ def run_check(check: Check, backend: Any, precision: Precision, profile: str,
 
 def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precision: Precision,
                    save_failures: str | None, origin: dict[str, Any] | None,
-                   plain: str | None, left: float | None = None) -> None:
+                   plain: str | None, left: float | None = None,
+                   build_plain: PlainBuilder | None = None) -> None:
     from gptspec.conformance import reproduction
 
     assert ctx.failure is not None
@@ -396,7 +404,8 @@ def _after_failure(result: CheckResult, ctx: CheckContext, backend: Any, precisi
         else:  # a plain implementation that hangs cost the failure its verdict
             with time_limit(left):
                 result.adjudication = reproduction.adjudicate(ctx.failure, backend,
-                                                              precision.dtype, plain)
+                                                              precision.dtype, plain,
+                                                              build_plain)
     except CheckTimeout:
         result.adjudication = {"note": f"adjudication stopped: {plain} did not answer "
                                        "within the check's time limit"}

@@ -30,6 +30,7 @@ ANSWER_LIMIT = 4 << 30  # bytes of the arrays of one answer, all together
 _ARRAY_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex numbers
 ARRAYS_LIMIT = 1 << 20  # arrays in one answer
 _DEPTH = 70  # levels of containers in one answer (plain_output allows 64)
+INT_BITS = 1024  # the widest Python int an answer holds (JSON's text of it stays short)
 
 
 class Encoder:
@@ -51,15 +52,45 @@ class Encoder:
             raise UnreadableOutput(f"returned an array of dtype {value.dtype}, which is "
                                    "not numbers")
         self.size += value.nbytes
-        if self.size > ANSWER_LIMIT or len(self.buffers) >= ARRAYS_LIMIT:
+        if self.size > ANSWER_LIMIT:
             raise UnreadableOutput(f"returned more than {ANSWER_LIMIT >> 30} GiB of arrays")
+        if len(self.buffers) >= ARRAYS_LIMIT:
+            raise UnreadableOutput(f"returned more than {ARRAYS_LIMIT} arrays or NumPy "
+                                   "scalars")
         # (np.ascontiguousarray would make a 0-d array 1-d)
         data = value if value.flags.c_contiguous else value.copy(order="C")
         self.buffers.append(data.reshape(-1).view(np.uint8))
         return ["array", len(self.buffers) - 1, data.dtype.str, list(data.shape)]
 
+    def numbers(self, items: list[Any] | tuple[Any, ...]) -> list[Any] | None:
+        """A list or tuple of numbers of one type (Python floats, Python ints that fit 64
+        bits, or NumPy scalars of one dtype) as one array: logits returned as nested
+        lists, or token ids, cross as a few buffers rather than text or one frame per
+        number. None: not such a sequence."""
+        if not items:
+            return None
+        kind = type(items[0])
+        if not all(type(v) is kind for v in items):
+            return None
+        try:
+            if kind is float:
+                return ["float", self.array(np.array(items, dtype=np.float64))]
+            if kind is int:
+                return ["int", self.array(np.array(items, dtype=np.int64))]
+        except OverflowError:  # ints past 64 bits: one by one
+            return None
+        if issubclass(kind, np.generic):
+            dtype = items[0].dtype
+            if dtype.kind in _ARRAY_KINDS and all(v.dtype == dtype for v in items):
+                return ["scalar", self.array(np.array(items, dtype=dtype))]
+        return None
+
     def tree(self, value: Any) -> Any:
-        if value is None or type(value) in (bool, int, str):
+        if value is None or type(value) in (bool, str):
+            return value
+        if type(value) is int:
+            if value.bit_length() > INT_BITS:
+                raise UnreadableOutput(f"returned an integer of more than {INT_BITS} bits")
             return value
         if type(value) is float:
             return value if np.isfinite(value) else ["float", repr(value)]
@@ -68,6 +99,9 @@ class Encoder:
         if type(value) is bytes:
             return ["bytes", value.hex()]
         if type(value) in (list, tuple):
+            numbers = self.numbers(value)
+            if numbers is not None:
+                return ["numbers", type(value).__name__, *numbers]
             return [type(value).__name__, [self.tree(v) for v in value]]
         if type(value) is dict:
             return ["dict", [[self.tree(k), self.tree(v)] for k, v in value.items()]]
@@ -114,6 +148,19 @@ def decode(tree: Any, buffers: list[bytearray], remote: Callable[[int], Any],
         return complex(real, imag)
     if kind == "bytes" and len(args) == 1 and type(args[0]) is str:
         return bytes.fromhex(args[0])
+    if kind == "numbers" and len(args) == 3 and args[0] in ("list", "tuple"):
+        array = inner(args[2])
+        if type(array) is not np.ndarray or array.ndim != 1 or not len(array):
+            raise UnreadableAnswer("numbers of no 1-d array")
+        if args[1] == "float" and array.dtype == np.float64:
+            items = array.tolist()
+        elif args[1] == "int" and array.dtype == np.int64:
+            items = array.tolist()
+        elif args[1] == "scalar":
+            items = list(array)
+        else:
+            raise UnreadableAnswer(f"numbers of an unknown kind {args[1]!r}")
+        return items if args[0] == "list" else tuple(items)
     if kind in ("list", "tuple") and len(args) == 1 and type(args[0]) is list:
         items = [inner(v) for v in args[0]]
         return items if kind == "list" else tuple(items)
@@ -182,8 +229,8 @@ def encode_raised(err: BaseException) -> dict[str, Any]:
 
 
 def _message(err: BaseException) -> str:
-    try:
-        text = str(err)
+    try:  # (as discovery says it of a backend in the judge's process)
+        text = f"it called exit({err.code!r})" if isinstance(err, SystemExit) else str(err)
     except BaseException:  # noqa: BLE001 — an exception whose __str__ raises anything
         return "(its message cannot be printed: its __str__ raised)"
     return text if type(text) is str else "(unprintable)"
