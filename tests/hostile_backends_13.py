@@ -90,3 +90,23 @@ class TakesTwiceTheLimit(Honest):
             TakesTwiceTheLimit.slept = True
             time.sleep(float(os.environ["GPTSPEC_TEST_SLEEP"]))
         return _FinalizerSleeps(gpt_forward(tokens, params, config))
+
+
+class _Sleeps:
+    def __init__(self, a):
+        self.a = a
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.a, dtype=dtype)
+
+    def __del__(self):
+        time.sleep(30)
+
+
+class SleepsInAFinalizer(Honest):
+    """Correct logits in an object whose finalizer sleeps: with --no-isolate the judge's
+    own timer, firing each second in the finalizer, was printed six times as the
+    backend's output ("backend output:   backend output: CheckTimeout …")."""
+
+    def forward(self, tokens, params, config):
+        return _Sleeps(gpt_forward(tokens, params, config))

@@ -1290,3 +1290,11 @@ def test_letting_go_of_a_checks_objects_counts_within_its_limit(tmp_path):
     assert "gpt_forward.differential" in line
     assert "did not let go of the objects its calls returned within the check's limit" in \
         proc.stdout, proc.stdout
+
+
+def test_no_isolate_the_judges_timer_in_a_finalizer_is_not_the_backends_output(tmp_path):
+    proc = _hostile_cli(tmp_path, "--backend", "hostile_backends_13:SleepsInAFinalizer",
+                        "--no-isolate", "--timeout", "6")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the timer could not stop it in this process" in proc.stderr  # as documented
+    assert "CheckTimeout" not in proc.stderr, proc.stderr

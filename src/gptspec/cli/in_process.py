@@ -84,12 +84,14 @@ class InProcessGuard:
     def _unraisable(self, unraisable: Any) -> None:
         """What a backend raised where Python ignores it (a finalizer): one escaped line
         marked as the backend's, where Python would print a traceback."""
-        from gptspec.conformance.protocol import shown
+        from gptspec.conformance.protocol import CheckTimeout, shown
 
         err = unraisable.exc_value
         if isinstance(err, KeyboardInterrupt):  # Ctrl-C or SIGTERM: the command's to handle
             self.unraisable_before(unraisable)
             return
+        if isinstance(err, CheckTimeout):  # the judge's own timer, fired (each second) in a
+            return  # finalizer: the check's time-out says so, not a line per repeat
         what = shown(unraisable.exc_type.__name__)
         message = shown(err) if err is not None else ""
         print(f"  backend output: {what}{': ' + message if message else ''} "
