@@ -1084,6 +1084,93 @@ def test_saved_failures_never_replace_a_file_they_did_not_write(tmp_path):
         "test_bad_float64_softmax_differential_2.py"]
 
 
+
+def _foreign_npz(path, kind):
+    """An ``.npz`` not of gptspec's under a saved failure's name, whose ``manifest.npy``
+    declares 36 TiB in its header, or is stored with a compression zipfile does not know."""
+    import struct
+    import zipfile
+
+    header = repr({"descr": "<U1000000", "fortran_order": False, "shape": (10**7,)}).encode()
+    header += b" " * ((64 - (10 + len(header) + 1) % 64) % 64) + b"\n"
+    npy = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + b"x" * 100
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("manifest.npy", npy if kind == "huge" else b"plain")
+    if kind == "unknown compression":  # method 0 (stored) becomes 99 in both headers
+        data = bytearray(path.read_bytes())
+        for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+            at = data.index(signature) + offset
+            data[at:at + 2] = (99).to_bytes(2, "little")
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("kind", ["huge", "unknown compression"])
+def test_a_foreign_file_that_cannot_be_read_is_kept_and_the_failure_saved(tmp_path, kind):
+    """A foreign ``.npz`` under the name a failure wants, whose manifest's header declared
+    36 TiB: telling whether it was a saved failure loaded the whole manifest, and the
+    MemoryError lost the save ("could not save the example", hostile testing). Whatever a
+    file there raises when read, it is not ours: the failure takes the next name."""
+    from gptspec.conformance.context import FailureCapture
+
+    origin = {"name": "h", "dtype": "float64"}
+    foreign = tmp_path / (reproduction.failure_stem("x.y", origin) + ".npz")
+    _foreign_npz(foreign, kind)
+    before = foreign.read_bytes()
+    (saved,) = reproduction.save_failure(tmp_path, "x.y", [], FailureCapture("x", "mine", []),
+                                         origin)
+    assert saved == str(foreign.with_name(foreign.stem + "_2.npz"))
+    assert load_case(saved)[0]["message"] == "mine"
+    assert foreign.read_bytes() == before
+
+
+_SAVES_WHILE_ANOTHER_DOES = """
+import sys, time
+from pathlib import Path
+from gptspec.conformance import reproduction
+from gptspec.conformance.context import FailureCapture
+
+folder, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+def wait_for(step, seconds):  # the other run's step, or on (it may be waiting on us)
+    deadline = time.monotonic() + seconds
+    while not (folder.parent / f"{step}.{other}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+choose = reproduction._free_names
+def choose_with_the_other(*args):  # both choose their names before either writes
+    names = choose(*args)
+    (folder.parent / f"chose.{me}").touch()
+    wait_for("chose", 3)  # under the folder's lock the other cannot choose: on after 3 s
+    return names
+reproduction._free_names = choose_with_the_other
+(saved,) = reproduction.save_failure(folder, "x.y", [], FailureCapture("x", me, []),
+                                     {"name": "same", "dtype": "float64"})
+(folder.parent / f"saved.{me}").touch()
+wait_for("saved", 90)  # still running while the other saves, however slow it starts
+print(saved)
+"""
+
+
+def test_two_runs_saving_into_one_folder_at_once_keep_both_their_failures(tmp_path):
+    """Two commands judging backends of one name, saving into one folder at the same time:
+    each chose the free name, or took the other's file for an earlier run's, and both
+    printed "saved:" for the one file, which held the second's case (hostile testing)."""
+    folder = tmp_path / "saved"
+    runs = [subprocess.Popen([sys.executable, "-c", _SAVES_WHILE_ANOTHER_DOES, str(folder),
+                              me, other], stdout=subprocess.PIPE, text=True)
+            for me, other in (("first", "second"), ("second", "first"))]
+    saved = {}
+    for run, me in zip(runs, ("first", "second"), strict=True):
+        out, _ = run.communicate(timeout=120)
+        assert run.returncode == 0, out
+        saved[me] = out.strip()
+    assert len(set(saved.values())) == 2, saved
+    for me, path in saved.items():
+        assert load_case(path)[0]["message"] == me
+    assert sorted(p.name for p in folder.iterdir()) == [  # and no temporary file left
+        "same_float64_x_y.npz", "same_float64_x_y_2.npz"]
+
+
 # --- round 11: what a backend returns is read as data; its process is not the verdict -------
 
 

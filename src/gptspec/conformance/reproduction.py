@@ -13,11 +13,14 @@ two calls (causality) the ``.npz`` holds the example's calls and no pytest file 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import io
 import json
 import os
 import re
+import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -123,16 +126,51 @@ def save_failure(directory: str | Path, check_id: str, entries: list[str],
                     "kwargs": {k: _encode(v, f"c{j}.k.{k}", arrays) for k, v in c.kwargs.items()}})
             except TypeError as err:
                 manifest["calls"].append({"call": c.name, "unstored": str(err)})
-    npz, test = _free_names(directory, stem, command)
-    with replacing(npz, make_parents=True) as tmp, open(tmp, "wb") as f:
-        np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
-                            **arrays)  # type: ignore[arg-type]
-    written = [str(npz)]
-    if call is not None and origin.get("spec"):
-        write_text(test, _pytest_text(check_id, npz.name, origin, capture.message),
-                   make_parents=True)
-        written.append(str(test))
+    # chosen and written under the folder's lock: another run saving there at once chose
+    # the same free name, and the two files were one, holding the second's case
+    with _saving_in(directory):
+        npz, test = _free_names(directory, stem, command)
+        with replacing(npz) as tmp, open(tmp, "wb") as f:
+            np.savez_compressed(f, manifest=np.array(json.dumps(manifest)),
+                                **arrays)  # type: ignore[arg-type]
+        written = [str(npz)]
+        if call is not None and origin.get("spec"):
+            write_text(test, _pytest_text(check_id, npz.name, origin, capture.message))
+            written.append(str(test))
     return written
+
+
+LOCK_WAIT_S = 60.0  # how long a save waits for another run's save in the same folder
+
+
+@contextlib.contextmanager
+def _saving_in(directory: Path) -> Iterator[None]:
+    """Make ``directory`` (and its parents) and hold an exclusive ``flock`` on the folder
+    itself while the block runs: a lock file would be one more file left in the user's
+    folder, and the kernel releases the lock of a writer that dies. A folder that cannot be
+    opened or locked (a file system without ``flock``) is written unlocked, as before."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # polled, not blocking: a stopped holder must not hang us
+                if time.monotonic() > deadline:
+                    raise OSError(f"another run has been saving a failure into {directory} "
+                                  f"for {LOCK_WAIT_S:g} s") from None
+                time.sleep(0.02)
+            except OSError:
+                break
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def remove_unfinished(directory: str | Path, stem: str) -> list[Path]:
@@ -167,11 +205,14 @@ _HEADER = '"""Reproduces the conformance failure of '  # how every test file wri
 
 def _free_names(directory: Path, stem: str, command: str) -> tuple[Path, Path]:
     """``stem``.npz and test_``stem``.py, or with _2, _3, … where either name holds a file
-    that is not a saved failure (the user's own, say) or one this ``command`` saved (a run
-    of another backend of the same name, or on another device): a failure an earlier
-    command saved is replaced, the rest is kept."""
+    that is not a saved failure (the user's own, say), one this ``command`` saved (a run
+    of another backend of the same name, or on another device) or one a command still
+    running saved (another run saving into the folder at the same time, whose "saved:"
+    line names it): a failure an earlier, finished command saved is replaced, the rest is
+    kept. Called under the folder's lock (``_saving_in``)."""
     def replaceable(path: Path) -> bool:
-        return _a_saved_case(path) and _saved_by(path) != command
+        saver = _saver(path)
+        return saver != command and not _still_running(saver)
 
     for n in range(1, 1000):
         name = stem if n == 1 else f"{stem}_{n}"
@@ -195,15 +236,49 @@ def _this_command() -> str:
     return f"{pid}:{started}"
 
 
-def _a_saved_case(path: Path) -> bool:
-    with np.load(path, allow_pickle=False) as case:
-        return "manifest" in case.files
+MANIFEST_LIMIT = 16 * 2**20  # bytes of a manifest read to tell a saved failure's file
 
 
-def _saved_by(path: Path) -> object:
-    with np.load(path, allow_pickle=False) as case:
-        manifest = json.loads(str(case["manifest"]))
+def _saver(path: Path) -> object:
+    """The command that saved the failure at ``path`` (None where its manifest names none);
+    an error where ``path`` is no saved failure. The manifest is read through at most
+    MANIFEST_LIMIT bytes: ``np.load`` first allocates what the array's header declares,
+    and a foreign file's header declaring 36 TiB raised a MemoryError that lost the save."""
+    with zipfile.ZipFile(path) as archive, archive.open("manifest.npy") as member:
+        data = member.read(MANIFEST_LIMIT + 1)  # (a KeyError where it has none)
+    if len(data) > MANIFEST_LIMIT:
+        raise ValueError(f"a manifest of more than {MANIFEST_LIMIT} bytes")
+    buffer = io.BytesIO(data)
+    version = np.lib.format.read_magic(buffer)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(buffer)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(buffer)
+    else:
+        raise ValueError(f"a save writes npy format 1.0 or 2.0, not {version}")
+    text = buffer.read()
+    # one string whose declared size is the bytes there: nothing is allocated beyond them
+    if shape != () or dtype.kind != "U" or len(text) != dtype.itemsize:
+        raise ValueError("the manifest is not one string")
+    manifest = json.loads(str(np.frombuffer(text, dtype=dtype)[0]))
     return manifest.get("command") if isinstance(manifest, dict) else None
+
+
+def _still_running(command: object) -> bool:
+    """Whether the command ``_this_command`` described as ``command`` is still running:
+    its pid is a live process (not a zombie) started when it says. Without /proc every
+    command reads as finished, as all did before."""
+    pid, _, started = str(command).partition(":")
+    if not pid.isdigit():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        return True  # cannot tell: keeping its file costs a _2 name, replacing it a case
+    return fields[0] != "Z" and started in ("?", fields[19] if len(fields) > 19 else "")
 
 
 def _a_saved_test(path: Path) -> bool:
@@ -217,8 +292,8 @@ def _ours(path: Path, is_a_saved_failure: Callable[[Path], bool]) -> bool:
         return True
     try:
         return path.is_file() and bool(is_a_saved_failure(path))
-    except (OSError, ValueError, EOFError, RecursionError, zipfile.BadZipFile):
-        return False  # (UnicodeDecodeError, a JSONDecodeError: ValueErrors)
+    except Exception:  # noqa: BLE001 — whatever reading it raised (a bad zip, a MemoryError,
+        return False  # an unknown compression), a file we cannot read is not ours to replace
 
 
 def _docstring_text(text: object) -> str:
