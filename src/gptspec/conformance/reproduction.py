@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gptspec.atomic_files import RANDOM_CHARACTERS, replacing, write_text
+from gptspec.atomic_files import replacing, write_text
 from gptspec.conformance import budgets
 from gptspec.conformance.context import Call, FailureCapture
 from gptspec.conformance.protocol import shown
@@ -171,33 +171,6 @@ def _saving_in(directory: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # (releases the lock)
-
-
-def remove_unfinished(directory: str | Path, stem: str) -> list[Path]:
-    """Remove the temporary files a save of ``stem``'s failure left when its writer died
-    before renaming them (a worker stopped on its time limit while saving); return them.
-    A temporary name is ``.NAME.XXXXXXXX.tmp``, NAME cut short where the whole would pass
-    the file system's limit (atomic_files.temporary_prefix)."""
-    wanted = re.compile(rf"(test_)?{re.escape(stem)}(_\d+)?\.(npz|py)")
-    removed: list[Path] = []
-    try:
-        paths = list(Path(directory).iterdir())
-    except OSError:
-        return removed
-    for path in paths:
-        name = path.name
-        if not (name.startswith(".") and name.endswith(".tmp")):
-            continue
-        written = name[1:-(len(".tmp") + RANDOM_CHARACTERS + 1)]
-        cut_short = len(name.encode()) >= 200 and any(
-            full.startswith(written) for full in (stem, f"test_{stem}"))
-        if wanted.fullmatch(written) or cut_short:
-            try:
-                path.unlink()
-                removed.append(path)
-            except OSError:
-                pass
-    return removed
 
 
 _HEADER = '"""Reproduces the conformance failure of '  # how every test file written begins
