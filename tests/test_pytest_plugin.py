@@ -121,12 +121,54 @@ def test_in_pytests_process_the_verdicts_are_the_same(one_process, tmp_path):
     assert outcomes == one_process[1], proc.stdout
 
 
-def test_a_check_selected_without_its_dependency_runs_it_first(tmp_path):
-    # -k leaves softmax.differential out; attention_weights runs it in its own process
-    proc, outcomes = _suite(tmp_path, "alone", "-k", "attention_weights")
-    assert proc.returncode == 0, proc.stdout  # a skip only
-    assert _verdicts(outcomes) == {
-        "attention_weights.differential": EXPECTED["attention_weights.differential"]}
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_a_check_blocked_by_a_failure_left_out_of_the_session_fails_naming_it(tmp_path,
+                                                                               workers):
+    """-k leaves softmax.differential out; attention_weights runs it in its own process
+    first. Blocked by it, the item was a skip and the session green, where a whole run
+    (and gptspec conformance --check) fails."""
+    if workers:
+        pytest.importorskip("xdist")
+    proc, outcomes = _suite(tmp_path, "alone", "-k", "attention_weights", *workers)
+    assert proc.returncode == 1, proc.stdout
+    blocked = EXPECTED["attention_weights.differential"][1]
+    assert _verdicts(outcomes) == {"attention_weights.differential": (
+        "failure", f"Failed: {blocked} (not selected here: select it to see why)")}, proc.stdout
+    assert outcomes["attention_weights.differential"][2] == "blocked"  # the verdict is kept
+
+
+class RefusesEveryDtype(ReferenceBackend):
+    def __init__(self, dtype=None):
+        raise NotApplicable(f"this engine has no {dtype}")
+
+
+@pytest.mark.parametrize("how", [[], ["--gptspec-no-isolate"], ["-n", "2"]])
+def test_a_backend_that_refuses_the_dtype_asked_passes_nothing(tmp_path, how):
+    """Every item a skip, and the session was green, where gptspec conformance says
+    nothing was judged."""
+    if "-n" in how:
+        pytest.importorskip("xdist")
+    proc = _pytest(tmp_path, "--pyargs", "gptspec.conformance",
+                   "--gptspec-backend=test_pytest_plugin:RefusesEveryDtype",
+                   "--gptspec-dtype=float32", "--gptspec-profile=quick",
+                   "-k", "softmax.differential or causal_mask.differential", *how)
+    assert proc.returncode == 1, proc.stdout
+    assert "2 skipped" in proc.stdout and "failed" not in proc.stdout, proc.stdout
+    assert ("nothing was judged: the backend refused every run asked (float32 on its "
+            "default device: this engine has no float32)") in proc.stdout, proc.stdout
+
+
+def test_a_session_that_judges_no_check_passes_nothing(tmp_path):
+    """As gptspec conformance: checks all not implemented or not applicable judge
+    nothing, which is no pass; one check judged among them is a pass."""
+    nothing = "nothing was judged: the backend implements none of the 2 checks asked"
+    for selection, judged in [
+            ("(relu.differential and not ffn) or (gelu.differential and not ffn)", False),
+            ("(relu.differential and not ffn) or causal_mask.differential", True)]:
+        proc, _ = _suite(tmp_path, "judged", "-k", selection)
+        assert proc.returncode == (0 if judged else 1), proc.stdout
+        assert "failed" not in proc.stdout, proc.stdout  # skips and passes only, either way
+        assert (nothing in proc.stdout) is not judged, proc.stdout
 
 
 def test_a_check_past_its_time_limit_is_an_error_and_the_run_goes_on(tmp_path):

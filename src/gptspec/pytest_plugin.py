@@ -8,7 +8,11 @@ that serves its calls (:class:`isolation.IsolatedJudge`, as ``gptspec conformanc
 process, and a check whose dependencies have no result there yet runs them first: ``-k``
 and pytest-xdist's ``-n`` give each check the verdict a whole run gives it. pass → passed;
 fail, error → failed, with the console's message and fraction of budget; not implemented,
-not applicable, blocked → skipped, with the reason.
+not applicable → skipped, with the reason; blocked → skipped when the check that failed is
+an item of the session too (its failure is reported there), else failed, naming it. A
+session whose checks judged nothing (the backend refused the dtype or device asked, or
+every check run was not implemented or not applicable) ends with status 1, where
+``gptspec conformance`` ends with 2 (pytest's 2 means interrupted).
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except CLIError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[_JUDGE] = _Judge(config)
+    if not hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller tallies
+        config.pluginmanager.register(_Tally(config), "gptspec-tally")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -118,7 +124,12 @@ class CheckItem(pytest.Item):
         self.extra_keyword_matches.add(check.area)  # -k training selects that area's checks
 
     def runtest(self) -> None:
-        result = self.config.stash[_JUDGE].result(self.check)
+        judge = self.config.stash[_JUDGE]
+        result = judge.result(self.check)
+        if result is None:  # the session's tally reads the property: nothing was judged
+            self.user_properties.append(("gptspec_refused", judge.refused))
+            raise pytest.skip.Exception(f"refused: {judge.refused} (nothing was judged)",
+                                        _use_item_location=True)
         self.user_properties += [("gptspec_status", result.status),
                                  ("gptspec_worst_fraction", result.worst_fraction)]
         from gptspec.conformance import report
@@ -131,6 +142,12 @@ class CheckItem(pytest.Item):
                     else f"{fraction} of budget: {result.detail}")
             pytest.fail("\n".join([f"{result.status}: {head}",
                                     *report.line(result).split("\n")[2:]]), pytrace=False)
+        if result.status == "blocked" and result.blocked_by not in {
+                item.check.id for item in self.session.items if isinstance(item, CheckItem)}:
+            # -k left out the check that failed: a skip would be this session's only trace
+            # of that failure, and it would end green where the whole run fails
+            pytest.fail(f"{result.detail} (not selected here: select it to see why)",
+                        pytrace=False)
         reason = {"not-implemented": f"not implemented: {result.detail}",
                   "not-applicable": f"not applicable: {result.detail}",
                   "blocked": result.detail}.get(result.status)
@@ -197,8 +214,9 @@ class _Judge:
             backend, profile=self.profile, seed=self.seed, timeout=self.timeout,
             origin=origin, plain=self.plain, dtype=self.dtype, device=self.device)
 
-    def result(self, check: Check) -> CheckResult:
-        """``check``'s result, its dependencies judged first where this process has not.
+    def result(self, check: Check) -> CheckResult | None:
+        """``check``'s result, its dependencies judged first where this process has not;
+        None when the backend refused the dtype or device asked (``refused`` says why).
         With --gptspec-no-isolate the backend runs as under ``gptspec conformance
         --no-isolate``: its os._exit is an error of the check that called it, not pytest's
         end with the backend's status."""
@@ -209,20 +227,20 @@ class _Judge:
             self.guard.__enter__()
         result = self._result(check)
         code = self.guard.take_exit()
-        if code is not None and result.status not in ("fail", "error"):
+        if result is not None and code is not None and result.status not in ("fail", "error"):
             # os._exit where Python swallowed its SystemExit (a finalizer)
             result.status, result.worst_fraction = "error", None
             result.detail = (f"the backend called os._exit({code!r}) in pytest's process, "
                              "where Python ignored it (a finalizer)")
         return result
 
-    def _result(self, check: Check) -> CheckResult:
+    def _result(self, check: Check) -> CheckResult | None:
         if not self.started:
             self._start()
         if self.unusable:
             pytest.fail(self.unusable, pytrace=False)
         if self.refused:
-            pytest.skip(f"refused: {self.refused} (nothing was judged)")
+            return None
         if check.id not in self.known:
             from gptspec.conformance.registry import all_checks
             from gptspec.conformance.runner import reproduce_command, walk
@@ -236,6 +254,59 @@ class _Judge:
                 pass
         return self.known[check.id]
 
+
+class _Tally:
+    """The session's verdict on the checks as a whole, mirroring ``gptspec conformance``:
+    checks that all ended refused, not implemented or not applicable judged nothing, and
+    a run that judges nothing passes nothing. Kept where the reports arrive: the one
+    process, or pytest-xdist's controller."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.ran = 0  # items of the checks that reported their call
+        self.judged = False
+        self.refused = ""
+        self.unjudged_example = ""  # "check id: reason" of one not implemented or applicable
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        properties = dict(report.user_properties)
+        if report.when != "call" or not properties.keys() & {"gptspec_status",
+                                                             "gptspec_refused"}:
+            return
+        self.ran += 1
+        status = properties.get("gptspec_status")
+        if status is None:
+            self.refused = self.refused or str(properties["gptspec_refused"])
+        elif status not in ("not-implemented", "not-applicable"):
+            self.judged = True
+        # a skip's (path, line, reason); a list when it comes from a pytest-xdist worker
+        elif not self.unjudged_example and isinstance(report.longrepr, (tuple, list)):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+            self.unjudged_example = f"{report.nodeid.rsplit('::', 1)[-1]}: {reason}"
+
+    def nothing_judged(self) -> str:
+        """Why the session judged nothing (the CLI's line), or "" when it judged a check
+        or ran none."""
+        if not self.ran or self.judged:
+            return ""
+        if self.refused and not self.unjudged_example:
+            option = self.config.getoption
+            return (f"nothing was judged: the backend refused every run asked "
+                    f"({option('gptspec_dtype') or 'its default dtype'} on "
+                    f"{option('gptspec_device') or 'its default device'}: {self.refused})")
+        example = f" (e.g. {self.unjudged_example})" if self.unjudged_example else ""
+        return (f"nothing was judged: the backend implements none of the {self.ran} checks "
+                f"asked, or cannot express them{example}")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if session.exitstatus == pytest.ExitCode.OK and self.nothing_judged():
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        why = self.nothing_judged()
+        if why:
+            terminalreporter.write_sep("=", "gptspec conformance", red=True)
+            terminalreporter.write_line(why, red=True)
 
 
 def _guarded() -> Any:
