@@ -2,17 +2,12 @@
 --gptspec-backend=MODULE:ATTR`` collects one item per check id (dependencies first). Without
 ``--gptspec-backend`` this plugin (an entry point of every pytest run) imports nothing else.
 
-Each item judges its check in the pytest process, the backend built in a worker process
-that serves its calls (:class:`isolation.IsolatedJudge`, as ``gptspec conformance`` does;
-``--gptspec-no-isolate`` builds it in pytest's process instead). Results are kept per
-process, and a check whose dependencies have no result there yet runs them first: ``-k``
-and pytest-xdist's ``-n`` give each check the verdict a whole run gives it. pass → passed;
-fail, error → failed, with the console's message and fraction of budget; not implemented,
-not applicable → skipped, with the reason; blocked → skipped when the check that failed is
-an item of the session too (its failure is reported there), else failed, naming it. A
-session whose checks judged nothing (the backend refused the dtype or device asked, or
-every check run was not implemented or not applicable) ends with status 1, where
-``gptspec conformance`` ends with 2 (pytest's 2 means interrupted).
+Each item judges its check in the pytest process, the backend in a worker process that
+serves its calls (``--gptspec-no-isolate``: in pytest's). A check whose dependencies have no
+result in this process yet runs them first, so ``-k`` and ``-n`` give each check a whole
+run's verdict: pass → passed; fail, error → failed; not implemented, not applicable →
+skipped; blocked → skipped, or failed where ``-k`` left out the failed check. A session that
+judged nothing ends with status 1 (``gptspec conformance``: 2, pytest's "interrupted").
 """
 
 from __future__ import annotations
