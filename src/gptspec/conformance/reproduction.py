@@ -197,16 +197,20 @@ def _free_names(directory: Path, stem: str, command: str) -> tuple[Path, Path]:
 
 def _this_command() -> str:
     """The gptspec command saving a failure, as its process's pid and start time (pids
-    are reused): the judge's, which is a worker's parent."""
-    import multiprocessing
-
-    pid = os.getppid() if multiprocessing.parent_process() is not None else os.getpid()
+    are reused): the judge's own process, where every failure is saved."""
+    pid = os.getpid()
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            started = stat.read().rsplit(")", 1)[1].split()[19]
+        started = _stat_fields(pid)[19]
     except (OSError, IndexError):
         started = "?"
     return f"{pid}:{started}"
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name: the state first, the start time
+    at index 19."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
 
 
 MANIFEST_LIMIT = 16 * 2**20  # bytes of a manifest read to tell a saved failure's file
@@ -245,8 +249,7 @@ def _still_running(command: object) -> bool:
     if not pid.isdigit():
         return False
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
     except FileNotFoundError:
         return False
     except (OSError, IndexError):
